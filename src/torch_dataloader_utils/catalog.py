@@ -1,0 +1,87 @@
+"""The catalog: files, their footers and the split plan, built once per dataset.
+
+Footers are read in parallel threads. The catalog is pickled to DataLoader
+workers together with the dataset, so workers never read a footer again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, infer_format
+from .formats import FileFormat, get_format
+from .planner import FileLayout, Split, plan_splits
+from .streams import SplitRows, unit_offsets
+
+log = logging.getLogger(__name__)
+_FOOTER_THREADS = 32
+
+
+@dataclass
+class Catalog:
+    fs: Any
+    format: FileFormat
+    files: list[FileEntry]
+    layouts: list[FileLayout]
+    footers: list[Any]
+    splits: list[Split]
+    split_rows: list[SplitRows]
+    file_offsets: list[np.ndarray]
+    split_bytes: int
+
+    @property
+    def fingerprint(self) -> list[list]:
+        """(url, size, tag) of every file, in plan order: what a checkpoint is checked against."""
+        return [[f.url, f.size, f.tag] for f in self.files]
+
+    @property
+    def files_digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.fingerprint).encode()).hexdigest()[:16]
+
+
+def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any]:
+    try:
+        return fmt.read_footer(fs, entry.fs_path, entry.size, entry.tag, entry.url)
+    except Exception as error:  # noqa: BLE001 - re-raised with the file named
+        raise ValueError(
+            f"cannot read the {fmt.name} footer of {entry.url}: {error}. "
+            f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
+        ) from error
+
+
+def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[SplitRows]:
+    index = {layout.path: i for i, layout in enumerate(layouts)}
+    rows = []
+    for split in splits:
+        file = index[split.path]
+        if split.row_offset is None:
+            rows.append(SplitRows(file, 0, layouts[file].num_rows))
+        else:
+            rows.append(SplitRows(file, split.row_offset, split.row_offset + split.row_length))
+    return rows
+
+
+def build_catalog(
+    path: str | Sequence[str], format: str | None, storage_options: dict | None, split_bytes: int
+) -> Catalog:
+    """Discover files, read every footer once (in parallel) and plan the splits."""
+    paths = as_path_list(path)
+    fs = filesystem_for(paths, storage_options)
+    files = discover_files(paths, fs, format)
+    fmt = get_format(format or infer_format(files))
+    with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
+        results = list(pool.map(lambda entry: _read_footer(fmt, fs, entry), files))
+    layouts = [layout for layout, _ in results]
+    footers = [footer for _, footer in results]
+    splits = plan_splits(layouts, split_bytes)
+    log.debug("planned %d splits over %d files", len(splits), len(files))
+    return Catalog(
+        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(l) for l in layouts], split_bytes
+    )

@@ -1,0 +1,114 @@
+"""Arrow -> torch. Chunks are converted once in the worker; batches are row slices of them.
+
+Batch values by Arrow type:
+- integers, floats, bool, timestamps, dates, durations: a 1-D tensor (temporal types as
+  int64/int32 counts of the column's unit); zero-copy where Arrow's layout allows;
+- fixed-size lists (nested too): an N-D tensor (rows first);
+- variable-length lists of numbers: a 2-D tensor when every row of the batch has the same
+  length, else a ``Ragged(values, offsets)`` pair (``values[offsets[i]:offsets[i+1]]`` is row i);
+- strings / binary: ``list[str]`` / ``list[bytes]`` (a null is ``None``);
+- dictionary-encoded columns are decoded first.
+A null in a numeric column raises ValueError naming the column.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+
+class Ragged(NamedTuple):
+    """A batch of variable-length rows: row i is ``values[offsets[i]:offsets[i+1]]``."""
+
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+
+class _ListColumn(NamedTuple):
+    values: torch.Tensor
+    offsets: torch.Tensor
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Arrow buffers are flagged read-only
+        return torch.from_numpy(array)
+
+
+def _numeric(array: pa.Array, name: str, where: str) -> torch.Tensor:
+    if array.null_count:
+        raise ValueError(
+            f"column {name!r} has {array.null_count} null value(s) in {where}; a tensor cannot hold nulls. "
+            "Fill them in the data, or leave the column out with columns=[...]"
+        )
+    kind = array.type
+    if pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_date64(kind) or pa.types.is_time64(kind):
+        array = array.view(pa.int64())
+    elif pa.types.is_date32(kind) or pa.types.is_time32(kind):
+        array = array.view(pa.int32())
+    return _tensor(array.to_numpy(zero_copy_only=False))
+
+
+def _flatten_fixed(array: pa.Array, name: str, where: str) -> torch.Tensor:
+    shape = [len(array)]
+    while pa.types.is_fixed_size_list(array.type):
+        if array.null_count:
+            raise ValueError(f"column {name!r} has null list rows in {where}; fill them or leave the column out")
+        shape.append(array.type.list_size)
+        array = array.flatten()
+    return _numeric(array, name, where).reshape(shape)
+
+
+def _column(array: pa.Array, name: str, where: str) -> Any:
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        return _column(array.dictionary_decode(), name, where)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return array.to_pylist()
+    if pa.types.is_fixed_size_list(kind):
+        return _flatten_fixed(array, name, where)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if array.null_count:
+            raise ValueError(f"column {name!r} has null list rows in {where}; fill them or leave the column out")
+        offsets = array.offsets.to_numpy().astype(np.int64)
+        values = array.flatten()
+        inner = _flatten_fixed(values, name, where) if pa.types.is_fixed_size_list(values.type) else None
+        if inner is None:
+            if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)):
+                raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
+            inner = _numeric(values, name, where)
+        return _ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind):
+        return _numeric(array, name, where)
+    raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
+
+
+def table_to_columns(table: pa.Table, where: str) -> dict[str, Any]:
+    """Convert a whole chunk; ``where`` describes its source for error messages."""
+    return {name: _column(table.column(name).combine_chunks(), name, where) for name in table.column_names}
+
+
+def _slice_list(column: _ListColumn, start: int, stop: int) -> Any:
+    offsets = column.offsets[start : stop + 1]
+    first = int(offsets[0])
+    values = column.values[first : int(offsets[-1])]
+    offsets = offsets - first
+    lengths = offsets[1:] - offsets[:-1]
+    if len(lengths) and bool((lengths == lengths[0]).all()):
+        return values.reshape(len(lengths), int(lengths[0]), *values.shape[1:])
+    return Ragged(values, offsets)
+
+
+def slice_columns(columns: dict[str, Any], start: int, stop: int) -> dict[str, Any]:
+    """Rows [start, stop) of a converted chunk as a batch (views, no copies of tensor data)."""
+    batch = {}
+    for name, column in columns.items():
+        if isinstance(column, _ListColumn):
+            batch[name] = _slice_list(column, start, stop)
+        else:
+            batch[name] = column[start:stop]
+    return batch

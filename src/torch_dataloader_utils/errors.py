@@ -1,0 +1,18 @@
+"""Public exceptions."""
+
+from __future__ import annotations
+
+
+class CheckpointMismatchError(ValueError):
+    """A saved dataset state cannot be resumed exactly against the current plan.
+
+    Raised by ``load_state_dict`` when the checkpoint was taken with a different
+    configuration (num_workers, shuffle_seed, world size, rank, split_bytes, ...)
+    or a different file list, or when the state itself is damaged. The message
+    names the checkpoint shard or state key, the likely cause with both values,
+    and what to do.
+    """
+
+
+class DataReadError(OSError):
+    """A data file could not be read; the message names the file and split."""

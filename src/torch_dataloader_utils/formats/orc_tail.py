@@ -1,0 +1,117 @@
+"""Read the exact stripe layout (offset, bytes, rows) from an ORC file's tail.
+
+pyarrow exposes only the stripe count, so we parse the two small protobuf
+messages at the end of the file ourselves: the PostScript (uncompressed) and
+the Footer (compressed with the file's codec, in ORC's 3-byte-header chunks).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+
+_CODECS = {2: "snappy", 4: "lz4_raw", 5: "zstd"}
+_TAIL_GUESS = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Stripe:
+    offset: int
+    length: int
+    rows: int
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return result, pos
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            value, pos = data[pos : pos + length], pos + length
+        elif wire == 1:
+            value, pos = data[pos : pos + 8], pos + 8
+        elif wire == 5:
+            value, pos = data[pos : pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield number, value
+
+
+def _zstd_content_size(chunk: bytes, default: int) -> int:
+    descriptor = chunk[4]
+    size_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    width = (1 if single_segment else 0, 2, 4, 8)[size_flag]
+    if width == 0:
+        return default
+    value = int.from_bytes(chunk[pos : pos + width], "little")
+    return value + 256 if width == 2 else value
+
+
+def _decompress(data: bytes, kind: int, block_size: int) -> bytes:
+    if kind == 0:
+        return data
+    out, pos = [], 0
+    while pos < len(data):
+        header = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+        pos += 3
+        length = header >> 1
+        chunk = data[pos : pos + length]
+        pos += length
+        if header & 1:
+            out.append(chunk)
+        elif kind == 1:
+            out.append(zlib.decompress(chunk, -15))
+        elif kind in _CODECS:
+            if kind == 5:
+                size = _zstd_content_size(chunk, block_size)
+            elif kind == 2:
+                size = _varint(chunk, 0)[0]
+            else:
+                size = block_size
+            out.append(pa.Codec(_CODECS[kind]).decompress(chunk, decompressed_size=size).to_pybytes())
+        else:
+            raise ValueError(f"unsupported ORC compression kind {kind}")
+    return b"".join(out)
+
+
+def read_stripes(source, file_size: int) -> list[Stripe]:
+    """The stripes of an ORC file, read from its tail through a seekable binary file."""
+    tail_len = min(file_size, _TAIL_GUESS)
+    source.seek(file_size - tail_len)
+    tail = source.read(tail_len)
+    ps_len = tail[-1]
+    postscript = dict(_fields(tail[-1 - ps_len : -1]))
+    if postscript.get(8000) != b"ORC":
+        raise ValueError("not an ORC file (no 'ORC' magic in the postscript)")
+    footer_len = int(postscript[1])
+    need = footer_len + ps_len + 1
+    if need > len(tail):
+        source.seek(file_size - need)
+        tail = source.read(need)
+    footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)), int(postscript.get(3, 256 * 1024)))
+    stripes = []
+    for number, value in _fields(footer):
+        if number == 3:
+            info = dict(_fields(value))
+            stripes.append(
+                Stripe(int(info.get(1, 0)), int(info.get(2, 0)) + int(info.get(3, 0)) + int(info.get(4, 0)), int(info.get(5, 0)))
+            )
+    return stripes

@@ -1,0 +1,90 @@
+"""The loader: a torch DataLoader over chunk tasks, sliced into batches in the main process.
+
+Workers read and convert whole chunks (many batches) so that one transfer
+between processes carries many batches; the main process slices them into
+batches (views) and counts each batch as delivered when the loop receives it.
+The order of tasks comes from the dataset's progress at the start of every
+pass, which is how a resumed run continues exactly where the saved one was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from .dataset import Chunk, StructuredDataset
+from .tasks import ChunkTask
+
+
+class _ChunkSource(Dataset):
+    """Map-style view of a dataset whose indices are chunk tasks."""
+
+    def __init__(self, dataset: StructuredDataset):
+        self.dataset = dataset
+
+    def __getitem__(self, task: ChunkTask) -> Chunk:
+        return self.dataset.read_chunk(task)
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _TaskSampler(Sampler):
+    """Yields the task list set just before each pass."""
+
+    def __init__(self) -> None:
+        self.tasks: list[ChunkTask] = []
+
+    def __iter__(self) -> Iterator[ChunkTask]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+
+def _identity(chunk: Chunk) -> Chunk:
+    return chunk
+
+
+class StructuredDataLoader:
+    """Iterates a StructuredDataset's batches for the current epoch with exact progress tracking."""
+
+    def __init__(
+        self,
+        dataset: StructuredDataset,
+        *,
+        pin_memory: bool = False,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        timeout: float = 0,
+        multiprocessing_context: Any = None,
+    ):
+        self.dataset = dataset
+        self._sampler = _TaskSampler()
+        workers = dataset.num_workers
+        self._loader = DataLoader(
+            _ChunkSource(dataset),
+            batch_size=None,
+            sampler=self._sampler,
+            num_workers=workers,
+            collate_fn=_identity,
+            pin_memory=pin_memory,
+            prefetch_factor=prefetch_factor if workers else None,
+            persistent_workers=persistent_workers and workers > 0,
+            timeout=timeout,
+            multiprocessing_context=multiprocessing_context if workers else None,
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return self.dataset.batch_size
+
+    def __len__(self) -> int:
+        """Batches this rank delivers in the current epoch."""
+        return self.dataset.num_batches()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
+        self._sampler.tasks = tasks
+        return self.dataset.deliver(tasks, iter(self._loader))

@@ -1,0 +1,94 @@
+"""Split planning and assignment: pure functions of their inputs (no I/O).
+
+A file is described by its *units* (Parquet row groups, ORC stripes): the row
+count and compressed byte size of each. ``plan_splits`` cuts files into splits
+of at most ``split_bytes`` along unit boundaries; ``epoch_order`` and
+``assign_splits`` decide which rank and worker reads which split in an epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Split:
+    """A row range of one file. ``row_offset=None, row_length=None`` is the whole file."""
+
+    path: str
+    row_offset: int | None = None
+    row_length: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "row_offset": self.row_offset, "row_length": self.row_length}
+
+    def describe(self) -> str:
+        if self.row_offset is None:
+            return f"{self.path}  full file"
+        return f"{self.path}  rows [{self.row_offset:,}, {self.row_offset + self.row_length:,})"
+
+
+@dataclass(frozen=True)
+class FileLayout:
+    """What the planner needs to know of one file: identity and its units."""
+
+    path: str
+    size: int
+    unit_rows: tuple[int, ...]
+    unit_bytes: tuple[int, ...]
+    tag: str | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.unit_rows)
+
+
+def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BYTES) -> list[Split]:
+    """Cut files into splits of at most ``split_bytes`` compressed bytes.
+
+    A file no larger than ``split_bytes`` is one whole-file split. Larger files
+    are cut greedily along unit boundaries; a unit larger than ``split_bytes`` is
+    its own split. Files and splits without rows are left out.
+    """
+    if split_bytes <= 0:
+        raise ValueError(f"split_bytes must be positive, got {split_bytes}")
+    splits: list[Split] = []
+    for layout in files:
+        if layout.num_rows == 0:
+            continue
+        if layout.size <= split_bytes:
+            splits.append(Split(layout.path))
+            continue
+        start_row = rows = size = 0
+        for unit_rows, unit_bytes in zip(layout.unit_rows, layout.unit_bytes):
+            if rows and size + unit_bytes > split_bytes:
+                splits.append(Split(layout.path, start_row, rows))
+                start_row, rows, size = start_row + rows, 0, 0
+            rows += unit_rows
+            size += unit_bytes
+        if rows:
+            splits.append(Split(layout.path, start_row, rows))
+    return splits
+
+
+def epoch_order(num_splits: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """The order of the split list in an epoch: identity, or a permutation from (seed, epoch)."""
+    if not shuffle:
+        return np.arange(num_splits, dtype=np.int64)
+    return np.random.default_rng([seed, epoch]).permutation(num_splits)
+
+
+def assign_splits(order: Sequence[int], rank: int, world_size: int, num_workers: int) -> list[list[int]]:
+    """Deal the epoch's splits round-robin to ranks, then to this rank's workers.
+
+    Returns, for each worker of ``rank``, the split indices it reads in order.
+    ``num_workers=0`` (reading in the main process) counts as one worker.
+    """
+    workers = max(1, num_workers)
+    mine = list(order)[rank::world_size]
+    return [[int(i) for i in mine[w::workers]] for w in range(workers)]

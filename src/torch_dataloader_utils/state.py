@@ -1,0 +1,248 @@
+"""The checkpoint state: its JSON schema, and validation with a diagnosis.
+
+A rank's state stores, per logical worker, how many rows of that worker's
+stream the training loop has received, plus the content it implies (completed
+and in-progress splits by path and row range) and the configuration it was
+taken with, so that ``validate_*`` can tell exactly why a checkpoint does not
+fit the current plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import CheckpointMismatchError
+from .planner import Split
+from .streams import Stream, rows_done_per_split
+
+FORMAT_VERSION = 1
+
+# state key -> name used in diagnoses
+CONFIG_KEYS = {
+    "_num_workers": "num_workers",
+    "_shuffle": "shuffle",
+    "_shuffle_seed": "shuffle_seed",
+    "_world_size": "world_size",
+    "_rank": "rank",
+    "_split_bytes": "split_bytes",
+    "_drop_last": "drop_last",
+}
+
+
+def _split_dict(split: Split, rows_done: int | None = None) -> dict:
+    entry = split.to_dict()
+    if rows_done is not None:
+        entry["rows_done"] = rows_done
+    return entry
+
+
+def progress_content(stream: Stream, position: int, splits: Sequence[Split]) -> tuple[list[dict], list[dict]]:
+    """(completed splits, in-progress splits with rows_done) of a stream at ``position``."""
+    done = rows_done_per_split(stream, position)
+    completed, in_progress = [], []
+    for index in stream.splits:
+        total = sum(p.num_rows for p in stream.pieces if p.split == index)
+        if done[index] >= total:
+            completed.append(_split_dict(splits[index]))
+        elif done[index] > 0:
+            in_progress.append(_split_dict(splits[index], done[index]))
+    return completed, in_progress
+
+
+def build_rank_state(
+    config: Mapping[str, Any],
+    fingerprint: list[list],
+    epoch: int,
+    positions: Sequence[int],
+    next_worker: int,
+    streams: Sequence[Stream],
+    splits: Sequence[Split],
+) -> dict:
+    """The JSON-serializable state of one rank."""
+    completed_shards, in_progress = [], []
+    for worker, (stream, position) in enumerate(zip(streams, positions)):
+        completed, partial = progress_content(stream, position, splits)
+        completed_shards.append({"worker": worker, "splits": completed})
+        in_progress.append({"worker": worker, "splits": partial})
+    return {
+        "format_version": FORMAT_VERSION,
+        "scope": "rank",
+        "epoch": epoch,
+        **config,
+        "files": fingerprint,
+        "completed_shards": completed_shards,
+        "in_progress": in_progress,
+        "rows_delivered": list(positions),
+        "next_worker": next_worker,
+    }
+
+
+def build_worker_state(config: Mapping[str, Any], files_digest: str, epoch: int, worker: int, position: int) -> dict:
+    """The small state of one worker's stream (what StatefulDataLoader saves per worker)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "scope": "worker",
+        "epoch": epoch,
+        "worker": worker,
+        "rows_delivered": position,
+        **config,
+        "files_digest": files_digest,
+    }
+
+
+def _describe(entry: Any) -> str:
+    if isinstance(entry, Mapping) and "path" in entry:
+        try:
+            return Split(entry["path"], entry.get("row_offset"), entry.get("row_length")).describe()
+        except (TypeError, ValueError):
+            pass
+    return repr(entry)
+
+
+def mismatch(headline: str, shard: Sequence[Any], causes: Sequence[str], advice: str | None = None) -> CheckpointMismatchError:
+    """A CheckpointMismatchError laid out like the reference's diagnosis."""
+    lines = [headline, ""]
+    if shard:
+        lines.append("  Checkpoint shard:")
+        lines += [f"    {_describe(entry)}" for entry in list(shard)[:8]]
+        if len(shard) > 8:
+            lines.append(f"    ... and {len(shard) - 8} more")
+        lines.append("")
+    for i, cause in enumerate(causes):
+        lines.append(f"  {'Likely cause' if i == 0 else 'Also'}: {cause}")
+    lines += ["", "  " + (advice or "Reconstruct the dataset with matching parameters or discard this checkpoint.")]
+    return CheckpointMismatchError("\n".join(lines))
+
+
+def _require(state: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in state:
+        raise mismatch(f"Checkpoint state is missing key {key!r}.", [], [f"the state is damaged or not a torch_dataloader_utils {what} state"])
+    value = state[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))):
+        raise mismatch(
+            f"Checkpoint state key {key!r} has the wrong type.",
+            [],
+            [f"expected {getattr(kind, '__name__', kind)}, found {type(value).__name__} ({value!r:.60})"],
+        )
+    return value
+
+
+def check_header(state: Any) -> str:
+    """Check the format version and return the state's scope ("rank" or "worker")."""
+    if not isinstance(state, Mapping):
+        raise mismatch("Checkpoint state is not a dict.", [], [f"got {type(state).__name__}; pass dataset.state_dict() as saved"])
+    version = _require(state, "format_version", int, "dataset")
+    if version > FORMAT_VERSION:
+        raise mismatch(
+            f"Checkpoint state has format_version {version}, newer than this library reads ({FORMAT_VERSION}).",
+            [],
+            ["the checkpoint was written by a newer torch_dataloader_utils"],
+            "Upgrade torch_dataloader_utils to resume from it.",
+        )
+    if version < 1:
+        raise mismatch(f"Checkpoint state has an invalid format_version {version}.", [], ["the state is damaged"])
+    scope = state.get("scope", "rank")
+    if scope not in ("rank", "worker"):
+        raise mismatch(f"Checkpoint state has an unknown scope {scope!r}.", [], ["the state is damaged"])
+    return scope
+
+
+def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """One line per configuration value that differs between the checkpoint and now."""
+    causes = []
+    for key, name in CONFIG_KEYS.items():
+        saved = state.get(key)
+        if key == "_shuffle_seed" and not (state.get("_shuffle") or config["_shuffle"]):
+            continue
+        if saved != config[key]:
+            causes.append(f"{name} changed: checkpoint={saved}, current={config[key]}")
+    return causes
+
+
+def file_causes(saved: Any, current: list[list]) -> list[str]:
+    """What changed in the file list: added, removed or rewritten files, by name."""
+    if not isinstance(saved, list) or not all(isinstance(f, list) and len(f) == 3 for f in saved):
+        return ["the state's 'files' entry is damaged"]
+    old = {f[0]: tuple(f[1:]) for f in saved}
+    new = {f[0]: tuple(f[1:]) for f in current}
+    causes = []
+    removed = sorted(set(old) - set(new))
+    added = sorted(set(new) - set(old))
+    changed = sorted(p for p in set(old) & set(new) if old[p] != new[p])
+    if removed:
+        causes.append(f"files removed since the checkpoint ({len(removed)}): {', '.join(removed[:3])}")
+    if added:
+        causes.append(f"files added since the checkpoint ({len(added)}): {', '.join(added[:3])}")
+    for path in changed[:3]:
+        (size_then, tag_then), (size_now, tag_now) = old[path], new[path]
+        detail = f"size checkpoint={size_then}, current={size_now}" if size_then != size_now else f"tag checkpoint={tag_then}, current={tag_now}"
+        causes.append(f"file rewritten since the checkpoint: {path} ({detail})")
+    return causes
+
+
+def validate_rank_state(
+    state: Mapping[str, Any],
+    config: Mapping[str, Any],
+    fingerprint: list[list],
+    streams_for: Callable[[int], Sequence[Stream]],
+    lengths_for: Callable[[int], Sequence[int]],
+    splits: Sequence[Split],
+) -> tuple[int, list[int], int]:
+    """Check a rank state against the current plan; return (epoch, positions, next_worker)."""
+    epoch = _require(state, "epoch", int, "rank")
+    completed = _require(state, "completed_shards", list, "rank")
+    first_shard = completed[0].get("splits", []) if completed and isinstance(completed[0], Mapping) else []
+    for key in CONFIG_KEYS:
+        if key not in state:
+            raise mismatch(f"Checkpoint state is missing key {key!r}.", first_shard, ["the state is damaged or from another library"])
+    causes = config_causes(state, config) + file_causes(state.get("files"), fingerprint)
+    if causes:
+        shard = next((c.get("splits", []) for c in completed if isinstance(c, Mapping) and c.get("splits")), first_shard)
+        raise mismatch("Checkpoint shard does not match any current split.", shard, causes)
+    if epoch < 0:
+        raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
+    positions = _require(state, "rows_delivered", list, "rank")
+    next_worker = _require(state, "next_worker", int, "rank")
+    streams, lengths = streams_for(epoch), lengths_for(epoch)
+    if len(positions) != len(streams) or len(completed) != len(streams):
+        raise mismatch(
+            "Checkpoint state does not have one entry per worker.",
+            first_shard,
+            [f"'rows_delivered' has {len(positions)} entries and 'completed_shards' {len(completed)}, but there are {len(streams)} workers"],
+        )
+    if not 0 <= next_worker < len(streams):
+        raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_worker}).", [], ["the state is damaged"])
+    for worker, (position, stream, length) in enumerate(zip(positions, streams, lengths)):
+        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= length:
+            raise mismatch(
+                f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
+                completed[worker].get("splits", []) if isinstance(completed[worker], Mapping) else [],
+                [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
+            )
+        expected, partial = progress_content(stream, position, splits)
+        saved_shard = completed[worker].get("splits") if isinstance(completed[worker], Mapping) else None
+        if saved_shard != expected:
+            raise mismatch(
+                "Checkpoint shard does not match any current split.",
+                saved_shard if isinstance(saved_shard, list) else [],
+                [
+                    f"worker {worker}'s completed splits do not match the plan at {position} rows delivered "
+                    "(the data or the state was changed, or the state is damaged)"
+                ],
+            )
+    return epoch, [int(p) for p in positions], next_worker
+
+
+def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], files_digest: str, num_workers: int) -> tuple[int, int, int]:
+    """Check a worker state; return (epoch, worker, position)."""
+    epoch = _require(state, "epoch", int, "worker")
+    worker = _require(state, "worker", int, "worker")
+    position = _require(state, "rows_delivered", int, "worker")
+    causes = config_causes(state, config)
+    if state.get("files_digest") != files_digest:
+        causes.append(f"file list changed: checkpoint digest={state.get('files_digest')}, current={files_digest}")
+    if causes:
+        raise mismatch(f"Checkpoint state of worker {worker} does not match the current plan.", [], causes)
+    if not 0 <= worker < num_workers or epoch < 0 or position < 0:
+        raise mismatch(f"Checkpoint state of worker {worker} is out of range.", [], [f"epoch={epoch}, rows_delivered={position}: the state is damaged"])
+    return epoch, worker, position

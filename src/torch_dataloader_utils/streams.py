@@ -1,0 +1,145 @@
+"""A worker's stream for one epoch: the ordered rows it delivers. Pure functions, no I/O.
+
+A stream is a list of *pieces* (the part of one row group / stripe inside one
+split) grouped into *windows*. Without shuffling every piece is its own window
+and rows come out in file order. With shuffling the pieces are permuted and
+grouped into windows of at most ``buffer_rows`` rows (at least one piece), and
+the rows of each window come out in a permutation drawn from
+(seed, epoch, rank, worker, window). A position in the stream is one integer,
+the number of rows delivered, which is all a checkpoint needs to store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .planner import FileLayout
+
+
+@dataclass(frozen=True)
+class SplitRows:
+    """Where a split's rows lie: file index and the absolute row range in that file."""
+
+    file: int
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows [start, stop) of unit ``unit`` of file ``file``, belonging to split ``split``."""
+
+    file: int
+    unit: int
+    start: int
+    stop: int
+    split: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Stream:
+    """The rows one worker of one rank delivers in one epoch."""
+
+    key: tuple[int, ...]
+    splits: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    window_pieces: np.ndarray  # piece index where each window starts, plus the end
+    window_rows: np.ndarray  # stream row where each window starts, plus the total
+    shuffle: bool
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.window_rows[-1])
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.window_rows) - 1
+
+    def window_of(self, row: int) -> int:
+        """The window holding stream row ``row``."""
+        return int(np.searchsorted(self.window_rows, row, side="right")) - 1
+
+    def window_permutation(self, window: int) -> np.ndarray | None:
+        """Output position -> row inside the window, or None when rows keep their order."""
+        if not self.shuffle:
+            return None
+        size = int(self.window_rows[window + 1] - self.window_rows[window])
+        return np.random.default_rng([*self.key, 2, window]).permutation(size)
+
+
+def unit_offsets(layout: FileLayout) -> np.ndarray:
+    """First row of every unit of a file, plus the file's row count."""
+    return np.concatenate([[0], np.cumsum(layout.unit_rows, dtype=np.int64)])
+
+
+def split_pieces(split: int, rows: SplitRows, offsets: np.ndarray) -> list[Piece]:
+    """The pieces of one split, in file order (units without rows are left out)."""
+    first = int(np.searchsorted(offsets, rows.start, side="right")) - 1
+    pieces = []
+    unit = max(first, 0)
+    while unit < len(offsets) - 1 and offsets[unit] < rows.stop:
+        lo, hi = max(rows.start, int(offsets[unit])), min(rows.stop, int(offsets[unit + 1]))
+        if hi > lo:
+            pieces.append(Piece(rows.file, unit, lo - int(offsets[unit]), hi - int(offsets[unit]), split))
+        unit += 1
+    return pieces
+
+
+def build_stream(
+    key: tuple[int, ...],
+    splits: Sequence[int],
+    split_rows: Sequence[SplitRows],
+    file_offsets: Sequence[np.ndarray],
+    shuffle: bool,
+    buffer_rows: int,
+) -> Stream:
+    """The stream of a worker that reads ``splits`` (in this order).
+
+    ``key`` is (seed, epoch, rank, worker): it seeds the piece order and the
+    window permutations, so the same key always gives the same stream.
+    """
+    pieces = [p for s in splits for p in split_pieces(s, split_rows[s], file_offsets[split_rows[s].file])]
+    if shuffle:
+        order = np.random.default_rng([*key, 1]).permutation(len(pieces))
+        pieces = [pieces[i] for i in order]
+        starts, rows = [0], 0
+        for i, piece in enumerate(pieces):
+            if rows and rows + piece.num_rows > buffer_rows:
+                starts.append(i)
+                rows = 0
+            rows += piece.num_rows
+        window_pieces = np.array(starts + [len(pieces)], dtype=np.int64)
+    else:
+        window_pieces = np.arange(len(pieces) + 1, dtype=np.int64)
+    piece_rows = np.concatenate([[0], np.cumsum([p.num_rows for p in pieces], dtype=np.int64)])
+    return Stream(key, tuple(splits), tuple(pieces), window_pieces, piece_rows[window_pieces], shuffle)
+
+
+def rows_done_per_split(stream: Stream, position: int) -> dict[int, int]:
+    """How many rows of each of the stream's splits lie before ``position``."""
+    done = {s: 0 for s in stream.splits}
+    if position <= 0:
+        return done
+    window = min(stream.window_of(position), stream.num_windows - 1)
+    for piece in stream.pieces[: int(stream.window_pieces[window])]:
+        done[piece.split] += piece.num_rows
+    offset = position - int(stream.window_rows[window])
+    pieces = stream.pieces[int(stream.window_pieces[window]) : int(stream.window_pieces[window + 1])]
+    bounds = np.cumsum([p.num_rows for p in pieces])
+    permutation = stream.window_permutation(window)
+    taken = permutation[:offset] if permutation is not None else np.arange(offset)
+    counts = np.bincount(np.searchsorted(bounds, taken, side="right"), minlength=len(pieces))
+    for piece, count in zip(pieces, counts):
+        done[piece.split] += int(count)
+    return done
