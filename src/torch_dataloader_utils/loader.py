@@ -14,6 +14,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .dataset import Chunk, StructuredDataset
+from .stats import LoaderStats
 from .tasks import ChunkTask
 
 
@@ -61,6 +62,7 @@ class StructuredDataLoader:
         multiprocessing_context: Any = None,
     ):
         self.dataset = dataset
+        self.stats = LoaderStats()  # delivery statistics, separate from the checkpoint state
         self._sampler = _TaskSampler()
         workers = dataset.num_workers
         self._loader = DataLoader(
@@ -87,4 +89,4 @@ class StructuredDataLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
         self._sampler.tasks = tasks
-        return self.dataset.deliver(tasks, iter(self._loader))
+        return self.stats.track(self.dataset.deliver(tasks, iter(self._loader)))
