@@ -18,6 +18,7 @@ import numpy as np
 from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, infer_format
 from .formats import FileFormat, get_format
 from .planner import FileLayout, Split, plan_splits
+from .progress import progress
 from .streams import SplitRows, unit_offsets
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def build_catalog(
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
     with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
-        results = list(pool.map(lambda entry: _read_footer(fmt, fs, entry), files))
+        results = list(progress(pool.map(lambda entry: _read_footer(fmt, fs, entry), files), len(files), "reading footers"))
     layouts = [layout for layout, _ in results]
     footers = [footer for _, footer in results]
     splits = plan_splits(layouts, split_bytes)
