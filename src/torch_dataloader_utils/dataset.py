@@ -207,10 +207,15 @@ class StructuredDataset(IterableDataset):
 
     # ------------------------------------------------- used by the loader
     def begin_pass(self, keep_slots: bool) -> list[ChunkTask]:
-        """Start (or continue) the epoch: the chunk tasks still to deliver, in order."""
+        """Start (or continue) the epoch: the chunk tasks still to deliver, in order.
+
+        A pass that ran to the end in this process starts the epoch again; an epoch
+        restored as complete by load_state_dict delivers nothing more.
+        """
         lengths = self._lengths(self._epoch)
-        if all(p >= n for p, n in zip(self._positions, lengths)):
+        if self._pass_done and all(p >= n for p, n in zip(self._positions, lengths)):
             self._reset_progress()
+        self._pass_done = False
         return remaining_tasks(self._epoch, self._positions, lengths, self._next_worker, self.chunk_rows, keep_slots)
 
     def read_chunk(self, task: ChunkTask) -> Chunk:
@@ -245,6 +250,7 @@ class StructuredDataset(IterableDataset):
                 if stop == rows:
                     self._next_worker = following[index]
                 yield batch
+        self._pass_done = True
 
     # ------------------------------------------------------------ internals
     def _iter_worker(self, worker: int, num_workers: int) -> Iterator[dict[str, Any]]:

@@ -1,0 +1,58 @@
+"""Small deterministic datasets for the tests: every row has a unique int64 ``id``."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.orc as orc
+import pyarrow.parquet as pq
+
+
+def make_table(first_id: int, rows: int, fixed_list: bool = True) -> pa.Table:
+    ids = np.arange(first_id, first_id + rows, dtype=np.int64)
+    values = np.repeat(ids.astype(np.float32), 3)
+    if fixed_list:
+        vec = pa.FixedSizeListArray.from_arrays(pa.array(values), 3)
+    else:
+        vec = pa.ListArray.from_arrays(pa.array(np.arange(0, 3 * rows + 1, 3, dtype=np.int32)), pa.array(values))
+    return pa.table(
+        {
+            "id": ids,
+            "label": (ids % 7).astype(np.int32),
+            "x": ids.astype(np.float64) * 0.5,
+            "vec": vec,
+            "text": pa.array([f"row-{i}" for i in ids]),
+        }
+    )
+
+
+def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt: str = "parquet", first_id: int = 0) -> int:
+    """Write one file per entry of ``layout``; each entry lists the row counts of its row groups
+    (Parquet) or stripes (ORC). Returns the total rows."""
+    os.makedirs(root, exist_ok=True)
+    next_id = first_id
+    for index, groups in enumerate(layout):
+        total = int(sum(groups))
+        path = os.path.join(root, f"part-{index:05d}.{fmt}")
+        if fmt == "parquet":
+            table = make_table(next_id, total)
+            with pq.ParquetWriter(path, table.schema) as writer:
+                offset = 0
+                for size in groups:
+                    writer.write_table(table.slice(offset, size), row_group_size=max(1, size))
+                    offset += size
+        else:
+            # pyarrow's ORC writer closes a stripe when its size estimate passes stripe_size,
+            # checked after every internal batch; uncompressed, that gives one stripe per write
+            table = make_table(next_id, total, fixed_list=False)
+            writer = orc.ORCWriter(path, stripe_size=1, batch_size=max(groups, default=1), compression="uncompressed")
+            offset = 0
+            for size in groups:
+                writer.write(table.slice(offset, size))
+                offset += size
+            writer.close()
+        next_id += total
+    return next_id - first_id

@@ -1,0 +1,47 @@
+"""Run a loader, record every batch and the state after it, and resume from any point."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import torch
+
+from torch_dataloader_utils import StructuredDataset
+
+
+def batch_key(batch: dict[str, Any]) -> tuple:
+    """A comparable fingerprint of a batch: its ids plus a check of the other columns."""
+    ids = batch["id"].tolist()
+    assert batch["text"] == [f"row-{i}" for i in ids], "text column out of step with id"
+    assert torch.equal(batch["x"], batch["id"].double() * 0.5)
+    return tuple(ids)
+
+
+def make(path: str, **kwargs: Any):
+    return StructuredDataset.create_dataloader(path, **kwargs)
+
+
+def run_epoch(loader, dataset, states: list | None = None) -> list[tuple]:
+    """All batches of one pass; with ``states`` also the JSON state after every batch."""
+    batches = []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        if states is not None:
+            states.append(json.loads(json.dumps(dataset.state_dict())))
+    return batches
+
+
+def resume(path: str, state: dict, epoch: int | None = None, **kwargs: Any) -> list[tuple]:
+    """A fresh dataset and loader that load ``state`` and run to the end of the epoch."""
+    loader, dataset = make(path, **kwargs)
+    dataset.load_state_dict(json.loads(json.dumps(state)))
+    if epoch is not None:
+        dataset.set_epoch(epoch)
+    return run_epoch(loader, dataset)
+
+
+def assert_exactly_once(batches: list[tuple], total_rows: int) -> None:
+    ids = [i for b in batches for i in b]
+    assert len(ids) == len(set(ids)), "a row was delivered twice"
+    assert sorted(ids) == list(range(total_rows)), "rows were lost"

@@ -1,0 +1,156 @@
+"""Exactly-once and resume equivalence with real DataLoader worker processes."""
+
+import pytest
+
+from datagen import write_dataset
+from resume_helpers import assert_exactly_once, make, resume, run_epoch
+
+# three files; row groups of odd sizes so batches and chunks straddle them
+LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
+ROWS = sum(map(sum, LAYOUT))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    paths = {}
+    for fmt in ("parquet", "orc"):
+        root = tmp_path_factory.mktemp(fmt)
+        write_dataset(root, LAYOUT, fmt)
+        paths[fmt] = str(root)
+    return paths
+
+
+def _config(workers, shuffle, fmt):
+    # split_bytes small enough to cut files into several splits; chunk of 2 batches
+    return dict(
+        format=fmt,
+        batch_size=13,
+        num_workers=workers,
+        shuffle=shuffle,
+        shuffle_seed=5,
+        split_bytes=2500 if fmt == "parquet" else 2000,
+        chunk_rows=26,
+        shuffle_buffer_rows=50,
+    )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_resume_at_every_interruption_point(data, fmt, shuffle, workers):
+    config = _config(workers, shuffle, fmt)
+    loader, dataset = make(data[fmt], **config)
+    assert len(dataset.splits) > 3
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    assert_exactly_once(full, ROWS)
+    assert len(full) == len(loader)
+    points = range(len(full)) if fmt == "parquet" else range(0, len(full), 3)
+    for k in points:
+        after = resume(data[fmt], states[k], **config)
+        assert after == full[k + 1 :], f"resume after batch {k} differs"
+
+
+def test_shuffle_mixes_rows_and_depends_on_seed_and_epoch(data):
+    config = _config(2, True, "parquet")
+    loader, dataset = make(data["parquet"], **config)
+    first = run_epoch(loader, dataset)
+    again = run_epoch(*make(data["parquet"], **config))
+    assert first == again
+    dataset.set_epoch(1)
+    second = run_epoch(loader, dataset)
+    assert_exactly_once(second, ROWS)
+    assert first != second
+    other_seed = run_epoch(*make(data["parquet"], **{**config, "shuffle_seed": 6}))
+    assert other_seed != first
+    ids = [i for b in first for i in b]
+    assert ids != sorted(ids)
+    # rows inside a batch come from several places, not one sorted run
+    assert any(list(b) != sorted(b) for b in first)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_several_interruptions_in_one_epoch(data, shuffle):
+    config = _config(3, shuffle, "parquet")
+    loader, dataset = make(data["parquet"], **config)
+    full = run_epoch(loader, dataset)
+    delivered = []
+    state = None
+    for stop in (2, 5, 6, 11):
+        loader, dataset = make(data["parquet"], **config)
+        if state is not None:
+            dataset.load_state_dict(state)
+        for batch in loader:
+            from resume_helpers import batch_key
+
+            delivered.append(batch_key(batch))
+            if len(delivered) == stop:
+                break
+        state = dataset.state_dict()
+    delivered += resume(data["parquet"], state, **config)
+    assert delivered == full
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_across_epoch_boundary(data, persistent):
+    config = {**_config(2, True, "parquet"), "persistent_workers": persistent}
+    loader, dataset = make(data["parquet"], **config)
+    epochs = []
+    states = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        states.append([])
+        epochs.append(run_epoch(loader, dataset, states[-1]))
+        assert_exactly_once(epochs[-1], ROWS)
+    assert epochs[0] != epochs[1] != epochs[2]
+    # resume in the middle of epoch 1 with the reference's loop (set_epoch called for it too)
+    k = 4
+    loader, dataset = make(data["parquet"], **config)
+    dataset.load_state_dict(states[1][k])
+    seen = []
+    for epoch in range(dataset.epoch, 3):
+        dataset.set_epoch(epoch)
+        seen.append(run_epoch(loader, dataset))
+    assert seen == [epochs[1][k + 1 :], epochs[2]]
+    # a state saved at the end of an epoch, then set_epoch(next), starts the next epoch fresh
+    assert resume(data["parquet"], states[0][-1], epoch=1, **config) == epochs[1]
+
+
+def test_iterating_again_after_an_epoch_repeats_it(data):
+    loader, dataset = make(data["parquet"], **_config(1, False, "parquet"))
+    assert run_epoch(loader, dataset) == run_epoch(loader, dataset)
+
+
+def test_breaking_out_and_iterating_again_continues(data):
+    config = _config(2, False, "parquet")
+    loader, dataset = make(data["parquet"], **config)
+    full = run_epoch(loader, dataset)
+    loader, dataset = make(data["parquet"], **config)
+    first = []
+    for batch in loader:
+        first.append(tuple(batch["id"].tolist()))
+        if len(first) == 3:
+            break
+    assert first + run_epoch(loader, dataset) == full
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_full_except_one_per_worker(data, drop_last):
+    config = {**_config(3, False, "parquet"), "drop_last": drop_last}
+    loader, dataset = make(data["parquet"], **config)
+    batches = run_epoch(loader, dataset)
+    short = [b for b in batches if len(b) != 13]
+    assert len(short) <= (0 if drop_last else 3)
+    assert sum(map(len, batches)) == len(dataset)
+    if not drop_last:
+        assert_exactly_once(batches, ROWS)
+
+
+def test_prefetched_batches_are_not_counted(data):
+    # with workers reading ahead, the state still counts only what the loop received
+    config = {**_config(2, False, "parquet"), "prefetch_factor": 4}
+    loader, dataset = make(data["parquet"], **config)
+    it = iter(loader)
+    next(it)
+    state = dataset.state_dict()
+    assert sum(state["rows_delivered"]) == 13
