@@ -180,6 +180,15 @@ def file_causes(saved: Any, current: list[list]) -> list[str]:
     return causes
 
 
+def _some_shard(state: Mapping[str, Any]) -> list:
+    """The first non-empty list of completed (else in-progress) splits, to show in a diagnosis."""
+    for key in ("completed_shards", "in_progress"):
+        for entry in state.get(key) or []:
+            if isinstance(entry, Mapping) and isinstance(entry.get("splits"), list) and entry["splits"]:
+                return entry["splits"]
+    return []
+
+
 def validate_rank_state(
     state: Mapping[str, Any],
     config: Mapping[str, Any],
@@ -197,8 +206,7 @@ def validate_rank_state(
             raise mismatch(f"Checkpoint state is missing key {key!r}.", first_shard, ["the state is damaged or from another library"])
     causes = config_causes(state, config) + file_causes(state.get("files"), fingerprint)
     if causes:
-        shard = next((c.get("splits", []) for c in completed if isinstance(c, Mapping) and c.get("splits")), first_shard)
-        raise mismatch("Checkpoint shard does not match any current split.", shard, causes)
+        raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes)
     if epoch < 0:
         raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
     positions = _require(state, "rows_delivered", list, "rank")

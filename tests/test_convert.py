@@ -1,0 +1,76 @@
+"""Arrow -> torch conversion of every supported column type, through the real loader."""
+
+import datetime
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from torch_dataloader_utils import Ragged, StructuredDataset
+
+
+def _batches(tmp_path, table, **kwargs):
+    pq.write_table(table, tmp_path / "t.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), num_workers=0, **kwargs)
+    return list(loader)
+
+
+def test_types(tmp_path):
+    n = 6
+    table = pa.table(
+        {
+            "i8": pa.array(range(n), pa.int8()),
+            "u16": pa.array(range(n), pa.uint16()),
+            "f16": pa.array(np.arange(n, dtype=np.float16)),
+            "f32": pa.array(np.arange(n, dtype=np.float32)),
+            "flag": pa.array([True, False] * 3),
+            "ts": pa.array([datetime.datetime(2024, 1, 1, 0, 0, i) for i in range(n)], pa.timestamp("ms")),
+            "day": pa.array([datetime.date(2024, 1, 1 + i) for i in range(n)]),
+            "fixed": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * n, dtype=np.float32)), 2),
+            "matrix": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(np.arange(4 * n, dtype=np.int32)), 2), 2),
+            "same_len": pa.array([[i, i] for i in range(n)], pa.list_(pa.int64())),
+            "ragged": pa.array([[1] * (i % 3) for i in range(n)], pa.list_(pa.int32())),
+            "text": pa.array([f"s{i}" if i != 2 else None for i in range(n)]),
+            "blob": pa.array([bytes([i]) for i in range(n)], pa.binary()),
+            "cat": pa.array(["a", "b", "a", "c", "b", "a"]).dictionary_encode(),
+        }
+    )
+    (batch,) = _batches(tmp_path, table, batch_size=n)
+    assert batch["i8"].dtype == torch.int8 and batch["i8"].tolist() == list(range(n))
+    assert batch["u16"].dtype == torch.uint16
+    assert batch["f16"].dtype == torch.float16
+    assert batch["flag"].dtype == torch.bool and batch["flag"].tolist() == [True, False] * 3
+    assert batch["ts"].dtype == torch.int64 and batch["ts"][1] - batch["ts"][0] == 1000
+    assert batch["day"].dtype == torch.int32 and batch["day"][1] - batch["day"][0] == 1
+    assert batch["fixed"].shape == (n, 2) and batch["fixed"][1].tolist() == [2.0, 3.0]
+    assert batch["matrix"].shape == (n, 2, 2)
+    assert batch["same_len"].shape == (n, 2) and batch["same_len"][3].tolist() == [3, 3]
+    assert isinstance(batch["ragged"], Ragged)
+    assert batch["ragged"].offsets.tolist() == [0, 0, 1, 3, 3, 4, 6]
+    assert batch["text"] == ["s0", "s1", None, "s3", "s4", "s5"]
+    assert batch["blob"][3] == b"\x03"
+    assert batch["cat"] == ["a", "b", "a", "c", "b", "a"]
+
+
+def test_variable_lists_become_2d_per_batch_when_lengths_agree(tmp_path):
+    rows = [[1, 2], [3, 4], [5], [6]]
+    table = pa.table({"id": list(range(4)), "v": pa.array(rows, pa.list_(pa.int64()))})
+    first, second = _batches(tmp_path, table, batch_size=2)
+    assert first["v"].tolist() == [[1, 2], [3, 4]]
+    assert second["v"].tolist() == [[5], [6]]
+
+
+def test_null_in_numeric_column_names_the_column(tmp_path):
+    table = pa.table({"id": [1, None, 3]})
+    with pytest.raises(ValueError, match="column 'id' has 1 null value"):
+        _batches(tmp_path, table)
+
+
+def test_unsupported_type_names_the_column(tmp_path):
+    table = pa.table({"id": [1, 2], "s": pa.array([{"a": 1}, {"a": 2}])})
+    with pytest.raises(TypeError, match="column 's' has type struct"):
+        _batches(tmp_path, table)
+    (batch,) = _batches(tmp_path, table, columns=["id"])
+    assert list(batch) == ["id"]

@@ -1,0 +1,63 @@
+import os
+
+import pytest
+
+from datagen import write_dataset
+from torch_dataloader_utils import StructuredDataset
+
+
+@pytest.fixture()
+def tree(tmp_path):
+    write_dataset(tmp_path / "a", [[5], [5]])
+    write_dataset(tmp_path / "a" / "nested", [[5]], first_id=10)
+    for marker in ("_SUCCESS", "_metadata", "_common_metadata", ".part-00000.parquet.crc", "part-00000.parquet.crc"):
+        (tmp_path / "a" / marker).write_bytes(b"x")
+    os.makedirs(tmp_path / "a" / "_temporary")
+    (tmp_path / "a" / "_temporary" / "junk.parquet").write_bytes(b"junk")
+    (tmp_path / "a" / ".hidden.parquet").write_bytes(b"junk")
+    return tmp_path
+
+
+def test_directory_is_recursive_sorted_and_skips_markers(tree):
+    dataset = StructuredDataset(str(tree / "a"), num_workers=0)
+    names = [os.path.relpath(f, tree / "a") for f in dataset.files]
+    assert names == ["nested/part-00000.parquet", "part-00000.parquet", "part-00001.parquet"]
+    assert len(dataset) == 15
+
+
+def test_glob_list_and_single_file(tree):
+    by_glob = StructuredDataset(str(tree / "a" / "part-*.parquet"), num_workers=0)
+    assert len(by_glob.files) == 2
+    one = str(tree / "a" / "part-00001.parquet")
+    both = StructuredDataset([one, str(tree / "a" / "nested")], num_workers=0)
+    assert both.files == sorted([one, str(tree / "a" / "nested" / "part-00000.parquet")])
+    assert StructuredDataset(one, num_workers=0).files == [one]
+
+
+def test_format_inferred_from_extension(tmp_path):
+    write_dataset(tmp_path / "o", [[4, 4]], fmt="orc")
+    dataset = StructuredDataset(str(tmp_path / "o"), format=None, num_workers=0)
+    assert len(dataset) == 8
+
+
+def test_mixed_formats_need_an_explicit_format(tmp_path):
+    write_dataset(tmp_path / "m", [[4]], fmt="orc")
+    write_dataset(tmp_path / "m" / "p", [[4]])
+    with pytest.raises(ValueError, match="several formats"):
+        StructuredDataset(str(tmp_path / "m"), format=None, num_workers=0)
+    assert len(StructuredDataset(str(tmp_path / "m"), format="orc", num_workers=0)) == 4
+
+
+def test_missing_path_and_empty_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file or directory"):
+        StructuredDataset(str(tmp_path / "nope"), num_workers=0)
+    os.makedirs(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="no parquet files found"):
+        StructuredDataset(str(tmp_path / "empty"), num_workers=0)
+
+
+def test_garbage_file_names_the_file(tmp_path):
+    write_dataset(tmp_path / "g", [[4]])
+    (tmp_path / "g" / "part-zzz.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(ValueError, match=r"cannot read the parquet footer of .*part-zzz.parquet"):
+        StructuredDataset(str(tmp_path / "g"), num_workers=0)

@@ -1,0 +1,123 @@
+"""Every reason a checkpoint cannot be resumed exactly raises CheckpointMismatchError with a diagnosis."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from datagen import write_dataset
+from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+
+LAYOUT = [[30, 30], [25], [40, 20]]
+BASE = dict(batch_size=10, num_workers=2, shuffle=True, shuffle_seed=3, split_bytes=2000)
+
+
+@pytest.fixture()
+def data(tmp_path):
+    write_dataset(tmp_path / "d", LAYOUT)
+    return str(tmp_path / "d")
+
+
+def _mid_epoch_state(path, **overrides):
+    loader, dataset = StructuredDataset.create_dataloader(path, **{**BASE, **overrides})
+    it = iter(loader)
+    for _ in range(4):
+        next(it)
+    return json.loads(json.dumps(dataset.state_dict()))
+
+
+@pytest.mark.parametrize(
+    "change, cause",
+    [
+        (dict(num_workers=3), "num_workers changed: checkpoint=2, current=3"),
+        (dict(shuffle_seed=4), "shuffle_seed changed: checkpoint=3, current=4"),
+        (dict(shuffle=False), "shuffle changed: checkpoint=True, current=False"),
+        (dict(split_bytes=3000), "split_bytes changed: checkpoint=2000, current=3000"),
+        (dict(world_size=2, rank=0), "world_size changed: checkpoint=1, current=2"),
+        (dict(drop_last=True), "drop_last changed: checkpoint=False, current=True"),
+    ],
+)
+def test_configuration_changes(data, change, cause):
+    state = _mid_epoch_state(data)
+    dataset = StructuredDataset(data, **{**BASE, **change})
+    with pytest.raises(CheckpointMismatchError) as error:
+        dataset.load_state_dict(state)
+    message = str(error.value)
+    assert "Checkpoint shard does not match any current split." in message
+    assert f"Likely cause: {cause}" in message
+    assert "Checkpoint shard:" in message and ".parquet" in message
+    assert "Reconstruct the dataset with matching parameters or discard this checkpoint." in message
+
+
+def test_rank_change(data):
+    state = _mid_epoch_state(data, world_size=2, rank=0)
+    with pytest.raises(CheckpointMismatchError, match="rank changed: checkpoint=0, current=1"):
+        StructuredDataset(data, **{**BASE, "world_size": 2, "rank": 1}).load_state_dict(state)
+
+
+def test_file_added(data, tmp_path):
+    state = _mid_epoch_state(data)
+    write_dataset(tmp_path / "extra", [[5]], first_id=1000)
+    shutil.copy(tmp_path / "extra" / "part-00000.parquet", os.path.join(data, "part-00009.parquet"))
+    with pytest.raises(CheckpointMismatchError, match=r"files added since the checkpoint \(1\): .*part-00009.parquet"):
+        StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+def test_file_removed(data):
+    state = _mid_epoch_state(data)
+    os.remove(os.path.join(data, "part-00001.parquet"))
+    with pytest.raises(CheckpointMismatchError, match=r"files removed since the checkpoint \(1\): .*part-00001.parquet"):
+        StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+def test_file_rewritten_with_another_size(data, tmp_path):
+    state = _mid_epoch_state(data)
+    write_dataset(tmp_path / "other", [[50, 50]])
+    shutil.copy(tmp_path / "other" / "part-00000.parquet", os.path.join(data, "part-00002.parquet"))
+    with pytest.raises(CheckpointMismatchError, match=r"file rewritten since the checkpoint: .*part-00002.parquet \(size checkpoint="):
+        StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+def test_progress_that_contradicts_the_plan(data):
+    state = _mid_epoch_state(data)
+    state["completed_shards"][0]["splits"].append({"path": "/elsewhere/x.parquet", "row_offset": None, "row_length": None})
+    with pytest.raises(CheckpointMismatchError, match="worker 0's completed splits do not match the plan"):
+        StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda s: s.pop("epoch"), "missing key 'epoch'"),
+        (lambda s: s.pop("format_version"), "missing key 'format_version'"),
+        (lambda s: s.update(format_version=99), "format_version 99, newer than this library reads"),
+        (lambda s: s.update(epoch="3"), "key 'epoch' has the wrong type"),
+        (lambda s: s.update(epoch=-1), "'epoch' is negative"),
+        (lambda s: s["rows_delivered"].__setitem__(0, -5), r"rows_delivered\[0\]' is out of range"),
+        (lambda s: s["rows_delivered"].__setitem__(1, 10**9), r"rows_delivered\[1\]' is out of range"),
+        (lambda s: s["rows_delivered"].pop(), "one entry per worker"),
+        (lambda s: s.update(next_worker=7), "'next_worker' is out of range"),
+        (lambda s: s.update(files="nope"), "'files' entry is damaged"),
+    ],
+)
+def test_damaged_states(data, damage, match):
+    state = _mid_epoch_state(data)
+    damage(state)
+    with pytest.raises(CheckpointMismatchError, match=match):
+        StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+def test_not_a_dict(data):
+    with pytest.raises(CheckpointMismatchError, match="not a dict"):
+        StructuredDataset(data, **BASE).load_state_dict([1, 2])
+
+
+def test_a_failed_load_leaves_progress_untouched(data):
+    good = _mid_epoch_state(data)
+    dataset = StructuredDataset(data, **BASE)
+    dataset.load_state_dict(good)
+    bad = dict(good, rows_delivered=[10**9, 0])
+    with pytest.raises(CheckpointMismatchError):
+        dataset.load_state_dict(bad)
+    assert dataset.state_dict()["rows_delivered"] == good["rows_delivered"]
