@@ -163,7 +163,7 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             return build_worker_state(self._config(), self._catalog.files_digest, self._epoch, info.id, self._positions[info.id])
-        return build_rank_state(
+        state = build_rank_state(
             self._config(),
             self._catalog.fingerprint,
             self._epoch,
@@ -172,6 +172,8 @@ class StructuredDataset(IterableDataset):
             self._streams_for(self._epoch),
             self._catalog.splits,
         )
+        state["rows_total"] = self._lengths(self._epoch)  # per worker; lets `tdu inspect` report rows remaining
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly."""
