@@ -10,15 +10,18 @@ import hashlib
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, infer_format
 from .formats import FileFormat, get_format
 from .planner import FileLayout, Split, plan_splits
+from .remote import IOOptions, open_store, prefetched_tails
 from .progress import progress
+from .schema import file_schema, missing_columns, unify
 from .streams import SplitRows, unit_offsets
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,8 @@ class Catalog:
     split_rows: list[SplitRows]
     file_offsets: list[np.ndarray]
     split_bytes: int
+    schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
+    missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
 
     @property
     def fingerprint(self) -> list[list]:
@@ -47,9 +52,10 @@ class Catalog:
         return hashlib.sha256(json.dumps(self.fingerprint).encode()).hexdigest()[:16]
 
 
-def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any]:
+def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
     try:
-        return fmt.read_footer(fs, entry.fs_path, entry.size, entry.tag, entry.url)
+        layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.tag, entry.url)
+        return layout, footer, file_schema(fmt, fs, entry.fs_path, footer)
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
         raise ValueError(
             f"cannot read the {fmt.name} footer of {entry.url}: {error}. "
@@ -70,19 +76,26 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
 
 
 def build_catalog(
-    path: str | Sequence[str], format: str | None, storage_options: dict | None, split_bytes: int
+    path: str | Sequence[str],
+    format: str | None,
+    storage_options: dict | None,
+    split_bytes: int,
+    io_options: IOOptions | None = None,
 ) -> Catalog:
     """Discover files, read every footer once (in parallel) and plan the splits."""
     paths = as_path_list(path)
-    fs = filesystem_for(paths, storage_options)
+    fs = open_store(filesystem_for(paths, storage_options), io_options)
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
-    with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
+    with prefetched_tails(fs, files), ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
         results = list(progress(pool.map(lambda entry: _read_footer(fmt, fs, entry), files), len(files), "reading footers"))
-    layouts = [layout for layout, _ in results]
-    footers = [footer for _, footer in results]
+    layouts = [layout for layout, _, _ in results]
+    footers = [footer for _, footer, _ in results]
+    schema = unify([s for _, _, s in results], [f.url for f in files])
+    missing = [missing_columns(s, schema) for _, _, s in results]
     splits = plan_splits(layouts, split_bytes)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(l) for l in layouts], split_bytes
+        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(l) for l in layouts], split_bytes,
+        schema, missing,
     )

@@ -4,36 +4,41 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
 from .convert import slice_columns, table_to_columns
-from .planner import DEFAULT_SPLIT_BYTES, assign_splits, epoch_order
+from .elastic import check_global, deal, rank_part, remaining_units, topology_changed
+from .lanes import Lane, Segment, StreamBook
+from .planner import DEFAULT_SPLIT_BYTES, Split
 from .reader import StreamReader
+from .remote import IOOptions
 from .state import (
+    RankProgress,
     build_rank_state,
     build_worker_state,
     check_header,
+    mismatch,
     validate_rank_state,
     validate_worker_state,
 )
-from .streams import Stream, build_stream
-from .tasks import ChunkTask, remaining_tasks
+from .tasks import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_schedule
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 18
 DEFAULT_CHUNK_ROWS = 1 << 16
+EQUALIZE_POLICIES = ("pad", "drop", "none")
 
 
 @dataclass
 class Chunk:
-    """Converted rows [start, stop) of one worker's stream, sent from a worker to the main process."""
+    """Converted rows [start, stop) of one lane, sent from a worker to the main process."""
 
-    worker: int
+    lane: int
     start: int
     stop: int
     columns: dict[str, Any]
@@ -60,6 +65,10 @@ class StructuredDataset(IterableDataset):
     Use ``StructuredDataset.create_dataloader(...)`` for the fast loader. The dataset
     is also an ``IterableDataset`` of batches for torchdata's ``StatefulDataLoader``
     (``batch_size=None``, ``num_workers`` equal to the dataset's) or direct iteration.
+
+    Under DDP every rank delivers the same number of batches: ``equalize="pad"``
+    (default) repeats rows of the rank's own epoch at its end, ``"drop"`` stops every
+    rank at the smallest count, ``"none"`` leaves counts as they fall.
     """
 
     def __init__(
@@ -77,8 +86,13 @@ class StructuredDataset(IterableDataset):
         world_size: int | None = None,
         storage_options: dict | None = None,
         drop_last: bool = False,
+        equalize: str = "pad",
         shuffle_buffer_rows: int = DEFAULT_SHUFFLE_BUFFER_ROWS,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        download_retry: int = 2,
+        download_timeout: float | None = 60.0,
+        cache_dir: str | None = None,
+        cache_limit_bytes: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -88,6 +102,8 @@ class StructuredDataset(IterableDataset):
             raise ValueError(f"shuffle_seed must be >= 0, got {shuffle_seed}")
         if shuffle_buffer_rows < 1:
             raise ValueError(f"shuffle_buffer_rows must be >= 1, got {shuffle_buffer_rows}")
+        if equalize not in EQUALIZE_POLICIES:
+            raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
         self.rank, self.world_size = default_topology(rank, world_size)
         self.batch_size = batch_size
         self.num_workers = num_workers
@@ -95,16 +111,18 @@ class StructuredDataset(IterableDataset):
         self.shuffle_seed = shuffle_seed
         self.columns = list(columns) if columns is not None else None
         self.drop_last = drop_last
+        self.equalize = equalize
         self.shuffle_buffer_rows = shuffle_buffer_rows
         self.chunk_rows = batch_size * max(1, chunk_rows // batch_size)
-        self._catalog: Catalog = build_catalog(path, format, storage_options, split_bytes)
+        self._catalog: Catalog = build_catalog(
+            path, format, storage_options, split_bytes, IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
+        )
+        self._book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, shuffle, shuffle_seed, shuffle_buffer_rows)
         self._epoch = 0
-        self._positions = [0] * self.logical_workers
-        self._next_worker = 0
-        self._pass_done = False
+        self._reset_progress()
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._streams: tuple[int, list[Stream]] | None = None
         self._reader: StreamReader | None = None
+        self.last_batch_is_padding = False
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -128,11 +146,11 @@ class StructuredDataset(IterableDataset):
 
     @property
     def logical_workers(self) -> int:
-        """Streams per rank: num_workers, or 1 when reading in the main process."""
+        """Lanes per rank: num_workers, or 1 when reading in the main process."""
         return max(1, self.num_workers)
 
     @property
-    def splits(self):
+    def splits(self) -> list[Split]:
         """The planned splits (all ranks), in file order."""
         return list(self._catalog.splits)
 
@@ -150,55 +168,55 @@ class StructuredDataset(IterableDataset):
         self._epoch_cell[0] = epoch
 
     def __len__(self) -> int:
-        """Rows this rank delivers in the current epoch."""
-        return sum(self._lengths(self._epoch))
+        """Rows this rank delivers in the current epoch (padding included)."""
+        schedule = self._schedule([0] * self.logical_workers, 0, 0, keep_slots=False)
+        return sum(stop - start for _, start, stop in schedule)
 
     def num_batches(self) -> int:
-        """Batches this rank delivers in the current epoch."""
-        size = self.batch_size
-        return sum(-(-n // size) for n in self._lengths(self._epoch))
+        """Batches this rank delivers in the current epoch (padding included)."""
+        schedule = self._schedule([0] * self.logical_workers, 0, 0, keep_slots=False)
+        return sum(-(-(stop - start) // self.batch_size) for _, start, stop in schedule)
 
     def state_dict(self) -> dict:
         """JSON-serializable progress: a rank state in the main process, a worker state inside a worker."""
         info = get_worker_info()
         if info is not None:
             return build_worker_state(self._config(), self._catalog.files_digest, self._epoch, info.id, self._positions[info.id])
-        state = build_rank_state(
-            self._config(),
-            self._catalog.fingerprint,
-            self._epoch,
-            self._positions,
-            self._next_worker,
-            self._streams_for(self._epoch),
-            self._catalog.splits,
-        )
-        state["rows_total"] = self._lengths(self._epoch)  # per worker; lets `tdu inspect` report rows remaining
+        progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
+        state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
+        if self._target_override is not None:
+            state["batch_target"] = self._target_override
         return state
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore progress; raises CheckpointMismatchError when it cannot resume exactly."""
-        if check_header(state) == "worker":
-            epoch, worker, position = validate_worker_state(state, self._config(), self._catalog.files_digest, self.logical_workers)
-            if position > self._lengths(epoch)[worker]:
-                from .state import mismatch
+    def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
+        """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
 
-                raise mismatch(
-                    f"Checkpoint state of worker {worker} is out of range.",
-                    [],
-                    [f"rows_delivered={position} but the worker has {self._lengths(epoch)[worker]} rows in epoch {epoch}"],
-                )
-            if epoch != self._epoch:
-                self._epoch = epoch
-                self._reset_progress()
-            self._positions[worker] = position
-            self._pass_done = False
+        Accepts this rank's ``state_dict()``, or a global state from
+        ``torch_dataloader_utils.distributed.merge_states``. With ``elastic=True`` a
+        global state taken with another world size or num_workers is re-dealt: every
+        row not yet delivered in that epoch is delivered exactly once across the new ranks.
+        """
+        scope = check_header(state)
+        if scope == "worker":
+            self._load_worker_state(state)
             return
-        epoch, positions, next_worker = validate_rank_state(
-            state, self._config(), self._catalog.fingerprint, self._streams_for, self._lengths, self._catalog.splits
-        )
-        self._epoch, self._positions, self._next_worker = epoch, positions, next_worker
-        self._epoch_cell[0] = epoch
-        self._pass_done = False
+        if scope == "global":
+            check_global(state)
+            first = state["ranks"][0]
+            same = first.get("_world_size") == self.world_size and first.get("_num_workers") == self.num_workers
+            if same or not elastic:
+                self._load_rank_state(rank_part(state, self.rank) if same else self._strict_part(state))
+            else:
+                self._load_elastic(state)
+            return
+        if elastic and (state.get("_world_size") != self.world_size or state.get("_num_workers") != self.num_workers):
+            raise mismatch(
+                "An elastic resume needs every rank's progress.",
+                [],
+                ["this is one rank's state; the topology changed, so the others' remaining rows are unknown"],
+                "Save torch_dataloader_utils.distributed.gather_state(dataset) (or merge_states of all ranks) and load that.",
+            )
+        self._load_rank_state(state)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -214,47 +232,215 @@ class StructuredDataset(IterableDataset):
         A pass that ran to the end in this process starts the epoch again; an epoch
         restored as complete by load_state_dict delivers nothing more.
         """
-        lengths = self._lengths(self._epoch)
-        if self._pass_done and all(p >= n for p, n in zip(self._positions, lengths)):
+        if self._pass_done and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self._reset_progress()
         self._pass_done = False
-        return remaining_tasks(self._epoch, self._positions, lengths, self._next_worker, self.chunk_rows, keep_slots)
+        lanes = self._lanes()
+        padding = self._padding_lane()
+        tasks = []
+        for lane, start, stop in self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots):
+            source = padding if lane == PADDING_LANE else lanes[lane]
+            tasks.append(ChunkTask(lane, start, stop, tuple(source.slice(start, stop))))
+        return tasks
 
     def read_chunk(self, task: ChunkTask) -> Chunk:
         """Read and convert one chunk (in whatever process runs it)."""
+        if task.stop <= task.start:
+            return Chunk(task.lane, task.start, task.stop, {})
         if self._reader is None:
             self._reader = StreamReader(self._catalog, self.columns, use_threads=get_worker_info() is None)
-        stream = self._streams_for(task.epoch)[task.worker]
-        if task.stop <= task.start:
-            return Chunk(task.worker, task.start, task.stop, {})
-        table = self._reader.read(stream, task.start, task.stop)
-        where = f"rows [{task.start}, {task.stop}) of worker {task.worker}'s stream (epoch {task.epoch})"
-        return Chunk(task.worker, task.start, task.stop, table_to_columns(table, where))
+        table = self._reader.read_segments(self._book, task.segments)
+        where = f"rows [{task.start}, {task.stop}) of lane {task.lane} (epoch {task.segments[0].key.epoch})"
+        return Chunk(task.lane, task.start, task.stop, table_to_columns(table, where))
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
         """Slice chunks into batches and count each batch as delivered just before yielding it."""
         size = self.batch_size
-        following = self._following_workers(tasks)
+        following = self._following_lanes(tasks)
         for index, chunk in enumerate(chunks):
             if chunk.stop <= chunk.start:
                 continue
-            if chunk.start != self._positions[chunk.worker]:
-                raise RuntimeError(
-                    f"internal error: chunk of worker {chunk.worker} starts at row {chunk.start} "
-                    f"but {self._positions[chunk.worker]} rows were delivered"
-                )
-            self._next_worker = chunk.worker
+            padding = chunk.lane == PADDING_LANE
+            expected = self._padding_delivered if padding else self._positions[chunk.lane]
+            if chunk.start != expected:
+                raise RuntimeError(f"internal error: chunk of lane {chunk.lane} starts at row {chunk.start} but {expected} rows were delivered")
+            if not padding:
+                self._next_lane = chunk.lane
             rows = chunk.stop - chunk.start
             for offset in range(0, rows, size):
                 stop = min(offset + size, rows)
                 batch = slice_columns(chunk.columns, offset, stop)
-                self._positions[chunk.worker] += stop - offset
-                if stop == rows:
-                    self._next_worker = following[index]
+                if padding:
+                    self._padding_delivered += stop - offset
+                else:
+                    self._positions[chunk.lane] += stop - offset
+                    if stop == rows:
+                        self._next_lane = following[index]
+                self.last_batch_is_padding = padding
                 yield batch
         self._pass_done = True
 
     # ------------------------------------------------------------ internals
+    def _schedule(self, positions: Sequence[int], next_lane: int, padding_delivered: int, keep_slots: bool) -> list[tuple[int, int, int]]:
+        lanes = self._lanes()
+        lengths = [self._lane_length(lane) for lane in lanes]
+        schedule = lane_schedule(positions, lengths, next_lane, self.chunk_rows, keep_slots)
+        target = self._batch_target()
+        if target is not None and self.equalize == "drop":
+            schedule = cap_batches(schedule, self.batch_size, target - self._real_batches(positions, lengths))
+        padding_rows = self._padding_rows()
+        return schedule + padding_schedule(padding_delivered, padding_rows, self.chunk_rows)
+
+    def _real_batches(self, positions: Sequence[int], lengths: Sequence[int]) -> int:
+        """Batches already delivered from real rows (positions are batch-aligned except at lane ends)."""
+        return sum(-(-p // self.batch_size) for p in positions)
+
+    def _lanes(self) -> list[Lane]:
+        if self._lanes_override is not None:
+            return self._lanes_override
+        return self._book.canonical_lanes(self._epoch, self.rank, self.world_size, self.num_workers)
+
+    def _lane_length(self, lane: Lane) -> int:
+        rows = lane.num_rows
+        return rows - rows % self.batch_size if self.drop_last else rows
+
+    def _lane_batches(self, lanes: Sequence[Lane]) -> int:
+        return sum(-(-self._lane_length(lane) // self.batch_size) for lane in lanes)
+
+    def _batch_target(self) -> int | None:
+        """Batches every rank delivers this epoch, or None when counts are not equalized."""
+        if self.world_size == 1 or self.equalize == "none":
+            return None
+        if self._target_override is not None:
+            return self._target_override
+        counts = [
+            self._lane_batches(self._book.canonical_lanes(self._epoch, rank, self.world_size, self.num_workers))
+            for rank in range(self.world_size)
+        ]
+        return max(counts) if self.equalize == "pad" else min(counts)
+
+    def _padding_rows(self) -> int:
+        target = self._batch_target()
+        if target is None or self.equalize != "pad":
+            return 0
+        return max(0, target - self._lane_batches(self._lanes())) * self.batch_size
+
+    def _padding_lane(self) -> Lane:
+        """Rows to repeat as padding: this rank's own rows, cycled (another rank's if it has none)."""
+        rows = self._padding_rows()
+        if rows == 0:
+            return Lane(())
+        source = [s for lane in self._lanes() for s in lane.segments if s.num_rows]
+        if not source:
+            source = [
+                s
+                for rank in range(self.world_size)
+                for lane in self._book.canonical_lanes(self._epoch, rank, self.world_size, self.num_workers)
+                for s in lane.segments
+                if s.num_rows
+            ]
+        segments: list[Segment] = []
+        while rows > 0:
+            for segment in source:
+                take = min(rows, segment.num_rows)
+                segments.append(Segment(segment.key, segment.start, segment.start + take))
+                rows -= take
+                if rows == 0:
+                    break
+        return Lane(tuple(segments))
+
+    def _following_lanes(self, tasks: Sequence[ChunkTask]) -> list[int]:
+        following, upcoming = [0] * len(tasks), 0
+        for i in range(len(tasks) - 1, -1, -1):
+            following[i] = upcoming
+            if tasks[i].stop > tasks[i].start and tasks[i].lane != PADDING_LANE:
+                upcoming = tasks[i].lane
+        return following
+
+    def _reset_progress(self) -> None:
+        self._positions = [0] * self.logical_workers
+        self._next_lane = 0
+        self._padding_delivered = 0
+        self._lanes_override: list[Lane] | None = None
+        self._target_override: int | None = None
+        self._pass_done = False
+
+    def _config(self, **topology: int) -> dict:
+        return {
+            "_num_workers": topology.get("num_workers", self.num_workers),
+            "_shuffle": self.shuffle,
+            "_shuffle_seed": self.shuffle_seed,
+            "_world_size": topology.get("world_size", self.world_size),
+            "_rank": topology.get("rank", self.rank),
+            "_split_bytes": self._catalog.split_bytes,
+            "_drop_last": self.drop_last,
+            "_equalize": self.equalize,
+        }
+
+    def _load_rank_state(self, state: Mapping[str, Any]) -> None:
+        progress = validate_rank_state(state, self._config(), self._catalog.fingerprint, self._book, self._catalog.splits, self._lane_length)
+        target = state.get("batch_target") if progress.lanes is not None else None
+        if progress.lanes is not None and (not isinstance(target, int) or isinstance(target, bool) or target < 0):
+            raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
+        self._apply(progress, target)
+        if self._padding_delivered > self._padding_rows():
+            delivered = self._padding_delivered
+            self._reset_progress()
+            raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [f"{delivered} rows, more than this rank pads"])
+
+    def _apply(self, progress: RankProgress, target: int | None) -> None:
+        self._epoch = progress.epoch
+        self._positions = list(progress.positions)
+        self._next_lane = progress.next_lane
+        self._padding_delivered = progress.padding_delivered
+        self._lanes_override = progress.lanes
+        self._target_override = target
+        self._pass_done = False
+        self._epoch_cell[0] = progress.epoch
+
+    def _strict_part(self, state: Mapping[str, Any]) -> dict:
+        causes = topology_changed(state, self.num_workers)
+        if len(state["ranks"]) != self.world_size:
+            causes.insert(0, f"world_size changed: checkpoint={len(state['ranks'])}, current={self.world_size}")
+        raise mismatch(
+            "Checkpoint shard does not match any current split.",
+            [],
+            causes,
+            "Resume with the checkpoint's topology, or pass elastic=True to deal the remaining rows to the new one.",
+        )
+
+    def _load_elastic(self, state: Mapping[str, Any]) -> None:
+        """Validate every old rank against its own plan, then deal what remains to this topology."""
+        units = []
+        for part in state["ranks"]:
+            topology = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in topology.values()):
+                raise mismatch("Checkpoint state has a damaged topology.", [], [f"rank entry says {topology}"])
+            lane_length = self._lane_length
+            progress = validate_rank_state(part, self._config(**topology), self._catalog.fingerprint, self._book, self._catalog.splits, lane_length)
+            lanes = progress.lanes or self._book.canonical_lanes(progress.epoch, topology["rank"], topology["world_size"], topology["num_workers"])
+            units += remaining_units(self._book, lanes, progress.positions, [lane_length(lane) for lane in lanes])
+        dealt = deal(units, self.world_size, self.num_workers)
+        counts = [self._lane_batches(lanes) for lanes in dealt]
+        target = max(counts) if self.equalize == "pad" else min(counts)
+        epoch = state["epoch"]
+        self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target)
+
+    def _load_worker_state(self, state: Mapping[str, Any]) -> None:
+        epoch, worker, position = validate_worker_state(state, self._config(), self._catalog.files_digest, self.logical_workers)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._reset_progress()
+        length = self._lane_length(self._lanes()[worker])
+        if position > length:
+            raise mismatch(
+                f"Checkpoint state of worker {worker} is out of range.",
+                [],
+                [f"rows_delivered={position} but the worker has {length} rows in epoch {epoch}"],
+            )
+        self._positions[worker] = position
+        self._pass_done = False
+
     def _iter_worker(self, worker: int, num_workers: int) -> Iterator[dict[str, Any]]:
         if num_workers != self.logical_workers:
             raise ValueError(
@@ -265,70 +451,23 @@ class StructuredDataset(IterableDataset):
         if epoch != self._epoch:
             self._epoch = epoch
             self._reset_progress()
-        length = self._lengths(epoch)[worker]
+        lane = self._lanes()[worker]
+        length = self._lane_length(lane)
         if self._pass_done and self._positions[worker] >= length:
             self._positions[worker] = 0
         self._pass_done = False
         size = self.batch_size
         while self._positions[worker] < length:
             start = self._positions[worker]
-            chunk = self.read_chunk(ChunkTask(epoch, worker, start, min(length, start + self.chunk_rows)))
+            stop = min(length, start + self.chunk_rows)
+            chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
             rows = chunk.stop - chunk.start
             for offset in range(0, rows, size):
-                stop = min(offset + size, rows)
-                batch = slice_columns(chunk.columns, offset, stop)
-                self._positions[worker] = start + stop
+                end = min(offset + size, rows)
+                batch = slice_columns(chunk.columns, offset, end)
+                self._positions[worker] = start + end
                 yield batch
         self._pass_done = True
-
-    def _following_workers(self, tasks: Sequence[ChunkTask]) -> list[int]:
-        following, upcoming = [0] * len(tasks), 0
-        for i in range(len(tasks) - 1, -1, -1):
-            following[i] = upcoming
-            if tasks[i].stop > tasks[i].start:
-                upcoming = tasks[i].worker
-        return following
-
-    def _reset_progress(self) -> None:
-        self._positions = [0] * self.logical_workers
-        self._next_worker = 0
-        self._pass_done = False
-
-    def _config(self) -> dict:
-        return {
-            "_num_workers": self.num_workers,
-            "_shuffle": self.shuffle,
-            "_shuffle_seed": self.shuffle_seed,
-            "_world_size": self.world_size,
-            "_rank": self.rank,
-            "_split_bytes": self._catalog.split_bytes,
-            "_drop_last": self.drop_last,
-        }
-
-    def _streams_for(self, epoch: int) -> list[Stream]:
-        if self._streams is None or self._streams[0] != epoch:
-            catalog = self._catalog
-            order = epoch_order(len(catalog.splits), self.shuffle, self.shuffle_seed, epoch)
-            assignment = assign_splits(order, self.rank, self.world_size, self.num_workers)
-            streams = [
-                build_stream(
-                    (self.shuffle_seed, epoch, self.rank, worker),
-                    splits,
-                    catalog.split_rows,
-                    catalog.file_offsets,
-                    self.shuffle,
-                    self.shuffle_buffer_rows,
-                )
-                for worker, splits in enumerate(assignment)
-            ]
-            self._streams = (epoch, streams)
-        return self._streams[1]
-
-    def _lengths(self, epoch: int) -> list[int]:
-        rows = [stream.num_rows for stream in self._streams_for(epoch)]
-        if self.drop_last:
-            rows = [n - n % self.batch_size for n in rows]
-        return rows
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 import fsspec
 
 from .formats import format_for_path
-from .formats.io import is_local
+from .formats.io import is_local, is_remote
 
 _GLOB_CHARS = ("*", "?", "[")
 _MARKER_SUFFIXES = (".crc",)
@@ -85,12 +85,24 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
     yield stripped, fs.info(stripped)
 
 
+def _list(fs: Any, user_path: str, format: str | None) -> list[tuple[str, dict]]:
+    """Matches of one user path; for object stores from a fresh listing, retried on transient faults."""
+    if not is_remote(fs):
+        return list(_expand(fs, user_path, format))
+
+    def listing(raw: Any) -> list[tuple[str, dict]]:
+        raw.invalidate_cache()  # a cached listing would hide rewritten files (stale ETag and size)
+        return list(_expand(fs, user_path, format))
+
+    return fs.call(listing, f"listing {user_path}")
+
+
 def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEntry]:
     """All data files under ``paths``, sorted by URL, without hidden and marker files."""
     found: dict[str, FileEntry] = {}
     for user_path in paths:
         try:
-            matches = list(_expand(fs, user_path, format))
+            matches = _list(fs, user_path, format)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such file or directory: {user_path!r}; check the path and storage_options") from None
         for path, info in matches:
@@ -101,7 +113,10 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             f"no {format or 'Parquet or ORC'} files found under {paths!r} "
             "(hidden files and _SUCCESS/_metadata markers are ignored; directories match *.parquet, *.pq, *.parq, *.orc)"
         )
-    return [found[url] for url in sorted(found)]
+    entries = [found[url] for url in sorted(found)]
+    if is_remote(fs):
+        fs.register(entries)
+    return entries
 
 
 def infer_format(files: list[FileEntry]) -> str:

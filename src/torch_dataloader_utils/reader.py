@@ -9,6 +9,7 @@ import pyarrow as pa
 
 from .catalog import Catalog
 from .errors import DataReadError
+from .lanes import Segment, StreamBook
 from .streams import Piece, Stream
 
 _OPEN_FILES = 16
@@ -24,6 +25,11 @@ class StreamReader:
         self._use_threads = use_threads
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, pa.Table] = OrderedDict()
+
+    def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> pa.Table:
+        """The rows of consecutive stream segments, concatenated."""
+        parts = [self.read(book.stream(s.key), s.start, s.stop) for s in segments]
+        return parts[0] if len(parts) == 1 else self._concat(parts, None)
 
     def read(self, stream: Stream, start: int, stop: int) -> pa.Table:
         """Rows [start, stop) of the stream, in stream order."""
@@ -42,7 +48,7 @@ class StreamReader:
         return self._catalog.splits[split].describe()
 
     def _window(self, stream: Stream, window: int) -> pa.Table:
-        key = (stream.key, window)
+        key = (stream.key, stream.splits, window)
         table = self._windows.get(key)
         if table is not None:
             self._windows.move_to_end(key)
@@ -81,9 +87,10 @@ class StreamReader:
             self._files.move_to_end(file)
         return reader
 
-    def _concat(self, tables: list[pa.Table], stream: Stream) -> pa.Table:
+    def _concat(self, tables: list[pa.Table], stream: Stream | None) -> pa.Table:
         try:
             return pa.concat_tables(tables)
         except pa.ArrowInvalid as error:
-            names = sorted({self._catalog.files[p.file].url for p in stream.pieces})
+            pieces = stream.pieces if stream is not None else ()
+            names = sorted({self._catalog.files[p.file].url for p in pieces})
             raise ValueError(f"files with different schemas cannot be read together: {error}. Files of this stream: {names[:5]}") from error

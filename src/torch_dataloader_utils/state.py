@@ -9,11 +9,11 @@ fit the current plan.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .errors import CheckpointMismatchError
+from .lanes import Lane, Segment, StreamBook, StreamKey
 from .planner import Split
-from .streams import Stream, rows_done_per_split
 
 FORMAT_VERSION = 1
 
@@ -26,7 +26,18 @@ CONFIG_KEYS = {
     "_rank": "rank",
     "_split_bytes": "split_bytes",
     "_drop_last": "drop_last",
+    "_equalize": "equalize",
 }
+
+
+class RankProgress(NamedTuple):
+    """A validated rank state: lanes (None for the canonical ones) and positions."""
+
+    epoch: int
+    lanes: list[Lane] | None
+    positions: list[int]
+    next_lane: int
+    padding_delivered: int
 
 
 def _split_dict(split: Split, rows_done: int | None = None) -> dict:
@@ -36,44 +47,43 @@ def _split_dict(split: Split, rows_done: int | None = None) -> dict:
     return entry
 
 
-def progress_content(stream: Stream, position: int, splits: Sequence[Split]) -> tuple[list[dict], list[dict]]:
-    """(completed splits, in-progress splits with rows_done) of a stream at ``position``."""
-    done = rows_done_per_split(stream, position)
+def progress_content(book: StreamBook, lane: Lane, position: int, splits: Sequence[Split]) -> tuple[list[dict], list[dict]]:
+    """(completed splits, in-progress splits with rows_done) of a lane at ``position``."""
     completed, in_progress = [], []
-    for index in stream.splits:
-        total = sum(p.num_rows for p in stream.pieces if p.split == index)
-        if done[index] >= total:
+    for index, (done, total) in book.rows_done(lane, position).items():
+        if done >= total:
             completed.append(_split_dict(splits[index]))
-        elif done[index] > 0:
-            in_progress.append(_split_dict(splits[index], done[index]))
+        elif done > 0:
+            in_progress.append(_split_dict(splits[index], done))
     return completed, in_progress
 
 
 def build_rank_state(
     config: Mapping[str, Any],
     fingerprint: list[list],
-    epoch: int,
-    positions: Sequence[int],
-    next_worker: int,
-    streams: Sequence[Stream],
+    progress: RankProgress,
+    lanes: Sequence[Lane],
+    book: StreamBook,
     splits: Sequence[Split],
 ) -> dict:
     """The JSON-serializable state of one rank."""
     completed_shards, in_progress = [], []
-    for worker, (stream, position) in enumerate(zip(streams, positions)):
-        completed, partial = progress_content(stream, position, splits)
+    for worker, (lane, position) in enumerate(zip(lanes, progress.positions)):
+        completed, partial = progress_content(book, lane, position, splits)
         completed_shards.append({"worker": worker, "splits": completed})
         in_progress.append({"worker": worker, "splits": partial})
     return {
         "format_version": FORMAT_VERSION,
         "scope": "rank",
-        "epoch": epoch,
+        "epoch": progress.epoch,
         **config,
         "files": fingerprint,
         "completed_shards": completed_shards,
         "in_progress": in_progress,
-        "rows_delivered": list(positions),
-        "next_worker": next_worker,
+        "rows_delivered": list(progress.positions),
+        "next_worker": progress.next_lane,
+        "padding_delivered": progress.padding_delivered,
+        "lanes": None if progress.lanes is None else [[s.to_list() for s in lane.segments] for lane in progress.lanes],
     }
 
 
@@ -128,7 +138,7 @@ def _require(state: Mapping[str, Any], key: str, kind: type | tuple[type, ...], 
 
 
 def check_header(state: Any) -> str:
-    """Check the format version and return the state's scope ("rank" or "worker")."""
+    """Check the format version and return the state's scope ("rank", "global" or "worker")."""
     if not isinstance(state, Mapping):
         raise mismatch("Checkpoint state is not a dict.", [], [f"got {type(state).__name__}; pass dataset.state_dict() as saved"])
     version = _require(state, "format_version", int, "dataset")
@@ -142,7 +152,7 @@ def check_header(state: Any) -> str:
     if version < 1:
         raise mismatch(f"Checkpoint state has an invalid format_version {version}.", [], ["the state is damaged"])
     scope = state.get("scope", "rank")
-    if scope not in ("rank", "worker"):
+    if scope not in ("rank", "worker", "global"):
         raise mismatch(f"Checkpoint state has an unknown scope {scope!r}.", [], ["the state is damaged"])
     return scope
 
@@ -189,56 +199,85 @@ def _some_shard(state: Mapping[str, Any]) -> list:
     return []
 
 
+def _parse_lanes(saved: Any, epoch: int, book: StreamBook, workers: int) -> list[Lane] | None:
+    """Lanes stored by a state taken after an elastic resume (None: the canonical lanes)."""
+    if saved is None:
+        return None
+    damaged = lambda why: mismatch("Checkpoint state key 'lanes' is damaged.", [], [why])  # noqa: E731
+    if not isinstance(saved, list) or len(saved) != workers:
+        raise damaged(f"expected a list of {workers} lanes")
+    lanes = []
+    for lane in saved:
+        segments = []
+        for entry in lane if isinstance(lane, list) else [None]:
+            if not isinstance(entry, list) or len(entry) != 7 or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry):
+                raise damaged(f"a segment must be 7 integers, found {entry!r:.80}")
+            key = StreamKey(*entry[:5])
+            if key.epoch != epoch or not 0 <= key.rank < key.world_size or not 0 <= key.worker < max(1, key.num_workers) or key.num_workers < 0:
+                raise damaged(f"segment {entry} does not name a stream of epoch {epoch}")
+            if not 0 <= entry[5] <= entry[6] <= book.stream_rows(key):
+                raise damaged(f"segment {entry} lies outside its stream of {book.stream_rows(key)} rows")
+            segments.append(Segment(key, entry[5], entry[6]))
+        lanes.append(Lane(tuple(segments)))
+    return lanes
+
+
 def validate_rank_state(
     state: Mapping[str, Any],
     config: Mapping[str, Any],
     fingerprint: list[list],
-    streams_for: Callable[[int], Sequence[Stream]],
-    lengths_for: Callable[[int], Sequence[int]],
+    book: StreamBook,
     splits: Sequence[Split],
-) -> tuple[int, list[int], int]:
-    """Check a rank state against the current plan; return (epoch, positions, next_worker)."""
+    lane_length: Callable[[Lane], int],
+) -> RankProgress:
+    """Check a rank state against the plan ``config`` describes; return its progress."""
     epoch = _require(state, "epoch", int, "rank")
     completed = _require(state, "completed_shards", list, "rank")
-    first_shard = completed[0].get("splits", []) if completed and isinstance(completed[0], Mapping) else []
     for key in CONFIG_KEYS:
         if key not in state:
-            raise mismatch(f"Checkpoint state is missing key {key!r}.", first_shard, ["the state is damaged or from another library"])
+            raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
     causes = config_causes(state, config) + file_causes(state.get("files"), fingerprint)
     if causes:
         raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes)
     if epoch < 0:
         raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
     positions = _require(state, "rows_delivered", list, "rank")
-    next_worker = _require(state, "next_worker", int, "rank")
-    streams, lengths = streams_for(epoch), lengths_for(epoch)
-    if len(positions) != len(streams) or len(completed) != len(streams):
+    next_lane = _require(state, "next_worker", int, "rank")
+    padding = state.get("padding_delivered", 0)
+    if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
+        raise mismatch("Checkpoint state key 'padding_delivered' is damaged.", [], [f"found {padding!r:.40}"])
+    workers = max(1, config["_num_workers"])
+    saved_lanes = _parse_lanes(state.get("lanes"), epoch, book, workers)
+    lanes = saved_lanes or book.canonical_lanes(epoch, config["_rank"], config["_world_size"], config["_num_workers"])
+    if len(positions) != len(lanes) or len(completed) != len(lanes):
         raise mismatch(
             "Checkpoint state does not have one entry per worker.",
-            first_shard,
-            [f"'rows_delivered' has {len(positions)} entries and 'completed_shards' {len(completed)}, but there are {len(streams)} workers"],
+            _some_shard(state),
+            [f"'rows_delivered' has {len(positions)} entries and 'completed_shards' {len(completed)}, but there are {len(lanes)} workers"],
         )
-    if not 0 <= next_worker < len(streams):
-        raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_worker}).", [], ["the state is damaged"])
-    for worker, (position, stream, length) in enumerate(zip(positions, streams, lengths)):
+    if not 0 <= next_lane < len(lanes):
+        raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_lane}).", [], ["the state is damaged"])
+    for worker, (position, lane) in enumerate(zip(positions, lanes)):
+        length = lane_length(lane)
+        entry = completed[worker] if isinstance(completed[worker], Mapping) else {}
         if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= length:
             raise mismatch(
                 f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
-                completed[worker].get("splits", []) if isinstance(completed[worker], Mapping) else [],
+                entry.get("splits", []),
                 [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
             )
-        expected, partial = progress_content(stream, position, splits)
-        saved_shard = completed[worker].get("splits") if isinstance(completed[worker], Mapping) else None
-        if saved_shard != expected:
+        expected, _ = progress_content(book, lane, position, splits)
+        if entry.get("splits") != expected:
+            saved = entry.get("splits")
             raise mismatch(
                 "Checkpoint shard does not match any current split.",
-                saved_shard if isinstance(saved_shard, list) else [],
+                saved if isinstance(saved, list) else [],
                 [
                     f"worker {worker}'s completed splits do not match the plan at {position} rows delivered "
                     "(the data or the state was changed, or the state is damaged)"
                 ],
             )
-    return epoch, [int(p) for p in positions], next_worker
+    return RankProgress(epoch, saved_lanes, [int(p) for p in positions], next_lane, padding)
 
 
 def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], files_digest: str, num_workers: int) -> tuple[int, int, int]:

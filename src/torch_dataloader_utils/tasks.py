@@ -1,50 +1,86 @@
-"""The order in which a rank delivers its workers' rows: a pure function of the progress.
+"""The order in which a rank delivers its lanes' rows: a pure function of the progress.
 
-Each worker's stream is cut into chunks of ``chunk_rows`` rows (a whole number of
-batches), aligned to the start of the stream. Chunks are delivered in cycles:
-chunk c of worker 0, 1, ..., W-1, then chunk c+1, skipping workers whose stream
-is done. Given the rows delivered per worker and the worker that is next, the
-remaining tasks are exactly the rest of the uninterrupted run's sequence.
+Each lane is cut into chunks of ``chunk_rows`` rows (a whole number of batches),
+aligned to the start of the lane. Chunks are delivered in cycles: chunk c of lane
+0, 1, ..., W-1, then chunk c+1, skipping finished lanes. Given the rows delivered
+per lane and the lane that is next, ``lane_schedule`` returns exactly the rest of
+the uninterrupted run's sequence. Padding (for equal batch counts across ranks)
+comes after all real rows.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+from .lanes import Segment
+
+PADDING_LANE = -1
+
 
 class ChunkTask(NamedTuple):
-    """Rows [start, stop) of worker ``worker``'s stream in ``epoch``; start == stop is a no-op."""
+    """Rows [start, stop) of lane ``lane`` and the stream segments that hold them.
 
-    epoch: int
-    worker: int
+    ``lane == PADDING_LANE`` marks repeated rows that only even out batch counts.
+    A task with start == stop is an empty slot that keeps workers on their lanes.
+    """
+
+    lane: int
     start: int
     stop: int
+    segments: tuple[Segment, ...]
 
 
-def remaining_tasks(
-    epoch: int,
+def lane_schedule(
     positions: Sequence[int],
     lengths: Sequence[int],
-    next_worker: int,
+    next_lane: int,
     chunk_rows: int,
     keep_slots: bool,
-) -> list[ChunkTask]:
-    """The chunks still to deliver, in delivery order.
+) -> list[tuple[int, int, int]]:
+    """(lane, start, stop) of the chunks still to deliver, in delivery order.
 
-    With ``keep_slots`` every cycle has one task per worker (empty for finished
-    workers), so that task i always lands on DataLoader process i % W and each
-    process keeps reading the same stream.
+    With ``keep_slots`` every cycle has one entry per lane (empty for finished
+    lanes), so that entry i always lands on DataLoader process i % W and each
+    process keeps reading the same lane.
     """
-    workers = len(positions)
+    lanes = len(positions)
     pos = list(positions)
-    tasks: list[ChunkTask] = []
-    worker = next_worker
+    out: list[tuple[int, int, int]] = []
+    lane = next_lane
     while any(p < n for p, n in zip(pos, lengths)):
-        if pos[worker] < lengths[worker]:
-            stop = min(lengths[worker], (pos[worker] // chunk_rows + 1) * chunk_rows)
-            tasks.append(ChunkTask(epoch, worker, pos[worker], stop))
-            pos[worker] = stop
+        if pos[lane] < lengths[lane]:
+            stop = min(lengths[lane], (pos[lane] // chunk_rows + 1) * chunk_rows)
+            out.append((lane, pos[lane], stop))
+            pos[lane] = stop
         elif keep_slots:
-            tasks.append(ChunkTask(epoch, worker, pos[worker], pos[worker]))
-        worker = (worker + 1) % workers
-    return tasks
+            out.append((lane, pos[lane], pos[lane]))
+        lane = (lane + 1) % lanes
+    return out
+
+
+def cap_batches(schedule: list[tuple[int, int, int]], batch_size: int, budget: int) -> list[tuple[int, int, int]]:
+    """The schedule cut after ``budget`` batches (empty slots kept until then)."""
+    out = []
+    for lane, start, stop in schedule:
+        if budget <= 0:
+            break
+        batches = -(-(stop - start) // batch_size)
+        if batches > budget:
+            stop = start + budget * batch_size
+            batches = budget
+        out.append((lane, start, stop))
+        budget -= batches
+    return out
+
+
+def padding_schedule(position: int, rows: int, chunk_rows: int) -> list[tuple[int, int, int]]:
+    """Chunks of the padding lane from ``position`` to ``rows``."""
+    return [(PADDING_LANE, a, min(rows, a - a % chunk_rows + chunk_rows)) for a in _chunk_starts(position, rows, chunk_rows)]
+
+
+def _chunk_starts(position: int, rows: int, chunk_rows: int) -> list[int]:
+    starts, a = [], position
+    while a < rows:
+        starts.append(a)
+        a = a - a % chunk_rows + chunk_rows
+    return starts

@@ -1,10 +1,19 @@
-"""Opening files through fsspec, with a fast path for local files."""
+"""Opening files: native files for local paths, range-backed files for object stores.
+
+For a remote file, readers fetch the byte ranges they will need up front
+(concurrently, through ``RemoteStore``) and hand pyarrow a ``RangeFile`` that
+serves reads from those ranges; a read outside them is fetched on demand.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
+
+COALESCE_GAP = 64 * 1024
+COALESCE_MAX = 64 * 1024 * 1024
 
 
 def is_local(fs: Any) -> bool:
@@ -12,8 +21,126 @@ def is_local(fs: Any) -> bool:
     return protocol in ("file", "local")
 
 
+def is_remote(fs: Any) -> bool:
+    """Whether ``fs`` is a RemoteStore (an object store read through ranged requests)."""
+    from ..remote import RemoteStore
+
+    return isinstance(fs, RemoteStore)
+
+
 def open_input(fs: Any, path: str) -> Any:
-    """A seekable binary file for pyarrow: a native file for local paths, else fsspec's."""
+    """A seekable binary file for pyarrow: native for local paths, a RangeFile for object
+    stores (holding the tail prefetched at planning, if any), else fsspec's file."""
     if is_local(fs):
         return pa.OSFile(path, "rb")
+    if is_remote(fs):
+        handle = RangeFile(fs, path)
+        tail = fs.take_tail(path)
+        if tail is not None:
+            handle.add(*tail)
+        return handle
     return fs.open(path, "rb")
+
+
+def coalesce(ranges: Iterable[tuple[int, int]], gap: int = COALESCE_GAP, max_block: int = COALESCE_MAX) -> list[tuple[int, int]]:
+    """Sorted [start, end) ranges with neighbours closer than ``gap`` merged (up to ``max_block``)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and start - merged[-1][1] <= gap and max(end, merged[-1][1]) - merged[-1][0] <= max_block:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+class RangeFile:
+    """A read-only, seekable file over known byte ranges of a remote file.
+
+    pyarrow reads it like any Python file; reads inside added ranges are served
+    from memory, others are fetched (exactly the bytes asked for) and counted
+    in ``on_demand``.
+    """
+
+    def __init__(self, store: Any, path: str):
+        self._store = store
+        self._path = path
+        self._ident = store.ident(path)
+        self._size = self._ident[2]
+        self._starts: list[int] = []
+        self._parts: dict[int, bytes] = {}
+        self._pos = 0
+        self.closed = False
+        self.on_demand = 0
+
+    # ---------------------------------------------------------- ranges
+    def add(self, start: int, data: bytes) -> None:
+        if start not in self._parts:
+            bisect.insort(self._starts, start)
+        self._parts[start] = data
+
+    def fetch(self, ranges: Sequence[tuple[int, int]]) -> None:
+        """Fetch these ranges concurrently (retried, cached) and keep them."""
+        ranges = [(s, min(e, self._size)) for s, e in ranges if s < min(e, self._size)]
+        for (start, _), data in zip(ranges, self._store.read_ranges(self._path, ranges, self._ident)):
+            self.add(start, data)
+
+    def keep_only(self, starts: Iterable[int]) -> None:
+        """Forget all ranges but those starting at ``starts`` (bounds memory between units)."""
+        keep = set(starts)
+        self._parts = {s: d for s, d in self._parts.items() if s in keep}
+        self._starts = sorted(self._parts)
+
+    def _slice(self, start: int, end: int) -> Any:
+        index = bisect.bisect_right(self._starts, start) - 1
+        if index >= 0:
+            first = self._starts[index]
+            data = self._parts[first]
+            if end <= first + len(data):
+                return memoryview(data)[start - first : end - first]
+        self.on_demand += 1
+        (data,) = self._store.read_ranges(self._path, [(start, end)], self._ident)
+        self.add(start, data)
+        return memoryview(data)
+
+    def read_at(self, start: int, end: int) -> Any:
+        """Bytes [start, end) as a memoryview (fetched if not held)."""
+        return self._slice(start, end)
+
+    # ------------------------------------------------------ file protocol
+    def read(self, nbytes: int = -1) -> Any:
+        end = self._size if nbytes is None or nbytes < 0 else min(self._size, self._pos + nbytes)
+        if end <= self._pos:
+            return b""
+        data = self._slice(self._pos, end)
+        self._pos = end
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def size(self) -> int:
+        return self._size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._parts, self._starts = {}, []
+
+    def __enter__(self) -> "RangeFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

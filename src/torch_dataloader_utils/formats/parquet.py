@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..planner import FileLayout
-from .io import open_input
+from .io import RangeFile, coalesce, is_remote, open_input
 
 
 class _ParquetReader:
@@ -18,6 +18,38 @@ class _ParquetReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._use_threads)
+
+
+def unit_ranges(footer: pq.FileMetaData, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
+    """Coalesced byte ranges of the projected columns' chunks in one row group."""
+    group = footer.row_group(unit)
+    ranges = []
+    for index in range(group.num_columns):
+        chunk = group.column(index)
+        path = chunk.path_in_schema
+        if columns is not None and not any(path == c or path.startswith(c + ".") for c in columns):
+            continue
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset and chunk.dictionary_page_offset < start:
+            start = chunk.dictionary_page_offset
+        ranges.append((start, start + chunk.total_compressed_size))
+    return coalesce(ranges)
+
+
+class _RemoteParquetReader:
+    """Fetches only the projected column chunks of a row group, concurrently, then decodes."""
+
+    def __init__(self, store: Any, path: str, footer: pq.FileMetaData, use_threads: bool):
+        self._source = RangeFile(store, path)
+        self._footer = footer
+        self._use_threads = use_threads
+
+    def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
+        ranges = unit_ranges(self._footer, unit, columns)
+        self._source.keep_only([])
+        self._source.fetch(ranges)
+        reader = pq.ParquetFile(self._source, metadata=self._footer)
+        return reader.read_row_group(unit, columns=columns, use_threads=self._use_threads)
 
 
 class ParquetFormat:
@@ -34,7 +66,9 @@ class ParquetFormat:
         )
         return FileLayout(url, size, rows, sizes, tag), footer
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> Any:
+        if is_remote(fs):
+            return _RemoteParquetReader(fs, path, footer, use_threads)
         return _ParquetReader(open_input(fs, path), footer, use_threads)
 
 

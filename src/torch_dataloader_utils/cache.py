@@ -1,0 +1,143 @@
+"""A local disk cache of byte ranges of remote files, bounded in bytes, least recently used out.
+
+Safe for many processes at once without locks: an entry is written to a
+temporary file in the cache directory and renamed into place (atomic on
+POSIX), so readers see a whole entry or none. A process killed mid-write
+leaves only a temporary file, which later sweeps remove. Recency is the
+entry's mtime, refreshed on every hit; eviction deletes the oldest entries
+until the directory holds at most ``limit_bytes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+import uuid
+from typing import Iterable
+
+_TMP_SUFFIX = ".tmp"
+_ENTRY_SUFFIX = ".bin"
+_STALE_TMP_SECONDS = 3600.0
+
+
+def entry_key(url: str, tag: str | None, size: int, start: int, end: int) -> str:
+    """A file name for bytes [start, end) of one version of a remote file."""
+    text = f"{url}\0{tag}\0{size}\0{start}\0{end}"
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RangeCache:
+    """Byte ranges on local disk under ``root``, at most ``limit_bytes`` in total (None: no limit)."""
+
+    def __init__(self, root: str, limit_bytes: int | None = None):
+        if limit_bytes is not None and limit_bytes <= 0:
+            raise ValueError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self.limit_bytes = limit_bytes
+        os.makedirs(self.root, exist_ok=True)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key + _ENTRY_SUFFIX)
+
+    def get(self, key: str, length: int) -> bytes | None:
+        """The entry's bytes, or None when absent or not exactly ``length`` bytes long."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        if len(data) != length:
+            self._remove(path)
+            return None
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            pass
+        return data
+
+    def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
+        """Store an entry (bytes or an iterable of byte chunks), then evict down to the limit."""
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            if self.limit_bytes is not None and len(data) > self.limit_bytes:
+                return
+            data = [data]
+        tmp = os.path.join(self.root, f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
+        try:
+            with open(tmp, "wb") as handle:
+                for chunk in data:
+                    handle.write(chunk)
+        except BaseException:
+            self._remove(tmp)
+            raise
+        try:
+            os.replace(tmp, self._path(key))
+        except FileNotFoundError:  # swept by another process: skip caching this entry
+            return
+        self.evict()
+
+    def usage(self) -> int:
+        """Bytes held by entries and temporary files."""
+        return sum(size for _, size, _ in self._scan())
+
+    def evict(self) -> None:
+        """Remove abandoned temporary files, then the least recently used entries above the limit."""
+        entries = []
+        total = 0
+        now = time.time()
+        for path, size, mtime in self._scan():
+            if path.endswith(_TMP_SUFFIX):
+                if self._abandoned(path, mtime, now):
+                    self._remove(path)
+                    continue
+            else:
+                entries.append((mtime, path, size))
+            total += size
+        if self.limit_bytes is None or total <= self.limit_bytes:
+            return
+        for _, path, size in sorted(entries):
+            if total <= self.limit_bytes:
+                break
+            self._remove(path)
+            total -= size
+
+    def _abandoned(self, path: str, mtime: float, now: float) -> bool:
+        try:
+            pid = int(os.path.basename(path).split(".")[1])
+        except (IndexError, ValueError):
+            return True
+        return not _pid_alive(pid) or now - mtime > _STALE_TMP_SECONDS
+
+    def _scan(self) -> list[tuple[str, int, float]]:
+        found = []
+        try:
+            with os.scandir(self.root) as it:
+                for item in it:
+                    if not item.name.endswith((_ENTRY_SUFFIX, _TMP_SUFFIX)):
+                        continue
+                    try:
+                        stat = item.stat()
+                    except FileNotFoundError:
+                        continue
+                    found.append((item.path, stat.st_size, stat.st_mtime))
+        except FileNotFoundError:
+            os.makedirs(self.root, exist_ok=True)
+        return found
+
+    @staticmethod
+    def _remove(path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass

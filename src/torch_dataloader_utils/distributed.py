@@ -1,0 +1,43 @@
+"""Helpers for torch.distributed jobs: one checkpoint for all ranks, and each rank's part of it.
+
+The core package never calls torch.distributed; these helpers do, when you call them.
+
+    state = gather_state(dataset)            # on every rank (a collective)
+    if dist.get_rank() == 0:
+        torch.save({"dataset": state, ...}, path)
+    ...
+    dataset.load_state_dict(state)           # same topology: this rank's part
+    dataset.load_state_dict(state, elastic=True)  # another world size / num_workers
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .elastic import merge_states, rank_part
+
+
+def gather_states(dataset: Any) -> list[dict]:
+    """Every rank's ``dataset.state_dict()``, in rank order, on every rank (all_gather_object)."""
+    import torch.distributed as dist
+
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, dataset.state_dict())
+    return states
+
+
+def gather_state(dataset: Any) -> dict:
+    """One global state holding every rank's progress (a collective: call it on every rank)."""
+    return merge_states(gather_states(dataset))
+
+
+def local_state(global_state: Mapping[str, Any], rank: int | None = None) -> dict:
+    """This rank's part of a global state (for one-file-per-rank checkpoints or inspection)."""
+    if rank is None:
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+    return rank_part(global_state, rank)
+
+
+__all__ = ["gather_state", "gather_states", "local_state", "merge_states"]

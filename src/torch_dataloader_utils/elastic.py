@@ -1,0 +1,116 @@
+"""Global states (all ranks in one dict) and the re-dealing of an epoch's remaining work.
+
+Pure functions: the lead rank can merge states for one checkpoint file, any rank can
+take its part, and every rank of a resized job computes the same new lanes from the
+same global state, without talking to the others.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from .lanes import Lane, Segment, StreamBook
+from .state import FORMAT_VERSION, mismatch
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
+    """One global state from every rank's ``state_dict()`` (index = rank)."""
+    if not states:
+        raise ValueError("merge_states needs the state of every rank; got an empty list")
+    for rank, state in enumerate(states):
+        if not isinstance(state, Mapping) or state.get("scope", "rank") != "rank":
+            raise ValueError(f"states[{rank}] is not a rank state from dataset.state_dict()")
+        if state.get("_rank") != rank or state.get("_world_size") != len(states):
+            raise ValueError(
+                f"states[{rank}] was saved by rank {state.get('_rank')} of {state.get('_world_size')}; "
+                f"pass the list of all {len(states)} ranks' states in rank order (all_gather_object gives that)"
+            )
+        if state.get("epoch") != states[0].get("epoch"):
+            raise ValueError(f"states[{rank}] is from epoch {state.get('epoch')} but states[0] from epoch {states[0].get('epoch')}")
+    return {
+        "format_version": FORMAT_VERSION,
+        "scope": "global",
+        "epoch": states[0].get("epoch"),
+        "world_size": len(states),
+        "ranks": [dict(s) for s in states],
+    }
+
+
+def rank_part(state: Mapping[str, Any], rank: int) -> dict:
+    """This rank's state out of a global state (same topology)."""
+    ranks = state.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise mismatch("Checkpoint state key 'ranks' is missing or empty.", [], ["the global state is damaged"])
+    if not 0 <= rank < len(ranks):
+        raise mismatch(
+            "Checkpoint shard does not match any current split.",
+            [],
+            [f"world_size changed: checkpoint={len(ranks)}, current has rank {rank}"],
+            "Resume with the checkpoint's world size, or pass elastic=True to deal the remaining rows to the new topology.",
+        )
+    return dict(ranks[rank])
+
+
+def topology_changed(state: Mapping[str, Any], num_workers: int) -> list[str]:
+    """Causes for a strict mismatch between a global state's topology and the current one."""
+    first = state["ranks"][0]
+    causes = []
+    if len(state["ranks"]) != first.get("_world_size"):
+        causes.append("the global state's ranks do not agree with its world size")
+    if first.get("_num_workers") != num_workers:
+        causes.append(f"num_workers changed: checkpoint={first.get('_num_workers')}, current={num_workers}")
+    return causes
+
+
+def remaining_units(book: StreamBook, lanes: Sequence[Lane], positions: Sequence[int], lengths: Sequence[int]) -> list[list[Segment]]:
+    """Per old lane, the units (segments) it had not delivered, in its order."""
+    return [
+        [unit for segment in lane.slice(position, length) for unit in book.deal_units(segment)]
+        for lane, position, length in zip(lanes, positions, lengths)
+    ]
+
+
+def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_workers: int) -> list[list[Lane]]:
+    """Deal remaining units to the new topology: [rank][worker] -> Lane.
+
+    Units are taken round-robin across the old lanes (so each new lane mixes them) and
+    each goes to the new lane with the fewest rows so far (ties: lowest rank, then worker).
+    """
+    workers = max(1, num_workers)
+    targets = [(rank, worker) for worker in range(workers) for rank in range(world_size)]
+    loads = {t: 0 for t in targets}
+    dealt: dict[tuple[int, int], list[Segment]] = {t: [] for t in targets}
+    depth = max((len(u) for u in units_per_lane), default=0)
+    for i in range(depth):
+        for units in units_per_lane:
+            if i < len(units):
+                target = min(targets, key=lambda t: (loads[t], t[0], t[1]))
+                dealt[target].append(units[i])
+                loads[target] += units[i].num_rows
+    return [[Lane(tuple(_join(dealt[(rank, worker)]))) for worker in range(workers)] for rank in range(world_size)]
+
+
+def _join(segments: list[Segment]) -> list[Segment]:
+    out: list[Segment] = []
+    for segment in segments:
+        if out and out[-1].key == segment.key and out[-1].stop == segment.start:
+            out[-1] = Segment(segment.key, out[-1].start, segment.stop)
+        else:
+            out.append(segment)
+    return out
+
+
+def check_global(state: Mapping[str, Any]) -> None:
+    ranks = state.get("ranks")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(r, Mapping) for r in ranks):
+        raise mismatch("Checkpoint state key 'ranks' is missing or damaged.", [], ["expected the list of every rank's state"])
+    for rank, part in enumerate(ranks):
+        if part.get("_rank") != rank or part.get("_world_size") != len(ranks):
+            raise mismatch(
+                f"Checkpoint state 'ranks[{rank}]' belongs to rank {part.get('_rank')} of {part.get('_world_size')}.",
+                [],
+                ["the global state was assembled in the wrong order or is damaged"],
+            )
+        if part.get("epoch") != state.get("epoch"):
+            raise mismatch(f"Checkpoint state 'ranks[{rank}]' is from another epoch.", [], ["the global state is damaged"])
+

@@ -1,0 +1,148 @@
+"""Lanes: what one logical worker of one rank delivers in an epoch, as ranges of streams.
+
+Normally a lane is one whole stream (the worker's splits for this topology). After an
+elastic resume a lane is a list of segments of the *old* topology's streams: the rows
+the old run had not delivered, dealt to the new ranks and workers. Either way a
+lane's progress is one integer, and every stream is a pure function of its key.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple, Sequence
+
+import numpy as np
+
+from .planner import assign_splits, epoch_order
+from .streams import SplitRows, Stream, build_stream, rows_done_per_split
+
+_CACHED_STREAMS = 16
+
+
+class StreamKey(NamedTuple):
+    """Identifies a stream: worker ``worker`` of ``rank`` under (world_size, num_workers) in ``epoch``."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    num_workers: int
+    worker: int
+
+
+class Segment(NamedTuple):
+    """Rows [start, stop) of the stream ``key``."""
+
+    key: StreamKey
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def to_list(self) -> list[int]:
+        return [*self.key, self.start, self.stop]
+
+
+class Lane(NamedTuple):
+    segments: tuple[Segment, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(s.num_rows for s in self.segments)
+
+    def slice(self, start: int, stop: int) -> list[Segment]:
+        """The segments holding lane rows [start, stop), clipped."""
+        out, offset = [], 0
+        for segment in self.segments:
+            lo, hi = max(start, offset), min(stop, offset + segment.num_rows)
+            if hi > lo:
+                out.append(Segment(segment.key, segment.start + lo - offset, segment.start + hi - offset))
+            offset += segment.num_rows
+            if offset >= stop:
+                break
+        return out
+
+
+class StreamBook:
+    """Builds streams from their keys (cached): the plan a whole job shares."""
+
+    def __init__(self, split_rows: Sequence[SplitRows], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int):
+        self._split_rows = split_rows
+        self._file_offsets = file_offsets
+        self._shuffle = shuffle
+        self._seed = seed
+        self._buffer_rows = buffer_rows
+        self._assignments: OrderedDict[tuple, list[list[int]]] = OrderedDict()
+        self._streams: OrderedDict[StreamKey, Stream] = OrderedDict()
+
+    def assignment(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[list[int]]:
+        """Split indices per worker of ``rank`` under this topology."""
+        key = (epoch, rank, world_size, num_workers)
+        found = self._assignments.get(key)
+        if found is None:
+            order = epoch_order(len(self._split_rows), self._shuffle, self._seed, epoch)
+            found = assign_splits(order, rank, world_size, num_workers)
+            self._assignments[key] = found
+            while len(self._assignments) > 4 * _CACHED_STREAMS:
+                self._assignments.popitem(last=False)
+        return found
+
+    def stream_rows(self, key: StreamKey) -> int:
+        """Rows of a stream, without building its pieces."""
+        splits = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
+        return sum(self._split_rows[s].num_rows for s in splits)
+
+    def stream(self, key: StreamKey) -> Stream:
+        found = self._streams.get(key)
+        if found is not None:
+            self._streams.move_to_end(key)
+            return found
+        splits = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
+        seed_key = (self._seed, key.epoch, key.rank, key.worker)
+        found = build_stream(seed_key, splits, self._split_rows, self._file_offsets, self._shuffle, self._buffer_rows)
+        self._streams[key] = found
+        while len(self._streams) > _CACHED_STREAMS:
+            self._streams.popitem(last=False)
+        return found
+
+    def canonical_lanes(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[Lane]:
+        """One whole stream per worker: the lanes of an epoch that was not resized."""
+        lanes = []
+        for worker in range(max(1, num_workers)):
+            key = StreamKey(epoch, rank, world_size, num_workers, worker)
+            lanes.append(Lane((Segment(key, 0, self.stream_rows(key)),)))
+        return lanes
+
+    def rows_done(self, lane: Lane, position: int) -> dict[int, tuple[int, int]]:
+        """Per split touched by the lane: (rows delivered, rows in the lane) at ``position``."""
+        out: dict[int, list[int]] = {}
+        offset = 0
+        for segment in lane.segments:
+            stream = self.stream(segment.key)
+            before = rows_done_per_split(stream, segment.start)
+            end = rows_done_per_split(stream, segment.stop)
+            reached = rows_done_per_split(stream, segment.start + min(max(position - offset, 0), segment.num_rows))
+            for split in stream.splits:
+                total = end[split] - before[split]
+                if total:
+                    entry = out.setdefault(split, [0, 0])
+                    entry[0] += reached[split] - before[split]
+                    entry[1] += total
+            offset += segment.num_rows
+        return {split: (done, total) for split, (done, total) in out.items()}
+
+    def deal_units(self, segment: Segment) -> list[Segment]:
+        """Cut a segment into the units an elastic resume deals out: whole windows when
+        shuffling (a partly delivered window stays one unit), else runs of one split."""
+        stream = self.stream(segment.key)
+        if segment.num_rows <= 0:
+            return []
+        if stream.shuffle:
+            bounds = stream.window_rows
+        else:
+            piece_rows = np.concatenate([[0], np.cumsum([p.num_rows for p in stream.pieces])])
+            changes = [i for i in range(1, len(stream.pieces)) if stream.pieces[i].split != stream.pieces[i - 1].split]
+            bounds = piece_rows[[0, *changes, len(stream.pieces)]]
+        cuts = sorted({segment.start, segment.stop, *(int(b) for b in bounds if segment.start < b < segment.stop)})
+        return [Segment(segment.key, a, b) for a, b in zip(cuts, cuts[1:])]

@@ -1,0 +1,332 @@
+"""Remote files through fsspec: concurrent ranged reads with retries, timeouts and a disk cache.
+
+``RemoteStore`` wraps an fsspec filesystem of an object store (s3, gs, az,
+...). It is what the catalog keeps as its ``fs`` for remote paths: it pickles
+without its client (and recreates it in a new process, including a forked
+DataLoader worker), forwards other attributes to the fsspec filesystem, and
+reads byte ranges of files concurrently on fsspec's event loop, retrying
+transient faults with backoff and serving repeated reads from ``RangeCache``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from .cache import RangeCache, entry_key
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+TAIL_BYTES = 64 * 1024
+_BACKOFF_FIRST = 0.2
+_BACKOFF_MAX = 5.0
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
+_TRANSIENT_NAMES = {
+    "ClientError",  # aiohttp's base class (also botocore's: those are judged by status first)
+    "ServerDisconnectedError",
+    "ClientPayloadError",
+    "ClientOSError",
+    "ClientConnectionError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ResponseStreamingError",
+    "IncompleteRead",
+    "ServiceRequestError",
+    "ServiceResponseError",
+    "FSTimeoutError",
+    "TransientError",
+}
+
+
+@dataclass(frozen=True)
+class IOOptions:
+    """How remote files are read. ``download_retry``: retries after the first attempt of a
+    request; ``download_timeout``: seconds per request (None: no limit); ``cache_dir`` and
+    ``cache_limit_bytes``: a local disk cache of the byte ranges read (None: no cache / no limit)."""
+
+    download_retry: int = 2
+    download_timeout: float | None = 60.0
+    cache_dir: str | None = None
+    cache_limit_bytes: int | None = None
+    max_concurrency: int = 64
+
+    def __post_init__(self) -> None:
+        if self.download_retry < 0:
+            raise ValueError(f"download_retry must be >= 0, got {self.download_retry}")
+        if self.download_timeout is not None and self.download_timeout <= 0:
+            raise ValueError(f"download_timeout must be positive or None, got {self.download_timeout}")
+        if self.cache_limit_bytes is not None and self.cache_limit_bytes <= 0:
+            raise ValueError(f"cache_limit_bytes must be positive or None, got {self.cache_limit_bytes}")
+        if self.cache_limit_bytes is not None and self.cache_dir is None:
+            raise ValueError("cache_limit_bytes needs cache_dir")
+
+
+class RemoteReadError(OSError):
+    """A remote read that failed for good (permanent fault, or retries exhausted)."""
+
+
+class ShortReadError(OSError):
+    """The server returned fewer bytes than the range asked for (a cut-off response)."""
+
+
+def _status(error: BaseException) -> int | None:
+    for attr in ("status", "status_code", "code"):
+        value = getattr(error, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while error is not None and error not in seen and len(seen) < 10:
+        seen.append(error)
+        error = error.__cause__ or error.__context__
+    return seen
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying may help: 5xx, 408, 429, timeouts, resets and cut-off responses."""
+    chain = _chain(error)
+    for item in chain:
+        status = _status(item)
+        if status is not None:
+            return status >= 500 or status in (408, 429)
+    if isinstance(error, _PERMANENT):
+        return False
+    for item in chain:
+        if isinstance(item, (TimeoutError, asyncio.TimeoutError, ConnectionError, ShortReadError)):
+            return True
+        if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(item).__mro__):
+            return True
+    return isinstance(error, OSError) and not isinstance(error, _PERMANENT)
+
+
+def _backoff(attempt: int) -> float:
+    return min(_BACKOFF_MAX, _BACKOFF_FIRST * 2**attempt) * (0.5 + random.random())
+
+
+def retry_call(fn: Callable[[], T], what: str, retries: int) -> T:
+    """Call ``fn``, retrying transient errors ``retries`` times with backoff."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001 - classified below
+            if attempt >= retries or not is_transient(error):
+                raise
+            delay = _backoff(attempt)
+            log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(error).__name__, error, attempt + 1, retries, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def _gather(fs: Any, requests: Sequence[tuple[str, int, int]], timeout: float | None, limit: int) -> list:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(path: str, start: int, end: int) -> bytes:
+        async with gate:
+            read = fs._cat_file(path, start=start, end=end)
+            return await (asyncio.wait_for(read, timeout) if timeout else read)
+
+    return await asyncio.gather(*(one(*r) for r in requests), return_exceptions=True)
+
+
+def protocol_of(fs: Any) -> str:
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
+class RemoteStore:
+    """An fsspec object-store filesystem plus how to read it (retries, timeout, cache)."""
+
+    def __init__(self, fs: Any, options: IOOptions | None = None):
+        self.options = options or IOOptions()
+        self.protocol_name = protocol_of(fs)
+        self._fs_class = type(fs)
+        self._storage_options = dict(fs.storage_options)
+        self._fs: Any = fs
+        self._pid = os.getpid()
+        self._cache: RangeCache | None = None
+        self._tails: dict[str, tuple[int, bytes]] = {}
+        self._files: dict[str, tuple[str, str | None, int]] = {}
+        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0}
+
+    # ----------------------------------------------------------- plumbing
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem of this process (recreated after fork or unpickling)."""
+        if self._fs is None or self._pid != os.getpid():
+            self._fs = self._fs_class(**self._storage_options)
+            self._pid = os.getpid()
+            self._cache = None
+        return self._fs
+
+    @property
+    def cache(self) -> RangeCache | None:
+        if self.options.cache_dir is None:
+            return None
+        if self._cache is None or self._pid != os.getpid():
+            self._cache = RangeCache(self.options.cache_dir, self.options.cache_limit_bytes)
+        return self._cache
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "options"):
+            raise AttributeError(name)
+        return getattr(self.fs, name)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.update(_fs=None, _cache=None, _tails={})
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def call(self, fn: Callable[[Any], T], what: str) -> T:
+        """``fn(fs)`` with transient faults retried (for listing and metadata calls)."""
+        return retry_call(lambda: fn(self.fs), what, self.options.download_retry)
+
+    # -------------------------------------------------------------- reads
+    def read_ranges(self, path: str, ranges: Sequence[tuple[int, int]], ident: tuple[str, str | None, int]) -> list[bytes]:
+        """Bytes of each [start, end) of one file; ``ident`` = (url, tag, size) keys the cache."""
+        return self.read_many([(path, start, end) for start, end in ranges], [ident] * len(ranges))
+
+    def read_many(self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]]) -> list[bytes]:
+        """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached."""
+        cache = self.cache
+        keys = [entry_key(url, tag, size, s, e) for (_, s, e), (url, tag, size) in zip(requests, idents)] if cache else []
+        results: list[bytes | None] = [None] * len(requests)
+        pending = []
+        for i, (_, start, end) in enumerate(requests):
+            hit = cache.get(keys[i], end - start) if cache else None
+            if hit is None:
+                pending.append(i)
+            else:
+                results[i] = hit
+                self.stats["cache_hits"] += 1
+                self.stats["cache_bytes"] += len(hit)
+        attempt = 0
+        while pending:
+            try:
+                outcomes = self._fetch([requests[i] for i in pending])
+            except Exception as error:  # noqa: BLE001 - the whole batch failed: retried like one range
+                outcomes = [error] * len(pending)
+            failed = []
+            for i, outcome in zip(pending, outcomes):
+                _, start, end = requests[i]
+                if not isinstance(outcome, BaseException) and len(outcome) != end - start:
+                    outcome = ShortReadError(f"got {len(outcome)} of {end - start} bytes")
+                if isinstance(outcome, BaseException):
+                    failed.append((i, outcome))
+                    continue
+                results[i] = outcome
+                self.stats["bytes"] += len(outcome)
+                if cache:
+                    self._cache_put(cache, keys[i], outcome)
+            if not failed:
+                break
+            index, error = failed[0]
+            path, start, end = requests[index]
+            if attempt >= self.options.download_retry or not is_transient(error):
+                tries = attempt + 1
+                raise RemoteReadError(
+                    f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {tries} attempt(s): "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            delay = _backoff(attempt)
+            log.warning(
+                "reading %d range(s) failed (%s: %s); retry %d/%d in %.1fs",
+                len(failed), type(error).__name__, error, attempt + 1, self.options.download_retry, delay,
+            )
+            self.stats["retries"] += 1
+            time.sleep(delay)
+            attempt += 1
+            pending = [i for i, _ in failed]
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
+        try:
+            cache.put(key, data)
+        except OSError as error:  # a full or unwritable cache must not fail the read
+            log.warning("cannot write cache entry in %s: %s", cache.root, error)
+
+    def _fetch(self, requests: Sequence[tuple[str, int, int]]) -> list:
+        fs = self.fs
+        self.stats["requests"] += len(requests)
+        if getattr(fs, "async_impl", False):
+            from fsspec.asyn import sync
+
+            return sync(fs.loop, _gather, fs, requests, self.options.download_timeout, self.options.max_concurrency)
+        outcomes: list = []
+        for path, start, end in requests:
+            try:
+                outcomes.append(fs.cat_file(path, start=start, end=end))
+            except Exception as error:  # noqa: BLE001 - returned like the async path does
+                outcomes.append(error)
+        return outcomes
+
+    # -------------------------------------------------------------- files
+    def register(self, entries: Sequence[Any]) -> None:
+        """Remember (url, tag, size) of discovered files: reads need no size request and the
+        cache keys entries by content version."""
+        self._files.update({e.fs_path: (e.url, e.tag, e.size) for e in entries})
+
+    def ident(self, path: str) -> tuple[str, str | None, int]:
+        """(url, tag, size) of a registered file, else asked of the store."""
+        known = self._files.get(path)
+        if known is None:
+            info = self.call(lambda fs: fs.info(path), f"info of {path}")
+            known = (f"{self.protocol_name}://{path}", None, int(info["size"]))
+            self._files[path] = known
+        return known
+
+    # -------------------------------------------------------------- tails
+    def prefetch_tails(self, entries: Sequence[Any]) -> None:
+        """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there)."""
+        self.register(entries)
+        requests = [(e.fs_path, max(0, e.size - TAIL_BYTES), e.size) for e in entries if e.size > 0]
+        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0])
+        self._tails = {path: (start, blob) for (path, start, _), blob in zip(requests, data)}
+
+    def take_tail(self, path: str) -> tuple[int, bytes] | None:
+        """The prefetched tail of ``path`` (handed out once), or None."""
+        return self._tails.pop(path, None)
+
+    def drop_tails(self) -> None:
+        self._tails = {}
+
+
+@contextlib.contextmanager
+def prefetched_tails(fs: Any, entries: Sequence[Any]) -> Iterator[None]:
+    """While planning: every remote file's tail fetched in one concurrent batch (no-op for local)."""
+    if not isinstance(fs, RemoteStore):
+        yield
+        return
+    fs.prefetch_tails(entries)
+    try:
+        yield
+    finally:
+        fs.drop_tails()
+
+
+def open_store(fs: Any, options: IOOptions | None) -> Any:
+    """A RemoteStore for object-store filesystems; local and in-memory filesystems as they are."""
+    if isinstance(fs, RemoteStore):
+        return fs
+    if protocol_of(fs) in ("file", "local", "memory"):
+        return fs
+    return RemoteStore(fs, options)

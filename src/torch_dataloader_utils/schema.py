@@ -1,0 +1,166 @@
+"""One schema for all files of a dataset: unified at planning, applied to every piece read.
+
+The rule (documented in docs/reliability.md):
+
+- A column missing from some files is read as nulls from those files.
+- Integers widen to the smallest integer type that holds both exactly (int32 + int64 -> int64,
+  uint16 + int16 -> int32); uint64 with a signed type is an error.
+- Floats widen (float32 + float64 -> float64); an integer with a float gives float64. Values that
+  float64 cannot hold exactly raise when the piece is read (a safe cast).
+- string + large_string -> large_string, binary + large_binary -> large_binary; a dictionary-encoded
+  column unifies as its value type; a column of the null type takes the other file's type.
+- Anything else must be equal (nested types included). Otherwise planning raises a ValueError
+  naming the column, both types and files on each side.
+
+Field order is the order of first appearance in file order; every unified field is nullable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from functools import lru_cache
+
+import pyarrow as pa
+
+_LARGE = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}
+
+
+def file_schema(fmt: Any, fs: Any, path: str, footer: Any) -> pa.Schema:
+    """The Arrow schema of one file: from the Parquet footer, or from the ORC file's tail."""
+    if footer is not None and hasattr(footer, "schema"):
+        return footer.schema.to_arrow_schema()
+    if fmt.name == "orc":
+        import pyarrow.orc as orc
+
+        from .formats.io import open_input
+
+        tail = footer[1] if isinstance(footer, tuple) and len(footer) > 1 else None
+        if isinstance(tail, (bytes, bytearray)):  # a remote ORC footer carries the file's tail
+            try:
+                return orc.ORCFile(pa.BufferReader(tail)).schema
+            except (OSError, pa.ArrowException):
+                pass
+        with open_input(fs, path) as source:
+            return orc.ORCFile(source).schema
+    raise ValueError(f"cannot get the schema of {path}: format {fmt.name!r} gives no footer schema")
+
+
+def _int_bits(kind: pa.DataType) -> tuple[bool, int]:
+    return pa.types.is_signed_integer(kind), kind.bit_width
+
+
+def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    (sa, wa), (sb, wb) = _int_bits(a), _int_bits(b)
+    if sa == sb:
+        return a if wa >= wb else b
+    signed, unsigned = (wa, wb) if sa else (wb, wa)
+    bits = max(signed, 2 * unsigned)
+    return {8: pa.int8(), 16: pa.int16(), 32: pa.int32(), 64: pa.int64()}.get(bits)
+
+
+def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type both unify to under the rule above, or None when they are incompatible."""
+    if a == b:
+        return a
+    if pa.types.is_null(a) or pa.types.is_null(b):
+        return b if pa.types.is_null(a) else a
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
+        return merge_types(a.value_type if pa.types.is_dictionary(a) else a, b.value_type if pa.types.is_dictionary(b) else b)
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        return _merge_ints(a, b)
+    if pa.types.is_floating(a) and pa.types.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    if (pa.types.is_integer(a) and pa.types.is_floating(b)) or (pa.types.is_floating(a) and pa.types.is_integer(b)):
+        return pa.float64()
+    if _LARGE.get(a, a) == _LARGE.get(b, b):
+        return _LARGE.get(a, a)
+    return None
+
+
+def _files_text(names: Sequence[str]) -> str:
+    more = f" (and {len(names) - 1} more file{'s' if len(names) > 2 else ''})" if len(names) > 1 else ""
+    return f"{names[0]}{more}"
+
+
+def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
+    """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that disagree."""
+    distinct: dict[pa.Schema, list[str]] = {}
+    for schema, name in zip(schemas, names):
+        distinct.setdefault(schema.remove_metadata(), []).append(name)
+    if len(distinct) == 1:
+        return schemas[0]
+    fields: dict[str, pa.DataType] = {}
+    seen_in: dict[str, dict[pa.DataType, list[str]]] = {}
+    for schema, files in distinct.items():
+        for field in schema:
+            seen_in.setdefault(field.name, {}).setdefault(field.type, []).extend(files)
+            current = fields.get(field.name)
+            merged = field.type if current is None else merge_types(current, field.type)
+            if merged is None:
+                raise ValueError(_conflict(field.name, current, field.type, seen_in[field.name]))
+            fields[field.name] = merged
+    return pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata)
+
+
+def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]]) -> str:
+    incompatible = [kind for kind in seen if kind != new and merge_types(kind, new) is None]
+    if not incompatible:  # each type fits the new one alone, but not what they unified to
+        incompatible = [kind for kind in seen if kind != new]
+    old_files = sorted({f for kind in incompatible for f in seen[kind]})
+    return (
+        f"files have incompatible schemas: column {column!r} is {incompatible[0]} in {_files_text(old_files)} "
+        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and integer/float/string "
+        "widening are unified; rewrite the odd files with one type for the column, or pass a path without them."
+    )
+
+
+def missing_columns(schema: pa.Schema, unified: pa.Schema) -> tuple[str, ...]:
+    """Columns of the unified schema that a file with ``schema`` lacks."""
+    names = set(schema.names)
+    return tuple(name for name in unified.names if name not in names)
+
+
+@lru_cache(maxsize=64)
+def _projected(schema: pa.Schema, columns: tuple[str, ...] | None) -> pa.Schema:
+    return project(schema, columns)
+
+
+def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
+    """The unified schema restricted to ``columns`` (in that order); ValueError for an unknown column."""
+    if columns is None:
+        return schema
+    unknown = [c for c in columns if schema.get_field_index(c) < 0]
+    if unknown:
+        raise ValueError(f"columns {unknown} are in none of the files; the columns are {schema.names}")
+    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly the columns of ``schema``, in its order and types; missing ones as nulls.
+
+    Casts are safe: a value the target type cannot hold exactly raises ``pa.ArrowInvalid``.
+    """
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    arrays = []
+    for field in schema:
+        index = table.schema.get_field_index(field.name)
+        if index < 0:
+            arrays.append(pa.nulls(table.num_rows, field.type))
+            continue
+        column = table.column(index)
+        if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
+            column = column.cast(column.type.value_type)
+        arrays.append(column if column.type == field.type else column.cast(field.type, safe=True))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:
+    """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected)."""
+    missing = catalog.missing_columns[file] if catalog.missing_columns else ()
+    wanted = None if columns is None else [c for c in columns if c not in missing]
+    table = reader.read_unit(unit, list(wanted) if wanted is not None else None)
+    if catalog.schema is None:
+        return table
+    return conform(table, _projected(catalog.schema, None if columns is None else tuple(columns)))
