@@ -184,6 +184,7 @@ class StructuredDataset(IterableDataset):
             return build_worker_state(self._config(), self._catalog.files_digest, self._epoch, info.id, self._positions[info.id])
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
+        state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
         if self._target_override is not None:
             state["batch_target"] = self._target_override
         return state
