@@ -1,0 +1,150 @@
+"""Equal batch counts per rank and elastic resume, one rank at a time in this process.
+
+(tests/test_ddp.py runs the same through real torch.distributed processes.)
+"""
+
+import collections
+import json
+
+import pytest
+
+from datagen import write_dataset
+from resume_helpers import batch_key
+from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+from torch_dataloader_utils.distributed import local_state, merge_states
+
+LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
+ROWS = sum(map(sum, LAYOUT))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("elastic")
+    write_dataset(root, LAYOUT)
+    return str(root)
+
+
+def _config(shuffle, equalize="pad"):
+    return dict(batch_size=10, split_bytes=2500, chunk_rows=20, shuffle=shuffle, shuffle_seed=1, shuffle_buffer_rows=40, equalize=equalize)
+
+
+def _roundtrip(state):
+    return json.loads(json.dumps(state))
+
+
+def _run(path, rank, world, workers, config, state=None, elastic=False, stop=None):
+    """Batches of one rank (with padding flags) and its state when stopped."""
+    loader, dataset = StructuredDataset.create_dataloader(path, rank=rank, world_size=world, num_workers=workers, **config)
+    if state is not None:
+        dataset.load_state_dict(_roundtrip(state), elastic=elastic)
+    batches = []
+    for batch in loader:
+        batches.append((batch_key(batch), dataset.last_batch_is_padding))
+        if stop is not None and len(batches) == stop:
+            break
+    return batches, _roundtrip(dataset.state_dict()), len(loader)
+
+
+@pytest.mark.parametrize("equalize", ["pad", "drop"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_rank_delivers_the_same_number_of_batches(data, shuffle, equalize):
+    for world in (2, 3, 4):
+        runs = [_run(data, rank, world, 2, _config(shuffle, equalize)) for rank in range(world)]
+        counts = {len(batches) for batches, _, _ in runs}
+        assert len(counts) == 1, counts
+        assert all(length == len(batches) for batches, _, length in runs)
+        real = collections.Counter(i for batches, _, _ in runs for ids, pad in batches if not pad for i in ids)
+        assert max(real.values()) == 1
+        if equalize == "pad":
+            assert sorted(real) == list(range(ROWS))
+            padding = [ids for batches, _, _ in runs for ids, pad in batches if pad]
+            assert all(len(ids) == 10 for ids in padding)
+
+
+def test_padding_comes_from_the_ranks_own_rows_and_is_not_progress(data):
+    batches, state, _ = _run(data, 1, 3, 1, _config(False))
+    own = {i for ids, pad in batches if not pad for i in ids}
+    padded = [ids for ids, pad in batches if pad]
+    assert padded, "this layout leaves rank 1 short, so it must pad"
+    assert all(set(ids) <= own for ids in padded)
+    assert sum(state["rows_delivered"]) == len(own)
+    assert state["padding_delivered"] == 10 * len(padded)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("before, after", [((2, 2), (3, 0)), ((3, 0), (2, 2)), ((2, 1), (1, 3)), ((1, 2), (4, 1))])
+def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
+    (world0, workers0), (world1, workers1) = before, after
+    config = _config(shuffle)
+    seen = collections.Counter()
+    states = []
+    for rank in range(world0):
+        batches, state, _ = _run(data, rank, world0, workers0, config, stop=3 + 2 * rank)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        states.append(state)
+    merged = merge_states(states)
+    counts = []
+    for rank in range(world1):
+        batches, _, length = _run(data, rank, world1, workers1, config, state=merged, elastic=True)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        counts.append((len(batches), length))
+    assert max(seen.values()) == 1, "a row was delivered twice"
+    assert sorted(seen) == list(range(ROWS)), "rows were lost"
+    assert len(set(counts)) == 1 and counts[0][0] == counts[0][1]
+
+
+def test_checkpoint_after_an_elastic_resume_resumes_exactly(data):
+    config = _config(True)
+    states = [_run(data, rank, 2, 2, config, stop=4)[1] for rank in range(2)]
+    merged = merge_states(states)
+    full, _, _ = _run(data, 1, 3, 1, config, state=merged, elastic=True)
+    partial, state, _ = _run(data, 1, 3, 1, config, state=merged, elastic=True, stop=3)
+    assert state["lanes"] is not None and partial == full[:3]
+    rest, _, _ = _run(data, 1, 3, 1, config, state=state)
+    assert rest == full[3:]
+    # and a second resize in the same epoch still delivers the rest exactly once
+    seen = collections.Counter(i for ids, pad in _run(data, 0, 2, 2, config, stop=4)[0] if not pad for i in ids)
+    seen.update(i for ids, pad in _run(data, 1, 2, 2, config, stop=4)[0] if not pad for i in ids)
+    middle = []
+    for rank in range(3):
+        batches, st, _ = _run(data, rank, 3, 1, config, state=merged, elastic=True, stop=2)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        middle.append(st)
+    for rank in range(2):
+        batches, _, _ = _run(data, rank, 2, 0, config, state=merge_states(middle), elastic=True)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+    assert max(seen.values()) == 1 and sorted(seen) == list(range(ROWS))
+
+
+def test_same_topology_global_state_resumes_each_rank_exactly(data):
+    config = _config(True)
+    full = [_run(data, rank, 2, 2, config)[0] for rank in range(2)]
+    states = [_run(data, rank, 2, 2, config, stop=5)[1] for rank in range(2)]
+    merged = merge_states(states)
+    for rank in range(2):
+        assert _run(data, rank, 2, 2, config, state=merged)[0] == full[rank][5:]
+        assert _run(data, rank, 2, 2, config, state=local_state(merged, rank))[0] == full[rank][5:]
+
+
+def test_topology_change_without_elastic_is_a_mismatch(data):
+    config = _config(False)
+    merged = merge_states([_run(data, rank, 2, 2, config, stop=2)[1] for rank in range(2)])
+    loader, dataset = StructuredDataset.create_dataloader(data, rank=0, world_size=3, num_workers=2, **config)
+    with pytest.raises(CheckpointMismatchError, match="world_size changed: checkpoint=2, current=3"):
+        dataset.load_state_dict(merged)
+    with pytest.raises(CheckpointMismatchError, match="needs every rank's progress"):
+        dataset.load_state_dict(merged["ranks"][0], elastic=True)
+    other_seed = dict(config, shuffle_seed=2, shuffle=True)
+    merged_shuffled = merge_states([_run(data, rank, 2, 2, dict(config, shuffle=True), stop=2)[1] for rank in range(2)])
+    _, dataset = StructuredDataset.create_dataloader(data, rank=0, world_size=3, num_workers=2, **other_seed)
+    with pytest.raises(CheckpointMismatchError, match="shuffle_seed changed"):
+        dataset.load_state_dict(merged_shuffled, elastic=True)
+
+
+def test_merge_states_checks_its_input(data):
+    config = _config(False)
+    states = [_run(data, rank, 2, 0, config, stop=1)[1] for rank in range(2)]
+    with pytest.raises(ValueError, match="rank order"):
+        merge_states(states[::-1])
+    with pytest.raises(ValueError, match="empty"):
+        merge_states([])
