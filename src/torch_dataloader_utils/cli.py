@@ -105,7 +105,9 @@ def _split_bytes_of(layout: Any, start: int, stop: int) -> int:
     return total
 
 
-def compute_plan(catalog: Any, world_size: int, num_workers: int, batch_size: int, shuffle: bool, seed: int, epoch: int) -> dict:
+def compute_plan(
+    catalog: Any, world_size: int, num_workers: int, batch_size: int, shuffle: bool, seed: int, epoch: int, equalize: str = "pad"
+) -> dict:
     """Files, splits, and what every (rank, worker) reads in ``epoch``, from a built catalog."""
     from .planner import assign_splits, epoch_order
 
@@ -120,6 +122,16 @@ def compute_plan(catalog: Any, world_size: int, num_workers: int, batch_size: in
             workers.append({"rank": rank, "worker": worker, "splits": len(indices), "rows": rows,
                             "bytes": sum(split_bytes[i] for i in indices), "batches": -(-rows // batch_size)})
     files_cut = len({s.path for s in catalog.splits if s.row_offset is not None})
+    ranks = [
+        {"rank": r, "rows": sum(w["rows"] for w in workers if w["rank"] == r),
+         "batches": sum(w["batches"] for w in workers if w["rank"] == r)}
+        for r in range(world_size)
+    ]
+    counts = [r["batches"] for r in ranks]
+    # under DDP every rank delivers the same number of batches (see StructuredDataset's equalize)
+    delivered = max(counts) if equalize == "pad" else min(counts) if equalize == "drop" else None
+    for r in ranks:
+        r["batches_delivered"] = r["batches"] if world_size == 1 or delivered is None else delivered
     return {
         "format": catalog.format.name,
         "files": len(catalog.files),
@@ -138,12 +150,9 @@ def compute_plan(catalog: Any, world_size: int, num_workers: int, batch_size: in
         "shuffle": shuffle,
         "shuffle_seed": seed,
         "epoch": epoch,
+        "equalize": equalize,
         "workers": workers,
-        "ranks": [
-            {"rank": r, "rows": sum(w["rows"] for w in workers if w["rank"] == r),
-             "batches": sum(w["batches"] for w in workers if w["rank"] == r)}
-            for r in range(world_size)
-        ],
+        "ranks": ranks,
     }
 
 
@@ -194,6 +203,11 @@ def print_plan(plan: dict, path: str, show_all: bool) -> None:
     if plan["world_size"] > 1:
         print(f"            rows per rank: {_spread([r['rows'] for r in plan['ranks']])}")
         print(f"            batches per rank: {_spread([r['batches'] for r in plan['ranks']])}")
+        delivered = plan["ranks"][0]["batches_delivered"]
+        if plan["equalize"] == "pad":
+            print(f"            equalize=pad: every rank delivers {delivered:,} batches (short ranks repeat some of their own rows)")
+        elif plan["equalize"] == "drop":
+            print(f"            equalize=drop: every rank delivers {delivered:,} batches (the rest of longer ranks is skipped)")
     for line in plan_advice(plan):
         print(f"  note: {line}")
 
@@ -204,7 +218,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     catalog = build_catalog(args.path, args.format, _storage_options(args), args.split_bytes)
     log.info("planned in %.2f s", time.perf_counter() - started)
-    plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch)
+    plan = compute_plan(
+        catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize
+    )
     if args.json:
         _print_json(plan)
     else:
@@ -379,8 +395,10 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         dataset.load_state_dict(state)
     except CheckpointMismatchError as error:
         return False, str(error), None
-    delivered = state.get("rows_delivered")
-    remaining = len(dataset) - sum(delivered) if isinstance(delivered, list) else None
+    delivered, totals = state.get("rows_delivered"), state.get("rows_total")
+    remaining = None
+    if isinstance(delivered, list):
+        remaining = (sum(totals) if isinstance(totals, list) else len(dataset)) - sum(delivered)
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
 
 
@@ -543,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch")
     plan.add_argument("--shuffle-seed", type=_non_negative_int, default=0, metavar="S")
     plan.add_argument("--epoch", type=_non_negative_int, default=0, metavar="E", help="epoch to show (matters with --shuffle)")
+    plan.add_argument("--equalize", choices=["pad", "drop", "none"], default="pad",
+                      help="how ranks get equal batch counts under DDP (default pad)")
     plan.add_argument("--all", action="store_true", help="list every (rank, worker), however many")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(plan)

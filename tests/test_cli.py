@@ -1,0 +1,192 @@
+"""The tdu command line: plan, inspect, bench, usage errors, exit codes, and the planning progress bar."""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from datagen import write_dataset
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import progress as progress_module
+from torch_dataloader_utils.catalog import build_catalog
+from torch_dataloader_utils.cli import main, parse_size
+
+LAYOUT = [[40, 25, 30], [30], [17, 18, 20], [50, 10]]
+ROWS = sum(map(sum, LAYOUT))
+SPLIT_BYTES = 3000
+
+
+@pytest.fixture()
+def data(tmp_path):
+    root = tmp_path / "data"
+    write_dataset(root, LAYOUT)
+    return str(root)
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def saved_state(data, path, batches=3, **config):
+    config = dict(batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES, **config)
+    loader, dataset = StructuredDataset.create_dataloader(data, **config)
+    for index, _ in enumerate(loader):
+        if index + 1 == batches:
+            break
+    state = dataset.state_dict()
+    with open(path, "w") as file:
+        json.dump(state, file)
+    return state, dataset
+
+
+# ---------------------------------------------------------------- plan
+def test_plan_numbers_match_what_each_rank_delivers(capsys, data):
+    code, out, _ = run(capsys, "plan", data, "--world-size", 2, "--num-workers", 2, "--split-bytes", SPLIT_BYTES,
+                       "--batch-size", 8, "--shuffle", "--shuffle-seed", 4, "--epoch", 1, "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["files"] == len(LAYOUT) and plan["rows"] == ROWS and plan["splits"] > len(LAYOUT)
+    for rank in range(2):
+        kwargs = dict(world_size=2, rank=rank, num_workers=2, split_bytes=SPLIT_BYTES, batch_size=8, shuffle=True, shuffle_seed=4)
+        unequal = StructuredDataset(data, equalize="none", **kwargs)
+        padded = StructuredDataset(data, **kwargs)
+        for dataset in (unequal, padded):
+            dataset.set_epoch(1)
+        assert plan["ranks"][rank]["rows"] == len(unequal)
+        assert plan["ranks"][rank]["batches"] == unequal.num_batches()
+        assert plan["ranks"][rank]["batches_delivered"] == padded.num_batches()
+        lanes = [w["rows"] for w in plan["workers"] if w["rank"] == rank]
+        assert lanes == padded.state_dict()["rows_total"]
+
+
+def test_plan_text_and_idle_worker_advice(capsys, data):
+    code, out, _ = run(capsys, "plan", data, "--num-workers", 8)  # default split_bytes: one split per file
+    assert code == 0
+    assert f"{ROWS:,} rows" in out and "rank worker" in out
+    assert "4 of 8 workers get no split" in out and "--split-bytes" in out
+
+
+def test_plan_of_a_missing_path_is_a_usage_error(capsys, tmp_path):
+    code, out, err = run(capsys, "plan", tmp_path / "nothing-here")
+    assert code == 2 and "tdu plan: error:" in err and "nothing-here" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    for argv in (["plan"], ["plan", "x", "--split-bytes", "12X"], ["plan", "x", "--world-size", "0"], ["frobnicate"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+    assert main([]) == 2  # no command: help, exit 2
+    assert "plan" in capsys.readouterr().out
+
+
+def test_parse_size():
+    assert parse_size("64MiB") == 64 << 20 and parse_size("1.5KB") == 1500 and parse_size("4096") == 4096
+
+
+# ------------------------------------------------------------- inspect
+def test_inspect_json_state_reports_progress_and_rows_remaining(capsys, data, tmp_path):
+    state, dataset = saved_state(data, tmp_path / "state.json")
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", "--json")
+    assert code == 0
+    (info,) = json.loads(out)
+    assert info["epoch"] == 0 and info["topology"]["num_workers"] == 2
+    assert info["rows_delivered"] == 24 and info["rows_remaining"] == len(dataset) - 24
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json")
+    assert "24 rows delivered" in out and f"{len(dataset) - 24:,} rows in epoch 0" in out
+
+
+def test_inspect_finds_the_state_in_a_torch_checkpoint(capsys, data, tmp_path):
+    state, _ = saved_state(data, tmp_path / "state.json")
+    torch.save({"model": {"w": torch.ones(2)}, "dataset": state, "step": 3}, tmp_path / "ckpt.pt")
+    code, out, _ = run(capsys, "inspect", tmp_path / "ckpt.pt")
+    assert code == 0 and "at key 'dataset'" in out
+    code, out, _ = run(capsys, "inspect", tmp_path / "ckpt.pt", "--key", "dataset", data)
+    assert code == 0 and "matches" in out and "YES" in out
+    code, _, err = run(capsys, "inspect", tmp_path / "ckpt.pt", "--key", "model")
+    assert code == 2 and "not a torch_dataloader_utils dataset state" in err
+    code, _, err = run(capsys, "inspect", tmp_path / "ckpt.pt", "--key", "optimizer")
+    assert code == 2 and "available" in err and "dataset" in err
+
+
+def test_inspect_a_list_of_rank_states(capsys, data, tmp_path):
+    states = [saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)]
+    torch.save({"dataset_states": states}, tmp_path / "ddp.pt")
+    code, out, _ = run(capsys, "inspect", tmp_path / "ddp.pt", data)
+    assert code == 0
+    assert "'dataset_states.0'" in out and "'dataset_states.1'" in out and out.count("YES") == 2
+
+
+def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):
+    saved_state(data, tmp_path / "state.json", shuffle=True, shuffle_seed=9)
+    write_dataset(data, [[5]], first_id=10_000)  # overwrites part-00000 with another size
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data)
+    assert code == 1
+    assert "NO" in out and "file rewritten since the checkpoint" in out and "part-00000.parquet" in out
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):  # unpickling would create the marker directory
+        return (os.mkdir, (self.marker,))
+
+
+def test_inspect_never_runs_code_from_a_checkpoint(capsys, tmp_path):
+    marker = tmp_path / "pwned"
+    torch.save({"dataset": _Evil(marker)}, tmp_path / "evil.pt")
+    code, _, err = run(capsys, "inspect", tmp_path / "evil.pt")
+    assert code == 2 and "weights_only=True" in err
+    assert not marker.exists()
+
+
+def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
+    code, _, err = run(capsys, "inspect", tmp_path / "absent.json")
+    assert code == 2 and "no such file" in err
+    (tmp_path / "other.json").write_text('{"model": 1}')
+    code, _, err = run(capsys, "inspect", tmp_path / "other.json")
+    assert code == 2 and "--key" in err
+
+
+# --------------------------------------------------------------- bench
+def test_bench_reports_throughput_with_its_config_and_a_resume(capsys, data):
+    code, out, _ = run(capsys, "bench", data, "--batch-size", 8, "--num-workers", 1, "--split-bytes", SPLIT_BYTES,
+                       "--max-batches", 6, "--columns", "id,x", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["batches"] == 6 and result["rows"] == 48
+    assert result["config"]["columns"] == ["id", "x"] and result["config"]["num_workers"] == 1
+    assert result["rows_per_s"] > 0 and result["resume"]["got_batch"] and result["resume"]["at_batch"] == 3
+
+
+# ------------------------------------------------------ entry points
+def test_module_and_console_script_show_help(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["tdu", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_module("torch_dataloader_utils", run_name="__main__")
+    assert exit_info.value.code == 0 and "usage: tdu" in capsys.readouterr().out
+    result = subprocess.run(["tdu", "inspect", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "usage: tdu inspect" in result.stdout
+
+
+# ------------------------------------------------------------ progress
+def test_planning_progress_bar_when_slow_and_silent_otherwise(capsys, data, monkeypatch):
+    monkeypatch.setenv("TDU_PROGRESS", "1")
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.0)  # as if planning took longer than the delay
+    build_catalog(data, "parquet", None, SPLIT_BYTES)
+    assert "reading footers" in capsys.readouterr().err
+    monkeypatch.delenv("TDU_PROGRESS")  # default: only on a terminal; pytest's stderr is not one
+    build_catalog(data, "parquet", None, SPLIT_BYTES)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 60.0)  # fast planning never shows the bar
+    monkeypatch.setenv("TDU_PROGRESS", "1")
+    build_catalog(data, "parquet", None, SPLIT_BYTES)
+    assert capsys.readouterr().err == ""
