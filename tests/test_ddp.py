@@ -197,3 +197,50 @@ def test_elastic_resume_is_exactly_once_across_ranks(runs):
         for r in after:
             assert r["len"] == len(r["after"])
             assert r["strict_error"] is not None and "elastic=True" in r["strict_error"], n
+
+
+EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "train_ddp.py")
+EXAMPLE_ROWS = 1500
+
+
+def _torchrun(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", EXAMPLE, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def _id_log(directory, rank: int) -> list[dict]:
+    with open(os.path.join(directory, f"ids-rank{rank}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_torchrun_example_killed_and_resumed_delivers_every_row_once(tmp_path):
+    import torch
+
+    common = ["--data", str(tmp_path / "data"), "--checkpoint", str(tmp_path / "ckpt.pt"), "--epochs", "2"]
+    common += ["--batch-size", "32", "--num-workers", "2", "--checkpoint-every", "7"]
+    first = _torchrun(common + ["--make-data", str(EXAMPLE_ROWS), "--log-ids", str(tmp_path / "run1"), "--die-after-steps", "31"])
+    assert first.returncode != 0, "the first run should have died"
+    saved = torch.load(tmp_path / "ckpt.pt")
+    second = _torchrun(common + ["--log-ids", str(tmp_path / "run2")])
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"resumed from {tmp_path / 'ckpt.pt'}: epoch {saved['epoch']}, step {saved['step']}" in second.stdout
+
+    killed = [_id_log(tmp_path / "run1", r) for r in range(2)]
+    resumed = [_id_log(tmp_path / "run2", r) for r in range(2)]
+    for run in (killed, resumed):  # every rank ran the same steps
+        assert [(e["epoch"], e["step"]) for e in run[0]] == [(e["epoch"], e["step"]) for e in run[1]]
+    assert all(log[0]["step"] == saved["step"] + 1 for log in resumed)
+    # the checkpoint is mid-epoch: that epoch has steps on both sides of it
+    assert any(e["epoch"] == saved["epoch"] for e in killed[0] if e["step"] <= saved["step"])
+    assert resumed[0][0]["epoch"] == saved["epoch"]
+    assert killed[0][-1]["step"] > saved["step"], "the killed run should have gone past its checkpoint"
+    assert any(e["padding"] for run in (killed, resumed) for log in run for e in log), "no padding: equalization not exercised"
+
+    for epoch in range(2):
+        seen = collections.Counter()
+        for log in killed:  # only what the checkpoint covers; later batches are trained again
+            seen.update(i for e in log if e["epoch"] == epoch and e["step"] <= saved["step"] and not e["padding"] for i in e["ids"])
+        for log in resumed:
+            seen.update(i for e in log if e["epoch"] == epoch and not e["padding"] for i in e["ids"])
+        assert max(seen.values()) == 1, f"epoch {epoch}: rows delivered twice"
+        assert sorted(seen) == list(range(EXAMPLE_ROWS)), f"epoch {epoch}: rows lost"
