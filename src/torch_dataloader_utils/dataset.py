@@ -123,6 +123,9 @@ class StructuredDataset(IterableDataset):
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._reader: StreamReader | None = None
         self.last_batch_is_padding = False
+        self._worker_passes = 0  # passes this copy started inside a DataLoader worker
+        self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
+        self._digest: tuple[Catalog, str] | None = None
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -181,7 +184,7 @@ class StructuredDataset(IterableDataset):
         """JSON-serializable progress: a rank state in the main process, a worker state inside a worker."""
         info = get_worker_info()
         if info is not None:
-            return build_worker_state(self._config(), self._catalog.files_digest, self._epoch, info.id, self._positions[info.id])
+            return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id])
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
@@ -224,7 +227,9 @@ class StructuredDataset(IterableDataset):
         if info is None:
             tasks = self.begin_pass(keep_slots=False)
             return self.deliver(tasks, (self.read_chunk(task) for task in tasks))
-        return self._iter_worker(info.id, info.num_workers)
+        restored, self._restored_epoch = self._restored_epoch, None
+        self._worker_passes += 1
+        return self._iter_worker(info.id, info.num_workers, restored, first=self._worker_passes == 1)
 
     # ------------------------------------------------- used by the loader
     def begin_pass(self, keep_slots: bool) -> list[ChunkTask]:
@@ -379,6 +384,7 @@ class StructuredDataset(IterableDataset):
         }
 
     def _load_rank_state(self, state: Mapping[str, Any]) -> None:
+        selected = self._epoch
         progress = validate_rank_state(state, self._config(), self._catalog.fingerprint, self._book, self._catalog.splits, self._lane_length)
         target = state.get("batch_target") if progress.lanes is not None else None
         if progress.lanes is not None and (not isinstance(target, int) or isinstance(target, bool) or target < 0):
@@ -388,6 +394,8 @@ class StructuredDataset(IterableDataset):
             delivered = self._padding_delivered
             self._reset_progress()
             raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [f"{delivered} rows, more than this rank pads"])
+        if progress.epoch < selected and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
+            self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
 
     def _apply(self, progress: RankProgress, target: int | None) -> None:
         self._epoch = progress.epoch
@@ -428,7 +436,10 @@ class StructuredDataset(IterableDataset):
         self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target)
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
-        epoch, worker, position = validate_worker_state(state, self._config(), self._catalog.files_digest, self.logical_workers)
+        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers)
+        info = get_worker_info()
+        if info is not None:
+            self._check_loader_workers(info.num_workers)
         if epoch != self._epoch:
             self._epoch = epoch
             self._reset_progress()
@@ -441,22 +452,35 @@ class StructuredDataset(IterableDataset):
             )
         self._positions[worker] = position
         self._pass_done = False
+        self._restored_epoch = epoch
 
-    def _iter_worker(self, worker: int, num_workers: int) -> Iterator[dict[str, Any]]:
+    def _check_loader_workers(self, num_workers: int) -> None:
         if num_workers != self.logical_workers:
             raise ValueError(
                 f"this dataset was planned for num_workers={self.num_workers} but runs in a DataLoader with "
                 f"{num_workers} workers; create it with num_workers={num_workers}"
             )
-        epoch = int(self._epoch_cell[0])
+
+    def _files_digest(self) -> str:
+        """The file-list digest, computed once per catalog (state_dict runs after every batch)."""
+        if self._digest is None or self._digest[0] is not self._catalog:
+            self._digest = (self._catalog, self._catalog.files_digest)
+        return self._digest[1]
+
+    def _iter_worker(self, worker: int, num_workers: int, restored: int | None, first: bool) -> Iterator[dict[str, Any]]:
+        """One worker's batches. The pass right after a worker state was loaded resumes that
+        state's epoch; the first pass of a fresh copy continues the progress it was copied with;
+        any later pass starts the selected epoch over, because rows this process read ahead in
+        an abandoned pass may never have reached the training loop."""
+        self._check_loader_workers(num_workers)
+        epoch = int(self._epoch_cell[0]) if restored is None else restored
         if epoch != self._epoch:
             self._epoch = epoch
             self._reset_progress()
+        elif restored is None and not first:
+            self._positions[worker] = 0
         lane = self._lanes()[worker]
         length = self._lane_length(lane)
-        if self._pass_done and self._positions[worker] >= length:
-            self._positions[worker] = 0
-        self._pass_done = False
         size = self.batch_size
         while self._positions[worker] < length:
             start = self._positions[worker]
@@ -468,7 +492,6 @@ class StructuredDataset(IterableDataset):
                 batch = slice_columns(chunk.columns, offset, end)
                 self._positions[worker] = start + end
                 yield batch
-        self._pass_done = True
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -1,0 +1,317 @@
+"""torchdata's StatefulDataLoader over a StructuredDataset: checkpoint with dl.state_dict(),
+resume in a fresh process-like setup (new dataset, new loader, state through JSON or torch.save)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.compute  # noqa: F401  imported before workers fork (its first use otherwise imports pandas per worker)
+import pytest
+import torch
+
+from datagen import write_dataset
+from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+
+stateful = pytest.importorskip("torchdata.stateful_dataloader")
+StatefulDataLoader = stateful.StatefulDataLoader
+
+# three files; row groups of odd sizes so batches, chunks and splits do not line up
+LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
+ROWS = sum(map(sum, LAYOUT))
+CONFIG = dict(batch_size=13, shuffle_seed=5, split_bytes=2500, chunk_rows=26, shuffle_buffer_rows=50)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("stateful")
+    write_dataset(root, LAYOUT, "parquet")
+    return str(root)
+
+
+def make(path: str, workers: int, shuffle: bool, persistent: bool = False, via: str = "ctor", snapshot: int = 1, **changes):
+    """A fresh dataset (by the constructor or create_dataloader) and a StatefulDataLoader over it."""
+    kwargs = {**CONFIG, "num_workers": workers, "shuffle": shuffle, **changes}
+    loader_workers = kwargs.pop("loader_workers", workers)
+    if via == "create":
+        dataset = StructuredDataset.create_dataloader(path, **kwargs)[1]
+    else:
+        dataset = StructuredDataset(path, **kwargs)
+    loader = StatefulDataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=loader_workers,
+        persistent_workers=persistent and loader_workers > 0,
+        snapshot_every_n_steps=snapshot,
+    )
+    return dataset, loader
+
+
+def key(batch: dict) -> tuple:
+    """The batch's ids, after checking the other columns belong to the same rows."""
+    ids = batch["id"].tolist()
+    assert batch["text"] == [f"row-{i}" for i in ids]
+    assert torch.equal(batch["x"], batch["id"].double() * 0.5)
+    return tuple(ids)
+
+
+def roundtrip(state: dict, how: str) -> dict:
+    """The state as a new process reads it back from a checkpoint file."""
+    if how == "json":
+        return json.loads(json.dumps(state))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer)
+
+
+def run(loader, states: list | None = None, how: str = "json", stop: int | None = None) -> list[tuple]:
+    """Batches of one pass (the first ``stop``), with the loader's state after each in ``states``."""
+    batches = []
+    for batch in loader:
+        batches.append(key(batch))
+        if states is not None:
+            states.append(roundtrip(loader.state_dict(), how))
+        if stop is not None and len(batches) == stop:
+            break
+    return batches
+
+
+def resume(path: str, state: dict, *args, epoch: int | None = None, **kwargs) -> list[tuple]:
+    dataset, loader = make(path, *args, **kwargs)
+    loader.load_state_dict(state)
+    if epoch is not None:
+        dataset.set_epoch(epoch)
+    return run(loader)
+
+
+def refused(loader, error: type, match: str) -> str:
+    """Iterate and expect ``error``; returns its message as the user sees it."""
+    with pytest.raises(error, match=match) as info:
+        run(loader)
+    stop_failed_workers(info.value)
+    return str(info.value)
+
+
+def stop_failed_workers(error: BaseException) -> None:
+    """Shut down the workers of an iterator that failed while starting.
+
+    torchdata leaves them to the garbage collector, which may close their queues
+    first and then wait 5 s per worker; a job that exits on the error is unaffected.
+    """
+    frame = error.__traceback__
+    while frame is not None:
+        owner = frame.tb_frame.f_locals.get("self")
+        if type(owner).__name__ == "_StatefulMultiProcessingDataLoaderIter":
+            owner._shutdown_workers()
+            return
+        frame = frame.tb_next
+
+
+def assert_exactly_once(batches: list[tuple]) -> None:
+    ids = [i for b in batches for i in b]
+    assert len(ids) == len(set(ids)), "a row was delivered twice"
+    assert sorted(ids) == list(range(ROWS)), "rows were lost"
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_resume_at_every_interruption_point(data, workers, shuffle):
+    via = "create" if workers == 1 else "ctor"  # both ways of obtaining the dataset
+    how = "torch" if shuffle else "json"  # both ways of storing the state
+    dataset, loader = make(data, workers, shuffle, via=via)
+    states: list = []
+    full = run(loader, states, how)
+    assert_exactly_once(full)
+    assert len(full) == dataset.num_batches()
+    for k in range(len(full)):
+        assert resume(data, states[k], workers, shuffle, via=via) == full[k + 1 :], f"resume after batch {k}"
+
+
+def test_several_interruptions_in_one_epoch_with_persistent_workers(data):
+    full = run(make(data, 3, True, persistent=True)[1])
+    delivered, state = [], None
+    for stop in (2, 5, 1, 6):  # four runs, each killed after `stop` batches
+        _, loader = make(data, 3, True, persistent=True)
+        if state is not None:
+            loader.load_state_dict(state)
+        delivered += run(loader, stop=stop)
+        state = roundtrip(loader.state_dict(), "torch")
+    delivered += resume(data, state, 3, True, persistent=True)
+    assert delivered == full
+
+
+@pytest.mark.parametrize("workers,persistent", [(0, False), (3, False), (3, True)])
+def test_across_epochs_with_set_epoch(data, workers, persistent):
+    dataset, loader = make(data, workers, True, persistent=persistent)
+    epochs, states, ends = [], [], []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        states.append([])
+        epochs.append(run(loader, states[-1]))
+        ends.append(roundtrip(loader.state_dict(), "json"))  # taken after the epoch ended
+        assert_exactly_once(epochs[-1])
+    assert epochs[0] != epochs[1] != epochs[2]
+
+    def loop(state: dict, start: int) -> list[list[tuple]]:
+        """The training loop of a restarted job: load, then set_epoch for each remaining epoch."""
+        dataset, loader = make(data, workers, True, persistent=persistent)
+        loader.load_state_dict(state)
+        seen = []
+        for epoch in range(start, 3):
+            dataset.set_epoch(epoch)
+            seen.append(run(loader))
+        return seen
+
+    k = 4
+    assert loop(states[1][k], 1) == [epochs[1][k + 1 :], epochs[2]]
+    assert loop(states[1][-1], 1) == [[], epochs[2]]  # saved at the last batch of epoch 1
+    assert loop(ends[0], 1) == [epochs[1], epochs[2]]  # saved after epoch 0 ended
+    # without set_epoch the restored epoch is finished first
+    assert resume(data, states[2][k], workers, True, persistent=persistent) == epochs[2][k + 1 :]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_iterating_again_after_a_break(data, persistent):
+    dataset, loader = make(data, 3, False, persistent=persistent)
+    full = run(loader)
+    # a new pass without a loaded state starts the epoch again: nothing read ahead is lost
+    assert run(loader, stop=3) == full[:3]
+    assert run(loader) == full
+    # loading the state taken at the break continues exactly
+    first = run(loader, stop=4)
+    loader.load_state_dict(roundtrip(loader.state_dict(), "json"))
+    assert first + run(loader) == full
+
+
+def test_state_taken_before_iterating(data):
+    dataset, loader = make(data, 3, True)
+    dataset.set_epoch(1)
+    epoch1 = run(loader)
+    # dl.state_dict() before the first batch starts the workers (and their read-ahead),
+    # so set_epoch comes first, exactly as before iter(dl)
+    dataset, loader = make(data, 3, True)
+    dataset.set_epoch(1)
+    initial = roundtrip(loader.state_dict(), "json")
+    assert run(loader) == epoch1
+    dataset, loader = make(data, 3, True)
+    loader.load_state_dict(initial)
+    dataset.set_epoch(1)
+    assert run(loader) == epoch1
+
+
+def test_large_snapshot_interval_still_resumes_exactly(data):
+    _, loader = make(data, 3, True, snapshot=5)
+    states: list = []
+    full = run(loader, states)
+    for k in (0, 3, 4, 8, len(full) - 2):
+        assert resume(data, states[k], 3, True, snapshot=5) == full[k + 1 :], f"resume after batch {k}"
+
+
+def test_worker_state_is_small_and_plain(data):
+    dataset, loader = make(data, 3, True)
+    run(loader, stop=4)
+    state = loader.state_dict()
+    worker = state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"]
+    assert worker["scope"] == "worker" and worker["worker"] == 1
+    assert len(json.dumps(worker)) < 1024
+    assert isinstance(dataset, stateful.Stateful)  # so torchdata saves our state instead of fast-forwarding
+
+
+@pytest.fixture(scope="module")
+def saved(data) -> dict:
+    _, loader = make(data, 3, True)
+    run(loader, stop=5)
+    return roundtrip(loader.state_dict(), "json")
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"shuffle_seed": 6}, "shuffle_seed changed: checkpoint=5, current=6"),
+        ({"num_workers": 2}, "num_workers changed: checkpoint=3, current=2"),
+        ({"num_workers": 4}, "num_workers changed: checkpoint=3, current=4"),
+        ({"split_bytes": 100_000}, "split_bytes changed"),
+    ],
+)
+def test_changed_configuration_is_refused(data, saved, changes, message):
+    dataset, loader = make(data, 3, True, **changes)
+    loader.load_state_dict(saved)
+    shown = refused(loader, CheckpointMismatchError, message)
+    assert "in DataLoader worker process" in shown and "Reconstruct the dataset" in shown
+
+
+def test_changed_file_list_is_refused(data, saved, tmp_path):
+    shutil.copytree(data, tmp_path / "more")
+    write_dataset(tmp_path / "extra", [[7]], "parquet", first_id=ROWS)
+    shutil.copy(tmp_path / "extra" / "part-00000.parquet", tmp_path / "more" / "part-00099.parquet")
+    _, loader = make(str(tmp_path / "more"), 3, True)
+    loader.load_state_dict(saved)
+    refused(loader, CheckpointMismatchError, "file list changed")
+
+
+def test_loader_workers_must_match_the_dataset(data, saved):
+    _, loader = make(data, 3, True, loader_workers=2)
+    loader.load_state_dict(saved)  # dataset planned for 3 workers: its state fits, the loader does not
+    refused(loader, ValueError, "planned for num_workers=3 but runs in a DataLoader with 2 workers")
+
+
+def test_main_process_state_is_validated_too(data):
+    _, loader = make(data, 0, True)
+    run(loader, stop=3)
+    state = roundtrip(loader.state_dict(), "torch")
+    _, loader = make(data, 0, True, shuffle_seed=9)
+    with pytest.raises(CheckpointMismatchError, match="shuffle_seed changed: checkpoint=5, current=9"):
+        loader.load_state_dict(state)
+        run(loader)
+
+
+def test_no_module_imports_torchdata_at_top_level():
+    import torch_dataloader_utils
+
+    root = os.path.dirname(torch_dataloader_utils.__file__)
+    for folder, _, files in os.walk(root):
+        for name in (f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            tree = ast.parse(open(path, encoding="utf-8").read(), path)
+            for node in tree.body:  # module level only: lazy imports inside functions are fine
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                assert not any(n.split(".")[0] == "torchdata" for n in names), f"{path}:{node.lineno} imports torchdata"
+
+
+def test_package_works_without_torchdata(data):
+    """A real resume in a process where torchdata cannot be imported."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+
+        class NoTorchdata:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torchdata":
+                    raise ModuleNotFoundError(f"No module named {{name!r}}")
+
+        sys.meta_path.insert(0, NoTorchdata())
+        from torch_dataloader_utils import StructuredDataset
+        loader, dataset = StructuredDataset.create_dataloader({data!r}, batch_size=13, num_workers=1)
+        first = [b["id"].tolist() for _, b in zip(range(3), loader)]
+        state = dataset.state_dict()
+        loader, dataset = StructuredDataset.create_dataloader({data!r}, batch_size=13, num_workers=1)
+        dataset.load_state_dict(state)
+        rest = [b["id"].tolist() for b in loader]
+        assert sorted(i for b in first + rest for i in b) == list(range({ROWS}))
+        assert not any(name.split(".")[0] == "torchdata" for name in sys.modules)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "ok"
