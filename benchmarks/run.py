@@ -1,0 +1,257 @@
+"""Throughput and resume benchmark: four contenders on the same files, side by side.
+
+    python benchmarks/run.py [--size-gb 0.25] [--num-workers 2] [--batch-size 1024] [--name run]
+
+Every measurement runs in a new process (a resume too), while this process samples the
+RSS of that process and all its children. Prints a markdown table; writes JSON to
+benchmarks/results/<name>.json. See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from contenders import CONTENDERS, LABELS  # noqa: E402
+from generate import ROW_BYTES, ensure_dataset, rows_for  # noqa: E402
+
+COLUMN_SETS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
+FRACTIONS = (0.1, 0.5, 0.9)
+FILES = 8
+COLUMN_BYTES = {"id": 8, "label": 4, "feat": 256, "text": ROW_BYTES - 268}  # decoded bytes per row
+
+
+# ------------------------------------------------------------ child process
+def batch_rows(batch: Any) -> int:
+    return batch if isinstance(batch, int) else len(batch["id"])
+
+
+def child(spec: dict) -> dict:
+    """One epoch (fresh, saving states at FRACTIONS) or the rest of one after a resume."""
+    from contenders import Config
+
+    cfg = Config(**spec["config"])
+    state = None
+    if spec.get("resume_from"):
+        with open(spec["resume_from"], "rb") as f:
+            state = pickle.load(f)
+    save_at = [int(f * spec["total_rows"]) for f in spec.get("save_fractions", [])]
+    ids: list[np.ndarray] = []
+    saved: list[int] = []
+    rows = 0
+    t0 = time.perf_counter()
+    batches, save_state = CONTENDERS[spec["contender"]](cfg, state, **spec.get("options", {}))
+    started = time.perf_counter()
+    first = None
+    for batch in batches:  # iter() starts the worker processes
+        if first is None:
+            first = time.perf_counter()
+        rows += batch_rows(batch)
+        if spec["collect_ids"] and not isinstance(batch, int):
+            ids.append(batch["id"].numpy().copy())
+        while len(saved) < len(save_at) and rows >= save_at[len(saved)]:
+            with open(f"{spec['work']}.state{len(saved)}", "wb") as f:
+                pickle.dump(save_state(), f)
+            saved.append(rows)
+    end = time.perf_counter()
+    if spec["collect_ids"]:
+        np.save(spec["work"] + ".ids.npy", np.concatenate(ids) if ids else np.zeros(0, np.int64))
+    return {
+        "rows": rows,
+        "saved_rows": saved,
+        "first_batch_s": first - t0,
+        "epoch_s": end - t0,
+        "setup_s": started - t0,
+        "rows_per_s": rows / (end - started),
+    }
+
+
+# ----------------------------------------------------------- parent process
+def _tree_memory(proc: Any) -> tuple[int, int]:
+    """(RSS, PSS) summed over the process and its descendants; PSS counts shared pages once."""
+    import psutil
+
+    rss = pss = 0
+    for p in [proc] + proc.children(recursive=True):
+        try:
+            info = p.memory_full_info()
+            rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
+        except psutil.Error:
+            pass
+    return rss, pss
+
+
+def run_child(spec: dict, timeout: float) -> dict:
+    """Run one measurement in a new process, sampling its process tree's RSS."""
+    import psutil
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", f.name], stdout=subprocess.PIPE, env=env)
+    watched, peak, done = psutil.Process(proc.pid), [0, 0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):  # reading PSS costs ~5 ms per process
+            try:
+                peak[:] = [max(a, b) for a, b in zip(peak, _tree_memory(watched))]
+            except psutil.Error:
+                pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        done.set()
+        proc.kill()
+        os.unlink(f.name)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{spec['contender']} failed (exit {proc.returncode})")
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    result["peak_rss_mib"], result["peak_pss_mib"] = peak[0] / 2**20, peak[1] / 2**20
+    return result
+
+
+def resume_check(epoch_ids: np.ndarray, before: int, after: np.ndarray, total: int) -> dict:
+    """Rows duplicated and lost when the first ``before`` rows came from the uninterrupted run."""
+    seen = np.concatenate([epoch_ids[:before], after])
+    unique = len(np.unique(seen))
+    return {
+        "duplicated": int(len(seen) - unique),
+        "lost": int(total - unique),
+        "same_order": bool(np.array_equal(after, epoch_ids[before:])),
+    }
+
+
+def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, options: dict) -> dict:
+    """Fresh epoch (states saved at FRACTIONS), then one new process per resume point."""
+    spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, "options": options}
+    fresh = run_child({**spec, "collect_ids": True, "save_fractions": FRACTIONS if resumes else []}, timeout)
+    ids = np.load(work + ".ids.npy")
+    check = resume_check(ids, 0, ids, total) if len(ids) else None  # the ceiling sends no ids
+    result = {"epoch": fresh, "epoch_check": check, "resumes": {}}
+    if not resumes:
+        return result
+    for i, fraction in enumerate(FRACTIONS):
+        resumed = run_child({**spec, "collect_ids": True, "resume_from": f"{work}.state{i}"}, timeout)
+        check = resume_check(ids, fresh["saved_rows"][i], np.load(work + ".ids.npy"), total)
+        result["resumes"][str(fraction)] = {**resumed, **check}
+    return result
+
+
+def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float) -> dict:
+    """Peak RSS of the library's epoch on 1x and 4x the data (ids not collected)."""
+    out = {}
+    for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
+        spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False}
+        out[label] = run_child(spec, timeout)
+    return out
+
+
+# ------------------------------------------------------------------ report
+def _fmt_resume(entry: dict | None, key: str) -> str:
+    if not entry:
+        return "—"
+    if key == "ttfb":
+        return f"{entry['first_batch_s']:.2f}"
+    return f"{entry['duplicated']}/{entry['lost']}"
+
+
+def table(results: dict) -> str:
+    head = (
+        "| contender | columns | rows/s | MB/s | vs (a) | epoch s | peak PSS MiB | first batch s | "
+        "resume 10/50/90% first batch s | dup/lost 10% | 50% | 90% |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for colset, per in results["measurements"].items():
+        ceiling = per["a_ceiling"]["epoch"]["rows_per_s"]
+        for name, res in per.items():
+            e, r = res["epoch"], res["resumes"]
+            ttfbs = "/".join(_fmt_resume(r.get(str(f)), "ttfb") for f in FRACTIONS)
+            dups = [_fmt_resume(r.get(str(f)), "dup") for f in FRACTIONS]
+            mbs = e["rows_per_s"] * results["row_bytes"][colset] / 1e6
+            lines.append(
+                f"| {LABELS[name]} | {colset} | {e['rows_per_s']:,.0f} | {mbs:,.0f} | {e['rows_per_s'] / ceiling:.2f} | {e['epoch_s']:.1f} | "
+                f"{e['peak_pss_mib']:,.0f} | {e['first_batch_s']:.2f} | {ttfbs} | {' | '.join(dups)} |"
+            )
+    rss = results.get("rss_scaling")
+    if rss:
+        for key in ("pss", "rss"):
+            a, b = rss["1x"][f"peak_{key}_mib"], rss["4x"][f"peak_{key}_mib"]
+            lines.append(f"\n(d) peak {key.upper()} (all columns): {a:,.0f} MiB on 1x the data, {b:,.0f} MiB on 4x ({b / a:.2f}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gb", type=float, default=0.25, help="decoded size of the dataset (GiB); the 4x set is 4 times that")
+    parser.add_argument("--row-group-rows", type=int, default=65536)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--columns", default=",".join(COLUMN_SETS), help="column sets: numeric,text")
+    parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
+    parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
+    parser.add_argument("--options", default="{}", help="JSON keyword arguments for create_dataloader in (d)")
+    parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data"))
+    parser.add_argument("--name", default="run")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+
+    rows = rows_for(args.size_gb, FILES)
+    scaling = not args.no_rss_scaling
+    data = os.path.join(args.data_dir, f"rows{rows}-rg{args.row_group_rows}")
+    log(f"data: {FILES * (4 if scaling else 1)} files x {rows} rows in {data}")
+    files = ensure_dataset(data, FILES * (4 if scaling else 1), rows, args.row_group_rows)
+    total = FILES * rows
+    work = os.path.join(HERE, "results", "work", args.name)
+    os.makedirs(os.path.dirname(work), exist_ok=True)
+    results: dict[str, Any] = {
+        "args": vars(args),
+        "rows": total,
+        "row_bytes": {k: sum(COLUMN_BYTES[c] for c in v) for k, v in COLUMN_SETS.items()},
+        "measurements": {},
+    }
+    options = json.loads(args.options)
+    for colset in args.columns.split(","):
+        cfg = {"files": files[:FILES], "columns": COLUMN_SETS[colset], "batch_size": args.batch_size, "num_workers": args.num_workers}
+        per = results["measurements"][colset] = {}
+        for name in args.contenders.split(","):
+            log(f"{colset}: {name}")
+            resumes = not args.no_resume and name != "a_ceiling"
+            per[name] = measure(name, cfg, total, work, resumes, args.timeout, options if name == "d_this_library" else {})
+    if scaling:
+        log("rss scaling: d_this_library on 1x and 4x")
+        cfg = {"files": files[:FILES], "columns": COLUMN_SETS["text"], "batch_size": args.batch_size, "num_workers": args.num_workers}
+        results["rss_scaling"] = rss_scaling(cfg, files, work, args.timeout)
+    path = os.path.join(HERE, "results", f"{args.name}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+    log(f"wrote {path}")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        with open(sys.argv[2]) as spec_file:
+            print(json.dumps(child(json.load(spec_file))))
+    else:
+        main()
