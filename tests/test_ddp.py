@@ -21,6 +21,9 @@ import pytest
 
 from datagen import write_dataset
 
+# process start-up (importing torch in every rank) dominates; each launch has its own timeout
+pytestmark = pytest.mark.timeout(600)
+
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
 ROWS = sum(map(sum, LAYOUT))
 JOB = os.path.join(os.path.dirname(__file__), "ddp_job.py")
