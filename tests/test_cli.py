@@ -115,12 +115,16 @@ def test_inspect_finds_the_state_in_a_torch_checkpoint(capsys, data, tmp_path):
     assert code == 2 and "available" in err and "dataset" in err
 
 
-def test_inspect_a_list_of_rank_states(capsys, data, tmp_path):
+def test_inspect_a_list_of_rank_states_and_a_global_state(capsys, data, tmp_path):
+    from torch_dataloader_utils.distributed import merge_states
+
     states = [saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)]
-    torch.save({"dataset_states": states}, tmp_path / "ddp.pt")
+    torch.save({"dataset_states": states, "global": merge_states(states)}, tmp_path / "ddp.pt")
     code, out, _ = run(capsys, "inspect", tmp_path / "ddp.pt", data)
     assert code == 0
-    assert "'dataset_states.0'" in out and "'dataset_states.1'" in out and out.count("YES") == 2
+    assert "'dataset_states.0'" in out and "'dataset_states.1'" in out
+    assert "global (global state) rank 0" in out and "global (global state) rank 1" in out
+    assert out.count("YES") == 4
 
 
 def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):

@@ -233,8 +233,21 @@ def _looks_like_state(value: Any) -> bool:
     return isinstance(value, dict) and "format_version" in value and ("rows_delivered" in value or "completed_shards" in value)
 
 
+def _rank_parts(state: dict, key: str) -> list[tuple[str, dict]]:
+    """A global state (every rank in one dict) as one rank state per rank."""
+    from .distributed import local_state
+
+    ranks = state.get("ranks")
+    if not isinstance(ranks, list) or not ranks:
+        raise UsageError(f"the global state at {key or 'the top level'!r} has no 'ranks' list; it is damaged")
+    label = f"{key} " if key else ""
+    return [(f"{label}(global state) rank {rank}", local_state(state, rank)) for rank in range(len(ranks))]
+
+
 def find_states(value: Any, key: str = "", depth: int = 0) -> list[tuple[str, dict]]:
     """Every dataset state inside a loaded checkpoint, with its key path (``a.b.0``)."""
+    if isinstance(value, dict) and "format_version" in value and value.get("scope") == "global":
+        return _rank_parts(value, key)
     if _looks_like_state(value):
         return [(key, value)]
     if depth >= 6:
@@ -384,9 +397,10 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
 
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
-    options.update(format=args.format, batch_size=args.batch_size, storage_options=_storage_options(args))
-    if args.shuffle_buffer_rows:
-        options["shuffle_buffer_rows"] = args.shuffle_buffer_rows
+    options.update(format=args.format, storage_options=_storage_options(args))
+    for name in ("batch_size", "shuffle_buffer_rows", "chunk_rows"):  # the run's values, if the state lacks them
+        if getattr(args, name, None) and name not in options:
+            options[name] = getattr(args, name)
     try:
         dataset = StructuredDataset(list(path), **options)
     except (TypeError, ValueError) as error:
@@ -419,7 +433,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for number, (key, info) in enumerate(report):
             if number:
                 print()
-            print_state(info, f" at key {key!r}" if key else "")
+            print_state(info, "" if not key else f" {key}" if "(global state)" in key else f" at key {key!r}")
             check = info.get("matches_data")
             if check:
                 verdict = "YES" if check["matches"] else "NO"
@@ -576,10 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("state", metavar="STATE", help="JSON file or torch checkpoint")
     inspect.add_argument("path", nargs="*", metavar="PATH", help="the data the state should resume on")
     inspect.add_argument("--key", help="where the state sits in the checkpoint, dotted (e.g. dataset, dataset_states.1)")
-    inspect.add_argument("--batch-size", type=_positive_int, default=1024, metavar="N",
-                         help="the run's batch_size (only matters with drop_last; default 1024)")
+    inspect.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
+                         help="the run's batch_size, if the state does not record it")
     inspect.add_argument("--shuffle-buffer-rows", type=_positive_int, default=None, metavar="N",
-                         help="the run's shuffle_buffer_rows, if not the default")
+                         help="the run's shuffle_buffer_rows, if not the default and not in the state")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(inspect, split_bytes=False)
     inspect.set_defaults(run=cmd_inspect)
