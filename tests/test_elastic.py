@@ -148,3 +148,9 @@ def test_merge_states_checks_its_input(data):
         merge_states(states[::-1])
     with pytest.raises(ValueError, match="empty"):
         merge_states([])
+    other = dict(states[1], files=states[1]["files"][:-1])
+    with pytest.raises(ValueError, match="rank 1 planned a different file list"):
+        merge_states([states[0], other])
+    merged = merge_states(states)
+    assert "files" not in merged["ranks"][0] and merged["files"] == states[0]["files"]
+    assert local_state(merged, 1) == states[1]

@@ -36,6 +36,8 @@ def _mid_epoch_state(path, **overrides):
         (dict(split_bytes=3000), "split_bytes changed: checkpoint=2000, current=3000"),
         (dict(world_size=2, rank=0), "world_size changed: checkpoint=1, current=2"),
         (dict(drop_last=True), "drop_last changed: checkpoint=False, current=True"),
+        (dict(batch_size=15), "batch_size changed: checkpoint=10, current=15"),
+        (dict(equalize="none"), "equalize changed: checkpoint=pad, current=none"),
     ],
 )
 def test_configuration_changes(data, change, cause):

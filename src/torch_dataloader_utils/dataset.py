@@ -11,7 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
 from .convert import slice_columns, table_to_columns
-from .elastic import check_global, deal, rank_part, remaining_units, topology_changed
+from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, Split
 from .reader import StreamReader
@@ -57,6 +57,18 @@ def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size): got rank={rank}, world_size={world_size}")
     return rank, world_size
+
+
+def _round_robin_counts(batches: Sequence[int], total: int) -> list[int]:
+    """How many of the first ``total`` batches of a round-robin over workers each worker gives."""
+    counts, turn = [0] * len(batches), 0
+    while total > 0 and any(n > turn for n in batches):
+        for worker, n in enumerate(batches):
+            if n > turn and total > 0:
+                counts[worker] += 1
+                total -= 1
+        turn += 1
+    return counts
 
 
 class StructuredDataset(IterableDataset):
@@ -381,6 +393,7 @@ class StructuredDataset(IterableDataset):
             "_split_bytes": self._catalog.split_bytes,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
+            "_batch_size": self.batch_size,
         }
 
     def _load_rank_state(self, state: Mapping[str, Any]) -> None:
@@ -421,7 +434,7 @@ class StructuredDataset(IterableDataset):
     def _load_elastic(self, state: Mapping[str, Any]) -> None:
         """Validate every old rank against its own plan, then deal what remains to this topology."""
         units = []
-        for part in state["ranks"]:
+        for part in rank_parts(state):
             topology = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in topology.values()):
                 raise mismatch("Checkpoint state has a damaged topology.", [], [f"rank entry says {topology}"])
@@ -443,7 +456,7 @@ class StructuredDataset(IterableDataset):
         if epoch != self._epoch:
             self._epoch = epoch
             self._reset_progress()
-        length = self._lane_length(self._lanes()[worker])
+        length = sum(rows for _, rows in self._worker_parts(worker))
         if position > length:
             raise mismatch(
                 f"Checkpoint state of worker {worker} is out of range.",
@@ -479,19 +492,40 @@ class StructuredDataset(IterableDataset):
             self._reset_progress()
         elif restored is None and not first:
             self._positions[worker] = 0
-        lane = self._lanes()[worker]
-        length = self._lane_length(lane)
-        size = self.batch_size
-        while self._positions[worker] < length:
-            start = self._positions[worker]
-            stop = min(length, start + self.chunk_rows)
-            chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
-            rows = chunk.stop - chunk.start
-            for offset in range(0, rows, size):
-                end = min(offset + size, rows)
-                batch = slice_columns(chunk.columns, offset, end)
-                self._positions[worker] = start + end
-                yield batch
+        size, base = self.batch_size, 0
+        for lane, length in self._worker_parts(worker):
+            while self._positions[worker] < base + length:
+                start = self._positions[worker] - base
+                stop = min(length, start + self.chunk_rows)
+                chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
+                rows = chunk.stop - chunk.start
+                for offset in range(0, rows, size):
+                    end = min(offset + size, rows)
+                    batch = slice_columns(chunk.columns, offset, end)
+                    self._positions[worker] = base + start + end
+                    yield batch
+            base += length
+
+    def _worker_parts(self, worker: int) -> list[tuple[Lane, int]]:
+        """(lane, rows) a worker delivers this epoch: its own rows, then its share of the padding.
+
+        Under DDP the rank's batches still add up to the target: with equalize="pad" padding
+        batch j goes to worker j % W; with "drop" the rank keeps the first target batches of a
+        round-robin over its workers.
+        """
+        lanes, size = self._lanes(), self.batch_size
+        lengths = [self._lane_length(lane) for lane in lanes]
+        target = self._batch_target()
+        if target is not None and self.equalize == "drop":
+            caps = _round_robin_counts([-(-n // size) for n in lengths], target)
+            lengths = [min(n, cap * size) for n, cap in zip(lengths, caps)]
+        parts = [(lanes[worker], lengths[worker])]
+        padding = self._padding_rows() // size
+        if padding:
+            source = self._padding_lane()
+            mine = range(worker, padding, len(lanes))
+            parts.append((Lane(tuple(s for j in mine for s in source.slice(j * size, (j + 1) * size))), len(mine) * size))
+        return parts
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

@@ -27,12 +27,20 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
             )
         if state.get("epoch") != states[0].get("epoch"):
             raise ValueError(f"states[{rank}] is from epoch {state.get('epoch')} but states[0] from epoch {states[0].get('epoch')}")
+    files = states[0].get("files")
+    for rank, state in enumerate(states):
+        if state.get("files") != files:
+            raise ValueError(
+                f"rank {rank} planned a different file list than rank 0; every rank must see the same files "
+                "(pass an explicit list of files, or make sure no files are added while the job starts)"
+            )
     return {
         "format_version": FORMAT_VERSION,
         "scope": "global",
         "epoch": states[0].get("epoch"),
         "world_size": len(states),
-        "ranks": [dict(s) for s in states],
+        "files": files,
+        "ranks": [{k: v for k, v in s.items() if k != "files"} for s in states],
     }
 
 
@@ -48,7 +56,17 @@ def rank_part(state: Mapping[str, Any], rank: int) -> dict:
             [f"world_size changed: checkpoint={len(ranks)}, current has rank {rank}"],
             "Resume with the checkpoint's world size, or pass elastic=True to deal the remaining rows to the new topology.",
         )
-    return dict(ranks[rank])
+    return _with_files(state, ranks[rank])
+
+
+def _with_files(state: Mapping[str, Any], part: Mapping[str, Any]) -> dict:
+    """A rank part of a global state with the shared file list put back."""
+    return {**part, "files": state.get("files", part.get("files"))}
+
+
+def rank_parts(state: Mapping[str, Any]) -> list[dict]:
+    """Every rank's state out of a global state."""
+    return [_with_files(state, part) for part in state["ranks"]]
 
 
 def topology_changed(state: Mapping[str, Any], num_workers: int) -> list[str]:

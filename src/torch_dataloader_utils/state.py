@@ -27,6 +27,7 @@ CONFIG_KEYS = {
     "_split_bytes": "split_bytes",
     "_drop_last": "drop_last",
     "_equalize": "equalize",
+    "_batch_size": "batch_size",
 }
 
 
