@@ -216,6 +216,28 @@ def test_large_snapshot_interval_still_resumes_exactly(data):
         assert resume(data, states[k], 3, True, snapshot=5) == full[k + 1 :], f"resume after batch {k}"
 
 
+@pytest.mark.parametrize("equalize", ["pad", "drop"])
+def test_data_parallel_ranks_deliver_equal_batches(data, equalize):
+    """torchtitan style: one StatefulDataLoader, and one saved state, per data-parallel rank."""
+    runs = []
+    for rank in range(2):
+        options = dict(rank=rank, world_size=2, equalize=equalize)
+        dataset, loader = make(data, 2, True, **options)
+        states: list = []
+        runs.append(run(loader, states))
+        assert len(runs[-1]) == dataset.num_batches()
+        points = range(len(runs[-1])) if equalize == "pad" else range(len(runs[-1]) - 3, len(runs[-1]))
+        for k in points:
+            assert resume(data, states[k], 2, True, **options) == runs[-1][k + 1 :], f"rank {rank}, resume after batch {k}"
+    assert len(runs[0]) == len(runs[1])  # no rank waits for the other at the end of the epoch
+    own = [{i for b in batches for i in b} for batches in runs]
+    assert not own[0] & own[1]
+    if equalize == "pad":  # every row once, plus repeats of the rank's own rows
+        assert sorted(own[0] | own[1]) == list(range(ROWS))
+    else:  # the cut rows are simply not delivered; none twice
+        assert sum(len(b) for batches in runs for b in batches) == len(own[0]) + len(own[1])
+
+
 def test_worker_state_is_small_and_plain(data):
     dataset, loader = make(data, 3, True)
     run(loader, stop=4)

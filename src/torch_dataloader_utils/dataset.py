@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 18
 DEFAULT_CHUNK_ROWS = 1 << 16
 EQUALIZE_POLICIES = ("pad", "drop", "none")
+ON_ERROR_POLICIES = ("raise", "skip")
 
 
 @dataclass
@@ -42,6 +44,23 @@ class Chunk:
     start: int
     stop: int
     columns: dict[str, Any]
+    present: np.ndarray | None = None  # offsets (from start) of the rows read, when some were skipped
+    skipped: dict[int, str] = field(default_factory=dict)  # split -> error, with on_error="skip"
+
+    @property
+    def num_read(self) -> int:
+        return self.stop - self.start if self.present is None else len(self.present)
+
+    def batches(self, size: int) -> Iterator[tuple[dict[str, Any], int]]:
+        """(batch, lane row after it); the last batch also passes any skipped rows at the end."""
+        read = self.num_read
+        for offset in range(0, read, size):
+            stop = min(offset + size, read)
+            if stop == read:
+                end = self.stop
+            else:
+                end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
+            yield slice_columns(self.columns, offset, stop), end
 
 
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -99,6 +118,7 @@ class StructuredDataset(IterableDataset):
         storage_options: dict | None = None,
         drop_last: bool = False,
         equalize: str = "pad",
+        on_error: str = "raise",
         shuffle_buffer_rows: int = DEFAULT_SHUFFLE_BUFFER_ROWS,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         download_retry: int = 2,
@@ -116,7 +136,14 @@ class StructuredDataset(IterableDataset):
             raise ValueError(f"shuffle_buffer_rows must be >= 1, got {shuffle_buffer_rows}")
         if equalize not in EQUALIZE_POLICIES:
             raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
+        if on_error not in ON_ERROR_POLICIES:
+            raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
         self.rank, self.world_size = default_topology(rank, world_size)
+        if on_error == "skip" and self.world_size > 1 and equalize != "none":
+            raise ValueError(
+                "on_error='skip' can leave ranks with different batch counts, which would hang DDP; "
+                "use on_error='raise', or equalize='none' and handle uneven ends yourself (e.g. torch's Join)"
+            )
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.shuffle = shuffle
@@ -124,6 +151,7 @@ class StructuredDataset(IterableDataset):
         self.columns = list(columns) if columns is not None else None
         self.drop_last = drop_last
         self.equalize = equalize
+        self.on_error = on_error
         self.shuffle_buffer_rows = shuffle_buffer_rows
         self.chunk_rows = batch_size * max(1, chunk_rows // batch_size)
         self._catalog: Catalog = build_catalog(
@@ -200,6 +228,7 @@ class StructuredDataset(IterableDataset):
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
+        state["skipped_splits"] = [{**split.to_dict(), "error": message} for split, message in self.skipped_splits]
         if self._target_override is not None:
             state["batch_target"] = self._target_override
         return state
@@ -266,14 +295,13 @@ class StructuredDataset(IterableDataset):
         if task.stop <= task.start:
             return Chunk(task.lane, task.start, task.stop, {})
         if self._reader is None:
-            self._reader = StreamReader(self._catalog, self.columns, use_threads=get_worker_info() is None)
-        table = self._reader.read_segments(self._book, task.segments)
+            self._reader = StreamReader(self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip")
+        rows = self._reader.read_segments(self._book, task.segments)
         where = f"rows [{task.start}, {task.stop}) of lane {task.lane} (epoch {task.segments[0].key.epoch})"
-        return Chunk(task.lane, task.start, task.stop, table_to_columns(table, where))
+        return Chunk(task.lane, task.start, task.stop, table_to_columns(rows.table, where), rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
         """Slice chunks into batches and count each batch as delivered just before yielding it."""
-        size = self.batch_size
         following = self._following_lanes(tasks)
         for index, chunk in enumerate(chunks):
             if chunk.stop <= chunk.start:
@@ -282,23 +310,38 @@ class StructuredDataset(IterableDataset):
             expected = self._padding_delivered if padding else self._positions[chunk.lane]
             if chunk.start != expected:
                 raise RuntimeError(f"internal error: chunk of lane {chunk.lane} starts at row {chunk.start} but {expected} rows were delivered")
+            self._note_skipped(chunk.skipped)
             if not padding:
                 self._next_lane = chunk.lane
-            rows = chunk.stop - chunk.start
-            for offset in range(0, rows, size):
-                stop = min(offset + size, rows)
-                batch = slice_columns(chunk.columns, offset, stop)
-                if padding:
-                    self._padding_delivered += stop - offset
-                else:
-                    self._positions[chunk.lane] += stop - offset
-                    if stop == rows:
-                        self._next_lane = following[index]
+            if chunk.num_read == 0:
+                self._advance(chunk, chunk.stop, following[index])
+                continue
+            for batch, end in chunk.batches(self.batch_size):
+                self._advance(chunk, end, following[index])
                 self.last_batch_is_padding = padding
                 yield batch
         self._pass_done = True
 
+    @property
+    def skipped_splits(self) -> list[tuple[Split, str]]:
+        """Splits that lost rows to read errors this epoch (on_error="skip"), with the error."""
+        return [(self._catalog.splits[i], message) for i, message in sorted(self._skipped.items())]
+
     # ------------------------------------------------------------ internals
+    def _advance(self, chunk: Chunk, end: int, following: int) -> None:
+        if chunk.lane == PADDING_LANE:
+            self._padding_delivered = end
+            return
+        self._positions[chunk.lane] = end
+        if end == chunk.stop:
+            self._next_lane = following
+
+    def _note_skipped(self, skipped: Mapping[int, str]) -> None:
+        for split, message in skipped.items():
+            if split not in self._skipped:
+                self._skipped[split] = message
+                log.warning("on_error='skip': leaving out unreadable rows of split %s: %s", self._catalog.splits[split].describe(), message)
+
     def _schedule(self, positions: Sequence[int], next_lane: int, padding_delivered: int, keep_slots: bool) -> list[tuple[int, int, int]]:
         lanes = self._lanes()
         lengths = [self._lane_length(lane) for lane in lanes]
@@ -381,6 +424,7 @@ class StructuredDataset(IterableDataset):
         self._padding_delivered = 0
         self._lanes_override: list[Lane] | None = None
         self._target_override: int | None = None
+        self._skipped: dict[int, str] = {}
         self._pass_done = False
 
     def _config(self, **topology: int) -> dict:
@@ -394,6 +438,7 @@ class StructuredDataset(IterableDataset):
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
             "_batch_size": self.batch_size,
+            "_on_error": self.on_error,
         }
 
     def _load_rank_state(self, state: Mapping[str, Any]) -> None:
@@ -498,11 +543,11 @@ class StructuredDataset(IterableDataset):
                 start = self._positions[worker] - base
                 stop = min(length, start + self.chunk_rows)
                 chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
-                rows = chunk.stop - chunk.start
-                for offset in range(0, rows, size):
-                    end = min(offset + size, rows)
-                    batch = slice_columns(chunk.columns, offset, end)
-                    self._positions[worker] = base + start + end
+                self._note_skipped(chunk.skipped)
+                if chunk.num_read == 0:
+                    self._positions[worker] = base + stop
+                for batch, end in chunk.batches(size):
+                    self._positions[worker] = base + end
                     yield batch
             base += length
 
