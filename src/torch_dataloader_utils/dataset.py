@@ -448,12 +448,24 @@ class StructuredDataset(IterableDataset):
         if progress.lanes is not None and (not isinstance(target, int) or isinstance(target, bool) or target < 0):
             raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
         self._apply(progress, target)
+        self._skipped = self._restore_skipped(state.get("skipped_splits"))
         if self._padding_delivered > self._padding_rows():
             delivered = self._padding_delivered
             self._reset_progress()
             raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [f"{delivered} rows, more than this rank pads"])
         if progress.epoch < selected and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
+
+    def _restore_skipped(self, saved: Any) -> dict[int, str]:
+        """The skipped-split report of a state (informational: unknown entries are ignored)."""
+        index = {split: i for i, split in enumerate(self._catalog.splits)}
+        restored = {}
+        for entry in saved if isinstance(saved, list) else []:
+            if isinstance(entry, Mapping):
+                split = Split(entry.get("path"), entry.get("row_offset"), entry.get("row_length"))
+                if split in index:
+                    restored[index[split]] = str(entry.get("error", ""))
+        return restored
 
     def _apply(self, progress: RankProgress, target: int | None) -> None:
         self._epoch = progress.epoch

@@ -1,10 +1,17 @@
-"""Read row ranges of a stream: open files, decode units, assemble (and permute) windows."""
+"""Read row ranges of a stream: open files, decode units, assemble (and permute) windows.
+
+With ``skip_errors`` a unit that cannot be read is left out instead of raising: the
+rows read then come with the offsets they have in the requested range, and the
+splits that lost rows with the error, so that progress and reports stay exact.
+"""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from .catalog import Catalog
@@ -16,53 +23,101 @@ _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
 
 
+@dataclass
+class Rows:
+    """Rows read from a range. ``present`` holds each row's offset in the range when some
+    rows were skipped (None: every row is there, in order); ``skipped`` maps split -> error."""
+
+    table: pa.Table
+    present: np.ndarray | None = None
+    skipped: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Window:
+    table: pa.Table  # rows that could be read, in output order
+    valid: np.ndarray | None  # per output position: was the row read (None: all were)
+    skipped: dict[int, str]
+
+
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool):
+    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False):
         self._catalog = catalog
         self._columns = columns
         self._use_threads = use_threads
+        self._skip_errors = skip_errors
         self._files: OrderedDict[int, Any] = OrderedDict()
-        self._windows: OrderedDict[tuple, pa.Table] = OrderedDict()
+        self._windows: OrderedDict[tuple, _Window] = OrderedDict()
 
-    def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> pa.Table:
+    def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
-        parts = [self.read(book.stream(s.key), s.start, s.stop) for s in segments]
-        return parts[0] if len(parts) == 1 else self._concat(parts, None)
+        return self._join([(self.read(book.stream(s.key), s.start, s.stop), s.num_rows) for s in segments], None)
 
-    def read(self, stream: Stream, start: int, stop: int) -> pa.Table:
+    def read(self, stream: Stream, start: int, stop: int) -> Rows:
         """Rows [start, stop) of the stream, in stream order."""
         parts = []
         row = start
         while row < stop:
-            window = stream.window_of(row)
-            table = self._window(stream, window)
-            offset = row - int(stream.window_rows[window])
-            take = min(stop - row, table.num_rows - offset)
-            parts.append(table.slice(offset, take))
+            index = stream.window_of(row)
+            window = self._window(stream, index)
+            offset = row - int(stream.window_rows[index])
+            take = min(stop - row, int(stream.window_rows[index + 1]) - row)
+            parts.append((_slice(window, offset, take), take))
             row += take
-        return parts[0] if len(parts) == 1 else self._concat(parts, stream)
+        return self._join(parts, stream)
 
     def describe_split(self, split: int) -> str:
         return self._catalog.splits[split].describe()
 
-    def _window(self, stream: Stream, window: int) -> pa.Table:
-        key = (stream.key, stream.splits, window)
-        table = self._windows.get(key)
-        if table is not None:
+    def _join(self, parts: list[tuple[Rows, int]], stream: Stream | None) -> Rows:
+        if len(parts) == 1:
+            return parts[0][0]
+        skipped: dict[int, str] = {}
+        present, base, exact = [], 0, True
+        for rows, length in parts:
+            skipped.update(rows.skipped)
+            exact = exact and rows.present is None
+            present.append(base + (rows.present if rows.present is not None else np.arange(rows.table.num_rows)))
+            base += length
+        tables = [rows.table for rows, _ in parts if rows.table.num_rows]
+        table = self._concat(tables, stream) if len(tables) > 1 else (tables[0] if tables else parts[0][0].table)
+        return Rows(table, None if exact else np.concatenate(present), skipped)
+
+    def _window(self, stream: Stream, index: int) -> _Window:
+        key = (stream.key, stream.splits, index)
+        window = self._windows.get(key)
+        if window is not None:
             self._windows.move_to_end(key)
-            return table
-        pieces = stream.pieces[int(stream.window_pieces[window]) : int(stream.window_pieces[window + 1])]
-        tables = [self._piece(piece) for piece in pieces]
-        table = tables[0] if len(tables) == 1 else self._concat(tables, stream)
-        permutation = stream.window_permutation(window)
-        if permutation is not None:
-            table = table.take(permutation)
-        self._windows[key] = table
+            return window
+        pieces = stream.pieces[int(stream.window_pieces[index]) : int(stream.window_pieces[index + 1])]
+        tables, skipped = [], {}
+        for piece in pieces:
+            try:
+                tables.append(self._piece(piece))
+            except DataReadError as error:
+                if not self._skip_errors:
+                    raise
+                tables.append(None)
+                skipped[piece.split] = str(error)
+        window = self._assemble(stream, index, pieces, tables, skipped)
+        self._windows[key] = window
         while len(self._windows) > _CACHED_WINDOWS:
             self._windows.popitem(last=False)
-        return table
+        return window
+
+    def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> _Window:
+        read = [t for t in tables if t is not None]
+        table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
+        permutation = stream.window_permutation(index)
+        if not skipped:
+            return _Window(table.take(permutation) if permutation is not None else table, None, skipped)
+        valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
+        position = np.cumsum(valid) - 1  # planned row -> row of `table`
+        order = permutation if permutation is not None else np.arange(len(valid))
+        valid_out = valid[order]
+        return _Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
 
     def _piece(self, piece: Piece) -> pa.Table:
         entry = self._catalog.files[piece.file]
@@ -94,3 +149,12 @@ class StreamReader:
             pieces = stream.pieces if stream is not None else ()
             names = sorted({self._catalog.files[p.file].url for p in pieces})
             raise ValueError(f"files with different schemas cannot be read together: {error}. Files of this stream: {names[:5]}") from error
+
+
+def _slice(window: _Window, offset: int, take: int) -> Rows:
+    """Output rows [offset, offset + take) of a window."""
+    if window.valid is None:
+        return Rows(window.table.slice(offset, take), None, window.skipped)
+    valid = window.valid[offset : offset + take]
+    first = int(np.count_nonzero(window.valid[:offset]))
+    return Rows(window.table.slice(first, int(np.count_nonzero(valid))), np.flatnonzero(valid), window.skipped)

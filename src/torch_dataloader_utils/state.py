@@ -28,6 +28,7 @@ CONFIG_KEYS = {
     "_drop_last": "drop_last",
     "_equalize": "equalize",
     "_batch_size": "batch_size",
+    "_on_error": "on_error",
 }
 
 

@@ -1,0 +1,69 @@
+"""on_error: "raise" names the file and split; "skip" leaves out unreadable rows, reports them,
+and keeps exactly-once and resume equivalence for everything else."""
+
+import json
+import os
+
+import pytest
+
+from datagen import write_dataset
+from resume_helpers import batch_key
+from torch_dataloader_utils import DataReadError, StructuredDataset
+
+LAYOUT = [[20, 20], [30], [15, 15, 15], [25]]
+CONFIG = dict(batch_size=8, split_bytes=2500, chunk_rows=16, shuffle_buffer_rows=40, shuffle_seed=2)
+
+
+def _corrupt_data_pages(path):
+    """Overwrite the file's data pages with garbage, keeping its size and footer."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff" * (size // 2))
+
+
+def _dataset_with_a_lost_file(tmp_path, **kwargs):
+    write_dataset(tmp_path, LAYOUT)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), **{**CONFIG, **kwargs})
+    lost = os.path.join(str(tmp_path), "part-00002.parquet")
+    os.remove(lost)  # deleted between planning and reading
+    return loader, dataset, lost
+
+
+def test_raise_names_the_file_and_split(tmp_path):
+    loader, _, lost = _dataset_with_a_lost_file(tmp_path, num_workers=2)
+    with pytest.raises(DataReadError, match=rf"cannot read {lost} \(split {lost}"):
+        list(loader)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_delivers_everything_else_exactly_once_and_resumes_exactly(tmp_path, workers, shuffle):
+    write_dataset(tmp_path, LAYOUT)
+    lost = os.path.join(str(tmp_path), "part-00002.parquet")
+    _corrupt_data_pages(lost)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), num_workers=workers, on_error="skip", shuffle=shuffle, **CONFIG)
+    states, full = [], []
+    for batch in loader:
+        full.append(batch_key(batch))
+        states.append(json.loads(json.dumps(dataset.state_dict())))
+    ids = sorted(i for b in full for i in b)
+    lost_ids = set(range(70, 115))  # the rows of part-00002
+    assert ids == sorted(set(range(140)) - lost_ids)
+    assert [s.path for s, _ in dataset.skipped_splits] == [lost] * len(dataset.skipped_splits)
+    assert dataset.skipped_splits and all("cannot read" in message for _, message in dataset.skipped_splits)
+    assert states[-1]["skipped_splits"] and states[-1]["skipped_splits"][0]["path"] == lost
+    for k in range(0, len(full), 2):
+        resumed_loader, resumed = StructuredDataset.create_dataloader(
+            str(tmp_path), num_workers=workers, on_error="skip", shuffle=shuffle, **CONFIG
+        )
+        resumed.load_state_dict(states[k])
+        assert [batch_key(b) for b in resumed_loader] == full[k + 1 :], f"resume after batch {k}"
+        assert resumed.skipped_splits, "the report survives the checkpoint"
+
+
+def test_skip_is_refused_when_it_could_hang_ddp(tmp_path):
+    write_dataset(tmp_path, [[10]])
+    with pytest.raises(ValueError, match="hang DDP"):
+        StructuredDataset(str(tmp_path), rank=0, world_size=2, on_error="skip")
+    StructuredDataset(str(tmp_path), rank=0, world_size=2, on_error="skip", equalize="none")
