@@ -345,6 +345,7 @@ def describe_state(state: dict) -> dict:
         rows_total=sum(totals) if isinstance(totals, list) else None,
         rows_remaining=sum(totals) - sum(delivered) if isinstance(totals, list) else None,
         workers=workers,
+        skipped_splits=list(state.get("skipped_splits") or []),
     )
     return info
 
@@ -385,6 +386,8 @@ def print_state(info: dict, label: str) -> None:
             print(f"               in progress: {_split_text(split)}")
         if len(w["in_progress"]) > 3:
             print(f"               ... and {len(w['in_progress']) - 3} more")
+    for split in info["skipped_splits"]:
+        print(f"  skipped    {_split_text(split)}: {split.get('error', 'read error')} (on_error='skip')")
 
 
 def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespace) -> tuple[bool, str, int | None]:
