@@ -157,3 +157,18 @@ def test_mkdocs_build_strict(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "create_dataloader" in api and "load_state_dict" in api  # the reference is generated from docstrings
+
+
+def test_api_arguments_table_matches_the_signatures():
+    import inspect
+
+    from torch_dataloader_utils import StructuredDataLoader, StructuredDataset
+
+    table = re.findall(r"^\| `(\w+)` \| (.+?) \|", (DOCS / "api.md").read_text(), re.M)
+    documented = dict(table)
+    parameters = {**inspect.signature(StructuredDataset.__init__).parameters, **inspect.signature(StructuredDataLoader.__init__).parameters}
+    parameters = {name: p for name, p in parameters.items() if name not in ("self", "dataset")}
+    assert set(documented) == set(parameters)
+    for name, parameter in parameters.items():
+        expected = "(required)" if parameter.default is inspect.Parameter.empty else f"`{parameter.default!r}`"
+        assert documented[name] == expected, name
