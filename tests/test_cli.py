@@ -66,7 +66,7 @@ def test_plan_numbers_match_what_each_rank_delivers(capsys, data):
 
 
 def test_plan_text_and_idle_worker_advice(capsys, data):
-    code, out, _ = run(capsys, "plan", data, "--num-workers", 8)  # default split_bytes: one split per file
+    code, out, _ = run(capsys, "plan", data, "--num-workers", 8, "-v")  # default split_bytes: one split per file
     assert code == 0
     assert f"{ROWS:,} rows" in out and "rank worker" in out
     assert "4 of 8 workers get no split" in out and "--split-bytes" in out

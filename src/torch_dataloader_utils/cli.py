@@ -566,9 +566,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 success; 1 the check failed (demo, inspect with PATH); 2 usage or input error.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="log more (-v info, -vv debug)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    plan = commands.add_parser("plan", help="show how PATH is cut into splits and dealt to ranks and workers",
+    plan = commands.add_parser("plan", parents=[common], help="show how PATH is cut into splits and dealt to ranks and workers",
                                description="Read the footers of PATH and show files, splits, rows and bytes, "
                                            "and the balance across ranks and workers.")
     plan.add_argument("path", nargs="+", metavar="PATH", help="file, directory, glob or URL (several allowed)")
@@ -585,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(plan)
     plan.set_defaults(run=cmd_plan)
 
-    inspect = commands.add_parser("inspect", help="explain a saved dataset state; with PATH, check it against the data",
+    inspect = commands.add_parser("inspect", parents=[common], help="explain a saved dataset state; with PATH, check it against the data",
                                   description="Explain a dataset state saved from dataset.state_dict(): a JSON file, "
                                               "or a torch checkpoint that holds it (found automatically, or named with --key). "
                                               "With PATH, build a dataset with the state's topology and report whether "
@@ -601,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(inspect, split_bytes=False)
     inspect.set_defaults(run=cmd_inspect)
 
-    bench = commands.add_parser("bench", help="measure this loader's throughput on your data",
+    bench = commands.add_parser("bench", parents=[common], help="measure this loader's throughput on your data",
                                 description="Iterate PATH with create_dataloader for one epoch (or --seconds), "
                                             "report rows/s and start-up time, and time a resume from the middle.")
     bench.add_argument("path", nargs="+", metavar="PATH")
@@ -618,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_options(bench)
     bench.set_defaults(run=cmd_bench)
 
-    demo = commands.add_parser("demo", help="train, checkpoint, crash, resume, and check every row was seen once",
+    demo = commands.add_parser("demo", parents=[common], help="train, checkpoint, crash, resume, and check every row was seen once",
                                description="Write a small dataset, train a tiny model with 2 workers, checkpoint, "
                                            "kill the training process, resume in a new one, and check that every row "
                                            "was seen exactly once. Exit code 1 if not.")
