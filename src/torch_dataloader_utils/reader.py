@@ -17,6 +17,7 @@ import pyarrow as pa
 from .catalog import Catalog
 from .errors import DataReadError
 from .lanes import Segment, StreamBook
+from .schema import read_conformed
 from .streams import Piece, Stream
 
 _OPEN_FILES = 16
@@ -122,7 +123,7 @@ class StreamReader:
     def _piece(self, piece: Piece) -> pa.Table:
         entry = self._catalog.files[piece.file]
         try:
-            table = self._open(piece.file).read_unit(piece.unit, self._columns)
+            table = read_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
             self._files.pop(piece.file, None)
             raise DataReadError(

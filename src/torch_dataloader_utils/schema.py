@@ -157,10 +157,18 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:
-    """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected)."""
+    """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected).
+
+    A unit that lacks every requested column is not read: its rows are nulls. A unit whose row
+    count differs from its footer's (the file changed after planning) raises ValueError.
+    """
     missing = catalog.missing_columns[file] if catalog.missing_columns else ()
     wanted = None if columns is None else [c for c in columns if c not in missing]
-    table = reader.read_unit(unit, list(wanted) if wanted is not None else None)
-    if catalog.schema is None:
-        return table
-    return conform(table, _projected(catalog.schema, None if columns is None else tuple(columns)))
+    rows = catalog.layouts[file].unit_rows[unit]
+    target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
+    if wanted == [] and target is not None and len(target) > 0:
+        return pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
+    table = reader.read_unit(unit, wanted)
+    if table.num_rows != rows:
+        raise ValueError(f"unit {unit} has {table.num_rows} rows but had {rows} when planned: the file changed after planning")
+    return table if target is None else conform(table, target)

@@ -1,0 +1,224 @@
+"""Corrupt and surprising input files, and files whose schemas differ.
+
+Each bad file gives a prompt error naming the file (and the split, for read errors), never a
+hang or a crash of the interpreter; good data around it stays exactly-once and resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.orc as orc
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from datagen import make_table, write_dataset
+from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
+from torch_dataloader_utils import DataReadError, StructuredDataset
+from torch_dataloader_utils.schema import conform, merge_types, unify
+
+pytestmark = pytest.mark.timeout(120)
+
+LAYOUT = [[30, 25], [40], [20, 35]]
+ROWS = sum(map(sum, LAYOUT))
+
+
+def _dataset(tmp_path, fmt: str = "parquet") -> str:
+    root = str(tmp_path / f"data-{fmt}")
+    write_dataset(root, LAYOUT, fmt)
+    return root
+
+
+def _victim(root: str, fmt: str = "parquet") -> str:
+    return os.path.join(root, f"part-00001.{fmt}")
+
+
+# ------------------------------------------------------------------ footer failures at planning
+def _truncate(path: str) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:
+        f.write(data[: len(data) // 2])
+
+
+def _garbage(path: str) -> None:
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).bytes(3000))
+
+
+def _empty(path: str) -> None:
+    open(path, "wb").close()
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+@pytest.mark.parametrize("damage", [_truncate, _garbage, _empty], ids=["truncated", "garbage", "zero-bytes"])
+def test_unreadable_footer_names_the_file_at_planning(tmp_path, fmt, damage):
+    root = _dataset(tmp_path, fmt)
+    damage(_victim(root, fmt))
+    with pytest.raises(ValueError, match=rf"cannot read the {fmt} footer of .*part-00001\.{fmt}"):
+        StructuredDataset(root, format=fmt, num_workers=0)
+
+
+# ------------------------------------------------------------------ read failures in workers
+def _corrupt_pages(path: str) -> None:
+    """Overwrite bytes inside the first row group's data; the footer stays intact."""
+    with open(path, "r+b") as f:
+        f.seek(200)
+        f.write(b"\xff" * 64)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_corrupt_data_pages_raise_data_read_error_naming_file_and_split(tmp_path, workers):
+    root = _dataset(tmp_path)
+    loader, dataset = make(root, batch_size=10, num_workers=workers, split_bytes=1 << 30)
+    _corrupt_pages(_victim(root))
+    with pytest.raises(DataReadError, match=r"cannot read .*part-00001\.parquet \(split .*part-00001\.parquet +full file, unit 0\)"):
+        run_epoch(loader, dataset)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_file_deleted_after_planning(tmp_path, fmt):
+    """Deleted between create_dataloader and iterating (read by a worker): a DataReadError naming
+    file and split; the state counts what was received, and once the file is back, the resumed run
+    completes the epoch exactly once."""
+    root = _dataset(tmp_path, fmt)
+    config = dict(format=fmt, batch_size=10, num_workers=2, split_bytes=1 << 30)
+    full = run_epoch(*make(root, **config))
+    loader, dataset = make(root, **config)
+    victim = _victim(root, fmt)
+    shutil.move(victim, str(tmp_path / "aside"))
+    received = []
+    with pytest.raises(DataReadError, match=rf"cannot read .*part-00001\.{fmt} \(split .*part-00001\.{fmt} +full file, unit 0\)"):
+        for batch in loader:
+            received.append(batch_key(batch))
+    assert sum(map(len, received)) == sum(dataset.state_dict()["rows_delivered"])
+    state = json.loads(json.dumps(dataset.state_dict()))
+    shutil.move(str(tmp_path / "aside"), victim)
+    rest = resume(root, state, **config)
+    assert received + rest == full
+    assert_exactly_once(received + rest, ROWS)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_zero_row_files_are_planned_around(tmp_path, fmt):
+    """Files with no rows (no row groups, or only empty ones) deliver nothing and break nothing."""
+    root = _dataset(tmp_path, fmt)
+    empty = make_table(0, 1, fixed_list=fmt == "parquet").slice(0, 0)
+    if fmt == "parquet":
+        pq.write_table(empty, os.path.join(root, "part-00000a.parquet"))
+        with pq.ParquetWriter(os.path.join(root, "part-00003.parquet"), empty.schema) as writer:
+            writer.write_table(empty)
+    else:
+        orc.write_table(empty, os.path.join(root, "part-00000a.orc"))
+    config = dict(format=fmt, batch_size=7, num_workers=1, shuffle=True, split_bytes=2000)
+    loader, dataset = make(root, **config)
+    assert len(dataset.files) == (5 if fmt == "parquet" else 4)
+    states: list = []
+    batches = run_epoch(loader, dataset, states)
+    assert_exactly_once(batches, ROWS)
+    assert resume(root, states[3], **config) == batches[4:]
+
+
+def test_file_rewritten_after_planning_with_other_content_is_not_read_silently(tmp_path):
+    """A file replaced after planning (other rows, other size) fails to read; no wrong rows."""
+    root = _dataset(tmp_path)
+    loader, dataset = make(root, batch_size=10, num_workers=0, split_bytes=1 << 30)
+    write_dataset(tmp_path / "other", [[50, 50]], first_id=1000)
+    shutil.copy(tmp_path / "other" / "part-00000.parquet", _victim(root))
+    received = []
+    with pytest.raises(DataReadError, match=r"part-00001\.parquet"):
+        for batch in loader:
+            received.append(batch_key(batch))
+    assert all(i < ROWS for b in received for i in b)
+
+
+# ------------------------------------------------------------------ schemas that differ
+def _write(path: str, table: pa.Table) -> None:
+    pq.write_table(table, path) if path.endswith(".parquet") else orc.write_table(table, path)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_compatible_schemas_are_unified(tmp_path, fmt):
+    """A missing column is read as nulls, an int32 id widens to int64, a float32 x to float64."""
+    root = str(tmp_path / "mixed")
+    os.makedirs(root)
+    fixed = fmt == "parquet"
+    _write(os.path.join(root, f"a.{fmt}"), make_table(0, 40, fixed))
+    second = make_table(40, 30, fixed).drop_columns(["label", "text"])
+    second = second.set_column(0, "id", second.column("id").cast(pa.int32()))
+    second = second.set_column(second.schema.get_field_index("x"), "x", second.column("x").cast(pa.float32()))
+    _write(os.path.join(root, f"b.{fmt}"), second)
+    # one worker and one shuffle window: both files' rows are read and mixed together
+    config = dict(format=fmt, batch_size=8, num_workers=1, columns=["id", "x"], shuffle=True, shuffle_buffer_rows=100)
+    loader, dataset = make(root, **config)
+    ids = []
+    for batch in loader:
+        assert batch["id"].dtype == torch.int64 and batch["x"].dtype == torch.float64
+        assert torch.equal(batch["x"], batch["id"].double() * 0.5)
+        ids += batch["id"].tolist()
+    assert sorted(ids) == list(range(70)) and ids != sorted(ids)
+    # a projection to a column one file lacks still yields all of that file's rows (as nulls)
+    loader, dataset = make(root, format=fmt, batch_size=100, num_workers=0, columns=["text"])
+    (batch,) = list(loader)
+    assert batch["text"] == [f"row-{i}" for i in range(40)] + [None] * 30
+    loader, dataset = make(root, format=fmt, batch_size=100, num_workers=0)
+    with pytest.raises(ValueError, match="column 'label' has 30 null value"):
+        run_epoch(loader, dataset)  # a numeric column missing from a file cannot become a tensor
+
+
+def test_incompatible_schemas_name_the_files_at_planning(tmp_path):
+    root = str(tmp_path / "clash")
+    os.makedirs(root)
+    _write(os.path.join(root, "a.parquet"), make_table(0, 10))
+    _write(os.path.join(root, "b.parquet"), make_table(10, 10))
+    odd = make_table(20, 10)
+    odd = odd.set_column(0, "id", pa.array([str(i) for i in range(20, 30)]))
+    _write(os.path.join(root, "c.parquet"), odd)
+    with pytest.raises(ValueError) as error:
+        StructuredDataset(root, num_workers=0)
+    message = str(error.value)
+    assert "column 'id' is int64 in" in message and "a.parquet (and 1 more file)" in message
+    assert "but string in" in message and "c.parquet" in message
+
+
+@pytest.mark.parametrize(
+    "a, b, unified",
+    [
+        (pa.int32(), pa.int64(), pa.int64()),
+        (pa.uint16(), pa.int16(), pa.int32()),
+        (pa.uint8(), pa.uint32(), pa.uint32()),
+        (pa.uint64(), pa.int64(), None),
+        (pa.float32(), pa.float64(), pa.float64()),
+        (pa.int64(), pa.float32(), pa.float64()),
+        (pa.string(), pa.large_string(), pa.large_string()),
+        (pa.dictionary(pa.int32(), pa.string()), pa.string(), pa.string()),
+        (pa.null(), pa.string(), pa.string()),
+        (pa.int64(), pa.string(), None),
+        (pa.bool_(), pa.int8(), None),
+        (pa.list_(pa.float32(), 3), pa.list_(pa.float32()), None),
+        (pa.timestamp("s"), pa.timestamp("ms"), None),
+    ],
+)
+def test_type_rule(a, b, unified):
+    assert merge_types(a, b) == unified
+    assert merge_types(b, a) == unified
+
+
+def test_conform_orders_fills_and_casts_safely():
+    schema = unify(
+        [pa.schema([("a", pa.int32()), ("b", pa.string())]), pa.schema([("c", pa.float32()), ("a", pa.int64())])],
+        ["f1", "f2"],
+    )
+    assert schema.names == ["a", "b", "c"]
+    table = conform(pa.table({"c": pa.array([1.5], pa.float32()), "a": pa.array([7], pa.int64())}), schema)
+    assert table.schema.equals(schema) and table.to_pylist() == [{"a": 7, "b": None, "c": 1.5}]
+    same = pa.table({"a": pa.array([1], pa.int64()), "b": ["x"], "c": pa.array([2.0], pa.float32())})
+    assert conform(same, schema.remove_metadata()) is same or conform(same, schema).equals(same)
+    big = pa.schema([("a", pa.float64())])
+    with pytest.raises(pa.ArrowInvalid):
+        conform(pa.table({"a": pa.array([2**53 + 1], pa.int64())}), big)  # not exactly representable
