@@ -262,6 +262,7 @@ def saved(data) -> dict:
         ({"num_workers": 2}, "num_workers changed: checkpoint=3, current=2"),
         ({"num_workers": 4}, "num_workers changed: checkpoint=3, current=4"),
         ({"split_bytes": 100_000}, "split_bytes changed"),
+        ({"shuffle_buffer_rows": 20}, "shuffle_buffer_rows changed: checkpoint=50, current=20"),
     ],
 )
 def test_changed_configuration_is_refused(data, saved, changes, message):

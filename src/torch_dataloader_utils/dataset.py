@@ -439,6 +439,7 @@ class StructuredDataset(IterableDataset):
             "_equalize": self.equalize,
             "_batch_size": self.batch_size,
             "_on_error": self.on_error,
+            "_shuffle_buffer_rows": self.shuffle_buffer_rows,
         }
 
     def _load_rank_state(self, state: Mapping[str, Any]) -> None:

@@ -29,6 +29,7 @@ CONFIG_KEYS = {
     "_equalize": "equalize",
     "_batch_size": "batch_size",
     "_on_error": "on_error",
+    "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
 
 
@@ -164,7 +165,7 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
     causes = []
     for key, name in CONFIG_KEYS.items():
         saved = state.get(key)
-        if key == "_shuffle_seed" and not (state.get("_shuffle") or config["_shuffle"]):
+        if key in ("_shuffle_seed", "_shuffle_buffer_rows") and not (state.get("_shuffle") or config["_shuffle"]):
             continue
         if saved != config[key]:
             causes.append(f"{name} changed: checkpoint={saved}, current={config[key]}")
