@@ -114,12 +114,6 @@ def _fixed_width_file(path: str, first: int, rows: int) -> None:
     pq.write_table(table, path, compression="none", use_dictionary=False, row_group_size=20)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="local files are fingerprinted by (url, size) only (discovery._content_tag has no local tag): "
-    "a file rewritten in place with other rows of the same size passes load_state_dict and the resume "
-    "reads the new rows; an mtime tag for local files would catch it",
-)
 def test_state_after_a_same_size_rewrite_of_a_local_file(tmp_path):
     root = str(tmp_path / "fixed")
     os.makedirs(root)
@@ -309,8 +303,7 @@ def test_nudged_multi_worker_positions(data):
     assert outcomes["refused"] > 0
 
 
-# ------------------------------------------------------------------ known gaps (strict xfail)
-@pytest.mark.xfail(strict=True, reason="state.file_causes builds a dict keyed by the URL: a list URL raises TypeError")
+# ------------------------------------------------------------------ gaps found by this campaign, now fixed
 def test_malformed_file_entry_is_refused(one):
     state = copy.deepcopy(one.states[0][10])
     state["files"][1][0] = ["not", "a", "url"]
@@ -318,7 +311,6 @@ def test_malformed_file_entry_is_refused(one):
         StructuredDataset(one.path, **ONE).load_state_dict(state)
 
 
-@pytest.mark.xfail(strict=True, reason="state.file_causes joins URLs: a None URL raises TypeError")
 def test_file_entry_without_url_is_refused(one):
     state = copy.deepcopy(one.states[0][10])
     state["files"][1][0] = None
@@ -327,11 +319,6 @@ def test_file_entry_without_url_is_refused(one):
         StructuredDataset(one.path, **ONE).load_state_dict(state)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="dataset._load_rank_state applies the progress before checking padding_delivered, and on "
-    "failure resets it: a refused state loses the progress loaded before",
-)
 def test_refused_padding_keeps_progress(one):
     loader, dataset = make(one.path, **ONE)
     dataset.load_state_dict(one.states[1][7])
@@ -341,12 +328,6 @@ def test_refused_padding_keeps_progress(one):
     assert dataset.state_dict() == before, "the refused state reset the progress"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="in_progress is not checked against rows_delivered: a position damaged inside a split "
-    "(or in_progress rows_done past the end of its split) is accepted; the state carries the "
-    "redundancy to catch it (validate_rank_state could compare progress_content's in-progress list)",
-)
 @pytest.mark.parametrize("damage", ["position", "rows_done"])
 def test_in_progress_contradicting_the_position_is_refused(one, damage):
     state = copy.deepcopy(one.states[0][40])
@@ -359,11 +340,6 @@ def test_in_progress_contradicting_the_position_is_refused(one, damage):
         StructuredDataset(one.path, **ONE).load_state_dict(state)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shuffle_buffer_rows is not in the state's configuration: a resume with another value is "
-    "accepted wherever the completed splits happen to agree, and then delivers rows twice or never",
-)
 def test_state_from_another_shuffle_buffer_is_refused_or_exact(one):
     other = {**ONE, "shuffle_buffer_rows": 60}
     wrong = []

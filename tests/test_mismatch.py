@@ -84,7 +84,7 @@ def test_file_rewritten_with_another_size(data, tmp_path):
 def test_progress_that_contradicts_the_plan(data):
     state = _mid_epoch_state(data)
     state["completed_shards"][0]["splits"].append({"path": "/elsewhere/x.parquet", "row_offset": None, "row_length": None})
-    with pytest.raises(CheckpointMismatchError, match="worker 0's completed splits do not match the plan"):
+    with pytest.raises(CheckpointMismatchError, match="worker 0's completed or in-progress splits do not match the plan"):
         StructuredDataset(data, **BASE).load_state_dict(state)
 
 

@@ -380,6 +380,15 @@ class StructuredDataset(IterableDataset):
         ]
         return max(counts) if self.equalize == "pad" else min(counts)
 
+    def _padding_rows_for(self, epoch: int, lanes: list[Lane] | None, target: int | None) -> int:
+        """Padding rows this rank would owe with the given progress applied (no side effects)."""
+        saved = (self._epoch, self._lanes_override, self._target_override)
+        self._epoch, self._lanes_override, self._target_override = epoch, lanes, target
+        try:
+            return self._padding_rows()
+        finally:
+            self._epoch, self._lanes_override, self._target_override = saved
+
     def _padding_rows(self) -> int:
         target = self._batch_target()
         if target is None or self.equalize != "pad":
@@ -448,12 +457,15 @@ class StructuredDataset(IterableDataset):
         target = state.get("batch_target") if progress.lanes is not None else None
         if progress.lanes is not None and (not isinstance(target, int) or isinstance(target, bool) or target < 0):
             raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
+        padding_rows = self._padding_rows_for(progress.epoch, progress.lanes, target)
+        if progress.padding_delivered > padding_rows:
+            raise mismatch(
+                "Checkpoint state key 'padding_delivered' is out of range.",
+                [],
+                [f"{progress.padding_delivered} rows, but this rank pads {padding_rows} rows in epoch {progress.epoch}"],
+            )
         self._apply(progress, target)
         self._skipped = self._restore_skipped(state.get("skipped_splits"))
-        if self._padding_delivered > self._padding_rows():
-            delivered = self._padding_delivered
-            self._reset_progress()
-            raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [f"{delivered} rows, more than this rank pads"])
         if progress.epoch < selected and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
 

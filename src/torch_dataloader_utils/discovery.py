@@ -26,10 +26,15 @@ class FileEntry:
 
 
 def _content_tag(info: dict) -> str | None:
+    """What tells two versions of a file apart besides size: the store's ETag or generation,
+    or the modification time of a local file."""
     for key in ("ETag", "etag", "generation", "md5Hash", "content_md5"):
         value = info.get(key)
         if value:
             return str(value).strip('"')
+    mtime = info.get("mtime")
+    if isinstance(mtime, (int, float)):
+        return f"mtime:{mtime:.6f}"
     return None
 
 

@@ -174,8 +174,17 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
 
 def file_causes(saved: Any, current: list[list]) -> list[str]:
     """What changed in the file list: added, removed or rewritten files, by name."""
-    if not isinstance(saved, list) or not all(isinstance(f, list) and len(f) == 3 for f in saved):
-        return ["the state's 'files' entry is damaged"]
+    def well_formed(entry: Any) -> bool:
+        return (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], int)
+            and (entry[2] is None or isinstance(entry[2], str))
+        )
+
+    if not isinstance(saved, list) or not all(well_formed(f) for f in saved):
+        return ["the state's 'files' entry is damaged (each entry must be [path, size, tag])"]
     old = {f[0]: tuple(f[1:]) for f in saved}
     new = {f[0]: tuple(f[1:]) for f in current}
     causes = []
@@ -269,14 +278,16 @@ def validate_rank_state(
                 entry.get("splits", []),
                 [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
             )
-        expected, _ = progress_content(book, lane, position, splits)
-        if entry.get("splits") != expected:
+        expected, partial = progress_content(book, lane, position, splits)
+        in_progress = state.get("in_progress")
+        saved_partial = in_progress[worker].get("splits") if isinstance(in_progress, list) and worker < len(in_progress) and isinstance(in_progress[worker], Mapping) else None
+        if entry.get("splits") != expected or saved_partial != partial:
             saved = entry.get("splits")
             raise mismatch(
                 "Checkpoint shard does not match any current split.",
                 saved if isinstance(saved, list) else [],
                 [
-                    f"worker {worker}'s completed splits do not match the plan at {position} rows delivered "
+                    f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered "
                     "(the data or the state was changed, or the state is damaged)"
                 ],
             )
