@@ -28,12 +28,12 @@ TAIL_BYTES = 64 * 1024
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 5.0
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
-_TRANSIENT_NAMES = {
-    "ClientError",  # aiohttp's base class (also botocore's: those are judged by status first)
+_TRANSIENT_NAMES = {  # connection-level faults, by class name (their libraries are optional)
     "ServerDisconnectedError",
     "ClientPayloadError",
     "ClientOSError",
     "ClientConnectionError",
+    "ServerTimeoutError",
     "EndpointConnectionError",
     "ConnectionClosedError",
     "ReadTimeoutError",
@@ -42,7 +42,6 @@ _TRANSIENT_NAMES = {
     "IncompleteRead",
     "ServiceRequestError",
     "ServiceResponseError",
-    "FSTimeoutError",
     "TransientError",
 }
 
@@ -79,6 +78,9 @@ class ShortReadError(OSError):
 
 
 def _status(error: BaseException) -> int | None:
+    """The HTTP status of a response error (botocore, gcsfs, azure, aiohttp), else None."""
+    if type(error).__module__.startswith("aiohttp.http"):  # parser errors carry a fake 400
+        return None
     for attr in ("status", "status_code", "code"):
         value = getattr(error, attr, None)
         if isinstance(value, int) and 100 <= value < 600:
@@ -93,27 +95,28 @@ def _status(error: BaseException) -> int | None:
 
 def _chain(error: BaseException) -> list[BaseException]:
     seen: list[BaseException] = []
-    while error is not None and error not in seen and len(seen) < 10:
-        seen.append(error)
-        error = error.__cause__ or error.__context__
+    item: BaseException | None = error
+    while item is not None and all(item is not s for s in seen) and len(seen) < 10:
+        seen.append(item)
+        item = item.__cause__ or item.__context__
     return seen
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether retrying may help: 5xx, 408, 429, timeouts, resets and cut-off responses."""
+    """Whether retrying may help: timeouts, resets and cut-off responses, HTTP 5xx, 408 and 429."""
     chain = _chain(error)
+    for item in chain:
+        if isinstance(item, (TimeoutError, asyncio.TimeoutError, ConnectionError, ShortReadError)):
+            return True
+        if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(item).__mro__):
+            return True
     for item in chain:
         status = _status(item)
         if status is not None:
             return status >= 500 or status in (408, 429)
     if isinstance(error, _PERMANENT):
         return False
-    for item in chain:
-        if isinstance(item, (TimeoutError, asyncio.TimeoutError, ConnectionError, ShortReadError)):
-            return True
-        if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(item).__mro__):
-            return True
-    return isinstance(error, OSError) and not isinstance(error, _PERMANENT)
+    return isinstance(error, OSError)
 
 
 def _backoff(attempt: int) -> float:
@@ -329,4 +332,17 @@ def open_store(fs: Any, options: IOOptions | None) -> Any:
         return fs
     if protocol_of(fs) in ("file", "local", "memory"):
         return fs
-    return RemoteStore(fs, options)
+    options = options or IOOptions()
+    return RemoteStore(_with_pool(fs, options.max_concurrency), options)
+
+
+def _with_pool(fs: Any, connections: int) -> Any:
+    """s3fs with botocore's connection pool (10 by default) as large as our concurrency,
+    unless the user chose a size in storage_options' config_kwargs."""
+    if protocol_of(fs) not in ("s3", "s3a"):
+        return fs
+    config = dict(fs.storage_options.get("config_kwargs") or {})
+    if "max_pool_connections" in config:
+        return fs
+    config["max_pool_connections"] = connections
+    return type(fs)(**{**fs.storage_options, "config_kwargs": config})

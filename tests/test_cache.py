@@ -1,0 +1,162 @@
+"""The disk cache of remote byte ranges: limit, LRU order, many processes, killed writers."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import pytest
+
+from torch_dataloader_utils.cache import RangeCache, entry_key
+
+
+def _content(key: str, size: int) -> bytes:
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def _held(root) -> list[str]:
+    return sorted(name for name in os.listdir(root) if name.endswith(".bin"))
+
+
+def test_round_trip_and_wrong_length_is_a_miss(tmp_path):
+    cache = RangeCache(str(tmp_path))
+    key = entry_key("s3://b/f.parquet", "etag1", 100, 4, 20)
+    assert cache.get(key, 16) is None
+    cache.put(key, b"x" * 16)
+    assert cache.get(key, 16) == b"x" * 16
+    assert cache.get(key, 17) is None, "an entry of the wrong length must not be served"
+    assert _held(tmp_path) == [], "and it is removed"
+    assert entry_key("s3://b/f.parquet", "etag2", 100, 4, 20) != key, "a new version of the file is a new key"
+
+
+def test_least_recently_used_entries_go_first(tmp_path):
+    cache = RangeCache(str(tmp_path), limit_bytes=300)
+    for name in ("a", "b", "c"):
+        cache.put(name, b"0" * 100)
+        time.sleep(0.01)
+    assert cache.get("a", 100) is not None  # a is now the most recent
+    time.sleep(0.01)
+    cache.put("d", b"0" * 100)
+    assert _held(tmp_path) == ["a.bin", "c.bin", "d.bin"]
+    assert cache.usage() <= 300
+    cache.put("huge", b"0" * 301)  # larger than the limit: not cached, nothing evicted for it
+    assert _held(tmp_path) == ["a.bin", "c.bin", "d.bin"]
+
+
+def _size(key: str) -> int:
+    return 1000 + int(key[1:]) * 97
+
+
+def _halves(data: bytes):
+    yield data[: len(data) // 2]
+    time.sleep(0.002)  # widen the window in which a non-atomic writer would expose half an entry
+    yield data[len(data) // 2 :]
+
+
+def _hammer(root: str, limit: int, worker: int, rounds: int, errors) -> None:
+    cache = RangeCache(root, limit)
+    for i in range(rounds):
+        key = f"k{(i * 7 + worker) % 23}"
+        data = cache.get(key, _size(key))
+        if data is None:
+            cache.put(key, _halves(_content(key, _size(key))))
+        elif data != _content(key, _size(key)):
+            errors.put(f"worker {worker} read a corrupt entry {key}")
+    errors.put(None)
+
+
+def _observe(root: str, stop, errors) -> None:
+    """Reads entry files directly (not through get): each must be whole whenever it is visible."""
+    seen = 0
+    while not stop.is_set():
+        for name in os.listdir(root):
+            if not name.endswith(".bin"):
+                continue
+            try:
+                with open(os.path.join(root, name), "rb") as handle:
+                    data = handle.read()
+            except FileNotFoundError:
+                continue
+            seen += 1
+            key = name[:-4]
+            if data != _content(key, _size(key)):
+                errors.put(f"observer saw a torn entry {key} ({len(data)} bytes)")
+    errors.put(("seen", seen))
+
+
+def test_many_processes_at_once_never_expose_a_torn_entry(tmp_path):
+    limit = 12_000
+    ctx = mp.get_context("fork")
+    errors, stop = ctx.Queue(), ctx.Event()
+    observer = ctx.Process(target=_observe, args=(str(tmp_path), stop, errors))
+    observer.start()
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), limit, w, 150, errors)) for w in range(4)]
+    for p in procs:
+        p.start()
+    problems, done, seen = [], 0, 0
+    while done < len(procs):
+        item = errors.get(timeout=120)
+        if item is None:
+            done += 1
+        else:
+            problems.append(item)
+    stop.set()
+    while True:
+        item = errors.get(timeout=60)
+        if isinstance(item, tuple):
+            seen = item[1]
+            break
+        problems.append(item)
+    for p in procs + [observer]:
+        p.join(30)
+        assert p.exitcode == 0
+    assert problems == []
+    assert seen > 50, "the observer hardly looked"
+    RangeCache(str(tmp_path), limit).evict()
+    assert 0 < RangeCache(str(tmp_path), limit).usage() <= limit
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def _slow_writer(root: str, ready) -> None:
+    cache = RangeCache(root, 10_000_000)
+
+    def chunks():
+        yield b"a" * 4096
+        ready.set()
+        time.sleep(60)  # killed here, mid-write
+        yield b"b" * 4096
+
+    cache.put("victim", chunks())
+
+
+def test_writer_killed_mid_write_leaves_no_entry_and_its_temp_is_swept(tmp_path):
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_slow_writer, args=(str(tmp_path), ready))
+    proc.start()
+    assert ready.wait(30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    temps = [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+    assert len(temps) == 1 and temps[0].startswith(f"victim.{proc.pid}.")
+    cache = RangeCache(str(tmp_path), 10_000_000)
+    assert cache.get("victim", 8192) is None and cache.get("victim", 4096) is None
+    cache.put("other", b"x" * 10)  # any later write sweeps temporaries of dead processes
+    assert os.listdir(tmp_path) == ["other.bin"]
+
+
+def test_live_writers_temporaries_are_kept(tmp_path):
+    cache = RangeCache(str(tmp_path), 10_000_000)
+    live = tmp_path / f"k.{os.getpid()}.abcd1234.tmp"
+    live.write_bytes(b"partial")
+    cache.put("other", b"x")
+    assert live.exists(), "a temporary of a running process must not be swept"
+
+
+def test_limit_must_be_positive(tmp_path):
+    with pytest.raises(ValueError):
+        RangeCache(str(tmp_path), 0)

@@ -1,0 +1,286 @@
+"""S3, GCS and Azure Blob through fsspec against real local servers (see servers.py)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+import re
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datagen import write_dataset
+from resume_helpers import assert_exactly_once, make, resume, run_epoch
+from servers import BUCKET, get_store, object_store, s3, s3_options, store_registry  # noqa: F401 - fixtures
+from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+from torch_dataloader_utils.errors import DataReadError
+from torch_dataloader_utils.remote import RemoteStore
+
+LAYOUT = [[120, 80], [150], [60, 90, 70], [110, 40]]
+ROWS = sum(map(sum, LAYOUT))
+
+
+@pytest.fixture(scope="module")
+def uploaded(tmp_path_factory):
+    """The LAYOUT dataset (Parquet and ORC) on every server that gets started, uploaded once."""
+    roots = {}
+    for fmt in ("parquet", "orc"):
+        roots[fmt] = tmp_path_factory.mktemp(f"src-{fmt}")
+        write_dataset(roots[fmt], LAYOUT, fmt)
+    done: set = set()
+
+    def ensure(store, fmt="parquet"):
+        if (store.name, fmt) not in done:
+            store.upload(str(roots[fmt]), f"data-{fmt}")
+            done.add((store.name, fmt))
+        return store.url(f"data-{fmt}")
+
+    return ensure
+
+
+def _config(store, shuffle, **extra):
+    config = dict(
+        batch_size=25,
+        num_workers=2,
+        shuffle=shuffle,
+        shuffle_seed=3,
+        split_bytes=3000,
+        chunk_rows=50,
+        shuffle_buffer_rows=120,
+        storage_options=store.options,
+    )
+    return {**config, **extra}
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_exactly_once_and_resume(object_store, uploaded, shuffle):
+    url = uploaded(object_store)
+    config = _config(object_store, shuffle)
+    loader, dataset = make(url, **config)
+    assert isinstance(dataset._catalog.fs, RemoteStore)
+    assert len(dataset.splits) > 4
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    assert_exactly_once(full, ROWS)
+    for k in (0, len(full) // 2, len(full) - 2):
+        assert resume(url, states[k], **config) == full[k + 1 :], f"resume after batch {k} differs"
+
+
+def test_orc_and_abfs_alias(object_store, uploaded):
+    url = uploaded(object_store, "orc")
+    if object_store.name == "azure":
+        url = url.replace("abfs://", "az://")
+    loader, dataset = make(url, format="orc", **_config(object_store, True, columns=["id", "x", "text"]))
+    assert_exactly_once(run_epoch(loader, dataset), ROWS)
+
+
+def test_storage_options_survive_pickling(object_store, uploaded):
+    """A dataset pickled to a fresh process (spawn) recreates its client from storage_options."""
+    url = uploaded(object_store)
+    dataset = StructuredDataset(url, batch_size=100, num_workers=0, storage_options=object_store.options)
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy._catalog.fs._fs is None
+    assert_exactly_once([tuple(b["id"].tolist()) for b in copy], ROWS)
+
+
+@pytest.mark.parametrize("rewrite", ["same-size", "other-size"])
+def test_rewritten_file_fails_resume_naming_it(object_store, tmp_path, rewrite):
+    root = tmp_path / "src"
+    write_dataset(root, [[100, 100], [100]])
+    prefix = f"drift-{rewrite}"
+    urls = object_store.upload(str(root), prefix)
+    url = object_store.url(prefix)
+    dataset = StructuredDataset(url, batch_size=50, num_workers=0, storage_options=object_store.options)
+    batches = iter(dataset)
+    next(batches)
+    state = json.loads(json.dumps(dataset.state_dict()))
+    if rewrite == "same-size":
+        data = bytearray((root / "part-00001.parquet").read_bytes())
+        data[10] ^= 0xFF  # inside the first data page: footer and size stay the same
+    else:
+        write_dataset(tmp_path / "other", [[70]])
+        data = bytearray((tmp_path / "other" / "part-00000.parquet").read_bytes())
+    object_store.fs.pipe_file(urls[1].split("://", 1)[1], bytes(data))
+    fresh = StructuredDataset(url, batch_size=50, num_workers=0, storage_options=object_store.options)
+    with pytest.raises(CheckpointMismatchError, match="part-00001.parquet") as caught:
+        fresh.load_state_dict(state)
+    assert ("tag checkpoint=" if rewrite == "same-size" else "size checkpoint=") in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- bytes and requests (S3)
+WIDE_COLUMNS = 24
+
+
+@pytest.fixture(scope="module")
+def wide(s3, tmp_path_factory):
+    """Two files of 24 float64 columns, 4 row groups each; returns (url, bytes needed for c7)."""
+    root = tmp_path_factory.mktemp("wide")
+    rng = np.random.default_rng(0)
+    needed = 0
+    footers = {}
+    for index in range(2):
+        table = pa.table({f"c{i}": rng.random(40_000) for i in range(WIDE_COLUMNS)})
+        path = root / f"part-{index}.parquet"
+        pq.write_table(table, path, row_group_size=10_000, compression="none")
+        meta = pq.read_metadata(path)
+        needed += sum(meta.row_group(r).column(7).total_compressed_size for r in range(meta.num_row_groups))
+        size = path.stat().st_size
+        footers[f"{BUCKET}/wide/{path.name}"] = (size - meta.serialized_size - 8, size)
+        needed += meta.serialized_size + 8
+    s3.upload(str(root), "wide")
+    return s3.url("wide"), needed, footers
+
+
+def test_one_column_read_fetches_its_chunks_and_the_footers_only(s3, wide):
+    url, needed, _ = wide
+    faults = s3.server.faults
+    before, _ = faults.counters()
+    loader, dataset = StructuredDataset.create_dataloader(url, batch_size=5000, num_workers=2, columns=["c7"], storage_options=s3.options)
+    rows = sum(len(batch["c7"]) for batch in loader)
+    sent = faults.counters()[0] - before
+    assert rows == 80_000
+    assert needed <= sent <= 1.2 * needed, f"server sent {sent} bytes for {needed} needed"
+
+
+def test_footers_read_once_not_on_epochs_or_worker_start(s3, wide):
+    url, _, footers = wide
+    faults = s3.server.faults
+    faults.record(True)
+    try:
+        loader, dataset = StructuredDataset.create_dataloader(url, batch_size=5000, num_workers=2, columns=["c0", "c9"], storage_options=s3.options)
+        planning = faults.take_log()
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            assert sum(len(b["c0"]) for b in loader) == 80_000
+        reading = faults.take_log()
+    finally:
+        faults.record(False)
+    assert sorted(key for key, _ in planning) == sorted(footers), "one tail request per file while planning"
+    for key, (start, end) in reading:
+        footer_start, _ = footers[key]
+        assert end <= footer_start, f"{key} bytes [{start}, {end}) re-read footer bytes after planning"
+    # 2 epochs x 8 row groups x 2 columns (not adjacent: one request each)
+    assert len(reading) == 2 * 8 * 2
+
+
+def test_footers_are_fetched_concurrently(s3, tmp_path):
+    root = tmp_path / "many"
+    write_dataset(root, [[20]] * 40)
+    url = s3.url("many")
+    s3.upload(str(root), "many")
+    faults = s3.server.faults
+    faults.reset_peak()
+    dataset = StructuredDataset(url, num_workers=0, storage_options=s3.options)
+    assert len(dataset.files) == 40
+    assert faults.peak_in_flight() >= 8, "footer reads ran (nearly) one at a time"
+
+
+# ----------------------------------------------------------------------------- faults (S3)
+@pytest.fixture
+def no_client_retries(s3, monkeypatch):
+    """S3 options with botocore's and s3fs's own retries off, so only ours can recover."""
+    import s3fs
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    yield s3_options(s3.server.endpoint, client_retries=False)
+    s3.server.faults.clear()
+
+
+@pytest.mark.parametrize("mode", ["503", "reset", "stall"])
+def test_transient_faults_are_retried_nothing_lost_or_duplicated(s3, uploaded, no_client_retries, mode):
+    url = uploaded(s3)
+    faults = s3.server.faults
+    config = _config(s3, True, download_retry=3, download_timeout=0.5)
+    config["storage_options"] = no_client_retries
+    faults.inject(mode, 1, stall_seconds=2.0)  # the first read of every object while planning (its footer) ...
+    loader, dataset = make(url, **config)
+    assert faults.injected_count() == len(LAYOUT)
+    faults.inject(mode, 1, stall_seconds=2.0)  # ... and while reading
+    assert_exactly_once(run_epoch(loader, dataset), ROWS)
+    assert faults.injected_count() >= len(LAYOUT)
+
+
+def run_until_error(loader, dataset) -> tuple[str, list, dict | None]:
+    """Iterate until a DataReadError; return its message, the batches and the last state.
+
+    The failed DataLoader iterator sits in a reference cycle (exception <-> frames);
+    collecting it here shuts its workers down in this thread, not in whichever
+    thread (e.g. fsspec's event loop) happens to run the garbage collector next.
+    """
+    batches, state, message = [], None, None
+    try:
+        for batch in loader:
+            batches.append(tuple(batch["id"].tolist()))
+            state = json.loads(json.dumps(dataset.state_dict()))
+    except DataReadError as error:
+        message = str(error)
+    gc.collect()
+    assert message is not None, "no DataReadError was raised"
+    return message, batches, state
+
+
+def test_without_retries_the_fault_surfaces(s3, uploaded, no_client_retries):
+    url = uploaded(s3)
+    config = _config(s3, False, download_retry=0, num_workers=0)
+    config["storage_options"] = no_client_retries
+    dataset = StructuredDataset(url, **config)
+    s3.server.faults.inject("503", 1)
+    with pytest.raises(DataReadError, match="failed after 1 attempt"):
+        list(dataset)
+
+
+def test_file_that_stays_unreadable_is_named_with_its_split(s3, uploaded, no_client_retries):
+    url = uploaded(s3)
+    config = _config(s3, False, download_retry=2)
+    config["storage_options"] = no_client_retries
+    loader, dataset = make(url, **config)
+    s3.server.faults.inject("503", -1, match="part-00002")
+    message, _, _ = run_until_error(loader, dataset)
+    assert re.search(r"part-00002\.parquet \(split .*part-00002\.parquet.*failed after 3 attempt", message), message
+    with pytest.raises(OSError, match=r"s3://bucket-a/data-parquet/part-00002\.parquet .*failed after 3 attempt"):
+        make(url, **config)
+
+
+def test_interrupted_by_fault_resumes_exactly(s3, uploaded, no_client_retries):
+    """A run stopped by a permanent fault in a worker resumes from its last state, nothing lost."""
+    url = uploaded(s3)
+    config = _config(s3, True, download_retry=0)
+    config["storage_options"] = no_client_retries
+    loader, dataset = make(url, **config)
+    full = run_epoch(loader, dataset)
+    loader, dataset = make(url, **config)
+    s3.server.faults.inject("503", -1, match="part-00003")
+    _, seen, state = run_until_error(loader, dataset)
+    s3.server.faults.clear()
+    assert state is not None and seen == full[: len(seen)]
+    assert seen + resume(url, state, **config) == full
+
+
+# ----------------------------------------------------------------------------- cache (S3)
+def test_cache_serves_later_epochs_and_keeps_its_limit(s3, uploaded, tmp_path):
+    url = uploaded(s3)
+    faults = s3.server.faults
+    cache = tmp_path / "cache"
+    config = _config(s3, True, cache_dir=str(cache))
+    loader, dataset = make(url, **config)
+    before, _ = faults.counters()
+    first = run_epoch(loader, dataset)
+    fetched = faults.counters()[0] - before
+    dataset.set_epoch(1)
+    second = run_epoch(loader, dataset)
+    again = faults.counters()[0] - before - fetched
+    assert_exactly_once(first, ROWS)
+    assert_exactly_once(second, ROWS)
+    assert fetched > 0 and again == 0, f"epoch 2 fetched {again} bytes despite the cache"
+
+    limit = fetched // 3
+    small = tmp_path / "small"
+    loader, dataset = make(url, **_config(s3, True, cache_dir=str(small), cache_limit_bytes=limit))
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        assert_exactly_once(run_epoch(loader, dataset), ROWS)
+    held = sum(p.stat().st_size for p in small.iterdir())
+    assert 0 < held <= limit
