@@ -1,22 +1,18 @@
-"""The main job: `python -m torch_dataloader_utils demo` trains, crashes, resumes and checks exactly-once."""
+"""The main job: `tdu demo` trains, crashes (SIGKILL), resumes in a new process and checks exactly-once."""
 
 import os
-import subprocess
-import sys
 
 import torch
 
+from torch_dataloader_utils.cli import main
 from torch_dataloader_utils.demo import check
 
 
-def test_demo_end_to_end_and_its_checker(tmp_path):
+def test_demo_end_to_end_and_its_checker(tmp_path, capfd):
     workdir = tmp_path / "demo"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch_dataloader_utils", "demo", "--dir", str(workdir)],
-        capture_output=True, text=True, timeout=240,
-    )
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    code = main(["demo", "--dir", str(workdir)])  # the two training runs are real child processes
+    out, err = capfd.readouterr()
+    assert code == 0, out + err
     assert "run 1 ended abruptly (killed by signal 9)" in out
     assert "every row seen exactly once: YES  (rows expected 40,000, seen 40,000, duplicated 0, lost 0)" in out
     assert "same order as an uninterrupted run: YES" in out
@@ -37,11 +33,8 @@ def test_demo_end_to_end_and_its_checker(tmp_path):
     assert not report.exactly_once and (report.duplicated, report.lost) == (1, 0) and not report.same_order
 
 
-def test_demo_refuses_a_non_empty_dir(tmp_path):
+def test_demo_refuses_a_non_empty_dir(tmp_path, capsys):
     (tmp_path / "something").write_text("x")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch_dataloader_utils", "demo", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert result.returncode == 2 and "not empty" in result.stderr
+    assert main(["demo", "--dir", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["something"]

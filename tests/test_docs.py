@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,14 +75,17 @@ def cli_lines(page: Path) -> list[str]:
     return [c for language, _, code in code_blocks(page.read_text()) if language in SHELL for c in _commands(code)]
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     data = tmp_path_factory.mktemp("docs_data")
     rows = write_dataset(data / "parquet", LAYOUT, "parquet")
     write_dataset(data / "orc", LAYOUT, "orc")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     return {
         **os.environ,
         "DATA_DIR": str(data / "parquet"),
@@ -91,7 +95,6 @@ def env(tmp_path_factory):
         "LOCAL_RANK": "0",
         "WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
         "TDU_PROGRESS": "0",
     }
 
@@ -126,11 +129,29 @@ def page_script(page: Path) -> str:
     return "\n".join(parts) + "\n"
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p) or cli_lines(p)], ids=lambda p: p.name)
-def test_page_examples_run(page, env, tmp_path):
-    script = tmp_path / "page_examples.py"
+RUNNABLE = [p for p in PAGES if python_blocks(p) or cli_lines(p)]
+
+
+def _run_page(page: Path, env: dict, workdir: Path) -> subprocess.CompletedProcess:
+    workdir.mkdir()
+    script = workdir / "page_examples.py"
     script.write_text(page_script(page))
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    env = {**env, "MASTER_PORT": str(_free_port())}
+    return subprocess.run([sys.executable, str(script)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def page_results(env, tmp_path_factory):
+    """Every page's examples, two pages at a time (each page in its own interpreter and directory)."""
+    root = tmp_path_factory.mktemp("docs_pages")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {page: pool.submit(_run_page, page, env, root / page.stem) for page in RUNNABLE}
+        return {page: future.result() for page, future in futures.items()}
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.name)
+def test_page_examples_run(page, page_results):
+    result = page_results[page]
     assert result.returncode == 0, f"examples of docs/{page.name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
 
 
