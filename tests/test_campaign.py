@@ -3,8 +3,9 @@
 Every case runs E epochs uninterrupted (the reference), then the same E epochs stopped at
 several random points; each stop saves the state, and the run continues in a FRESH dataset and
 loader from the JSON round-tripped state. Asserted per case: every epoch of the reference delivers
-each row exactly once (or, with drop_last, only whole batches of distinct rows), and the
-interrupted run delivers exactly the reference's batches.
+each row exactly once (or, with drop_last, only whole batches of distinct rows; with a damaged
+file and on_error="skip", each row pyarrow can still read), and the interrupted run delivers
+exactly the reference's batches.
 
 The campaign runs for TDU_CAMPAIGN_SECONDS (default 100) and prints how many cases ran.
 Seeds run in order from TDU_CAMPAIGN_SEED (default 0); a failure names its seed, and
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow.orc as orc
+import pyarrow.parquet as pq
 import pytest
 
 from datagen import make_table, write_dataset
@@ -40,10 +42,16 @@ class Case:
     epochs: int
     points: list[int] = field(default_factory=list)  # global batch counts at which the job stops
     boundary_late: bool = False  # a stop at an epoch's end happens after set_epoch(next)
+    damaged: int | None = None  # a file whose data pages are overwritten (with on_error="skip")
+    readable: list[int] | None = None  # then: the ids pyarrow itself can still read
 
     @property
     def rows(self) -> int:
         return sum(map(sum, self.layout))
+
+    @property
+    def expected(self) -> list[int]:
+        return self.readable if self.readable is not None else list(range(self.rows))
 
 
 def _layout(rng: random.Random) -> list[list[int]]:
@@ -77,7 +85,12 @@ def _config(rng: random.Random) -> dict[str, Any]:
 def draw_case(seed: int) -> Case:
     rng = random.Random(seed)
     fmt = "orc" if rng.random() < 0.3 else "parquet"
-    return Case(seed, fmt, _layout(rng), _config(rng), rng.choices([1, 2, 3], weights=[5, 3, 2])[0])
+    case = Case(seed, fmt, _layout(rng), _config(rng), rng.choices([1, 2, 3], weights=[5, 3, 2])[0])
+    with_rows = [i for i, groups in enumerate(case.layout) if sum(groups)]
+    if fmt == "parquet" and with_rows and rng.random() < 0.15:
+        case.damaged = rng.choice(with_rows)
+        case.config.update(on_error="skip", drop_last=False)
+    return case
 
 
 def write_case(root: str, case: Case) -> str:
@@ -88,7 +101,49 @@ def write_case(root: str, case: Case) -> str:
         for index, groups in enumerate(layout):
             if not groups:  # the ORC writer leaves a 0-byte file when nothing is written
                 orc.write_table(make_table(0, 1, fixed_list=False).slice(0, 0), os.path.join(root, f"part-{index:05d}.orc"))
+    if case.damaged is not None:
+        case.readable = _damage(os.path.join(root, f"part-{case.damaged:05d}.parquet"), case)
     return root
+
+
+def _damage(path: str, case: Case) -> list[int]:
+    """Overwrite a random stretch of the file's data pages (the footer stays); the ids still readable.
+
+    Only damage that pyarrow either rejects or reads back intact is used: a row group that decodes
+    to other values would be silent corruption, which Parquet without page checksums cannot detect."""
+    rng = random.Random(case.seed * 31 + 7)
+    data = open(path, "rb").read()
+    footer_start = len(data) - 8 - int.from_bytes(data[-8:-4], "little")
+    first = sum(map(sum, case.layout[: case.damaged]))
+    for attempt in range(20):
+        start = rng.randrange(4, footer_start - 1) if attempt < 19 else 4
+        stop = min(footer_start, start + rng.randint(16, footer_start // 2)) if attempt < 19 else footer_start
+        with open(path, "wb") as f:
+            f.write(data[:start] + b"\xff" * (stop - start) + data[stop:])
+        readable, clean = _readable_ids(path, first)
+        if clean:
+            return sorted(set(range(case.rows)) - set(range(first, first + sum(case.layout[case.damaged]))) | set(readable))
+    raise AssertionError("could not damage the file detectably")
+
+
+def _readable_ids(path: str, first: int) -> tuple[list[int], bool]:
+    """(ids of the row groups pyarrow reads, whether every row group read is intact)."""
+    file = pq.ParquetFile(path)
+    ids, offset = [], first
+    for group in range(file.metadata.num_row_groups):
+        rows = file.metadata.row_group(group).num_rows
+        try:
+            table = file.read_row_group(group)
+        except Exception:  # noqa: BLE001 - an unreadable row group is what the damage is for
+            offset += rows
+            continue
+        if table.column("id").to_pylist() != list(range(offset, offset + rows)) or table.column("text").to_pylist() != [
+            f"row-{i}" for i in range(offset, offset + rows)
+        ]:
+            return [], False
+        ids += list(range(offset, offset + rows))
+        offset += rows
+    return ids, True
 
 
 def _roundtrip(state: dict) -> dict:
@@ -110,9 +165,13 @@ def reference_run(path: str, case: Case) -> list[list[tuple]]:
 def check_epoch(case: Case, batches: list[tuple], batches_expected: int, rows_expected: int, workers: int) -> None:
     ids = [i for b in batches for i in b]
     size = case.config["batch_size"]
+    assert len(ids) == len(set(ids)), "a row was delivered twice in one epoch"
+    assert all(len(b) > 0 for b in batches), "an empty batch"
+    if case.damaged is not None:  # skipped row groups leave gaps in chunks and counts
+        assert sorted(ids) == case.expected, "not every readable row was delivered exactly once"
+        return
     assert len(batches) == batches_expected, "len(loader) differs from the batches delivered"
     assert len(ids) == rows_expected, "len(dataset) differs from the rows delivered"
-    assert len(ids) == len(set(ids)), "a row was delivered twice in one epoch"
     short = [b for b in batches if len(b) != size]
     if case.config["drop_last"]:
         assert not short, "drop_last delivered a partial batch"
@@ -120,7 +179,6 @@ def check_epoch(case: Case, batches: list[tuple], batches_expected: int, rows_ex
     else:
         assert sorted(ids) == list(range(case.rows)), "rows were lost"
         assert len(short) <= workers, "more partial batches than streams"
-    assert all(len(b) > 0 for b in batches), "an empty batch"
 
 
 def interrupted_run(path: str, case: Case, reference: list[list[tuple]]) -> tuple[list[list[tuple]], int]:
@@ -182,7 +240,7 @@ def test_campaign(tmp_path, capsys):
     """Random cases until the time budget is spent; at least a few of each kind."""
     deadline = time.monotonic() + BUDGET
     seeds = range(FIRST_SEED, FIRST_SEED + 10**7)
-    counts = {"cases": 0, "with_workers": 0, "orc": 0, "shuffle": 0, "drop_last": 0, "resumes": 0, "epochs": 0, "batches": 0}
+    counts = dict.fromkeys(["cases", "with_workers", "orc", "shuffle", "drop_last", "skip_damaged", "resumes", "epochs", "batches"], 0)
     for seed in seeds:
         if time.monotonic() > deadline and counts["cases"] >= 10:
             break
@@ -193,6 +251,7 @@ def test_campaign(tmp_path, capsys):
         counts["orc"] += case.fmt == "orc"
         counts["shuffle"] += case.config["shuffle"]
         counts["drop_last"] += case.config["drop_last"]
+        counts["skip_damaged"] += case.damaged is not None
         counts["resumes"] += resumes
         counts["epochs"] += case.epochs
     with capsys.disabled():

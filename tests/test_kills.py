@@ -132,7 +132,7 @@ import json, os, sys, time
 from torch_dataloader_utils import StructuredDataset
 
 path, workdir, run, epochs, every = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-config = json.loads(sys.argv[6])
+config, stall_at = json.loads(sys.argv[6]), int(sys.argv[7])
 loader, dataset = StructuredDataset.create_dataloader(path, **config)
 checkpoint = os.path.join(workdir, "checkpoint.json")
 count = 0
@@ -150,7 +150,7 @@ for epoch in range(dataset.epoch, epochs):
         log.write(json.dumps([count, epoch, batch["id"].tolist()]) + "\n")
         log.flush()
         count += 1
-        time.sleep(0.004)  # the training step
+        time.sleep(3600 if count == stall_at else 0.002)  # the training step; a long one where the kill lands
         if count % every == 0:
             with open(checkpoint + ".tmp", "w") as f:
                 json.dump({"state": dataset.state_dict(), "count": count}, f)
@@ -177,13 +177,14 @@ def _read_log(path: str) -> tuple[int, list[list], bool]:
     return start, lines, done
 
 
-def _start(script: str, data: str, workdir: str, run: int, epochs: int, every: int, config: dict) -> subprocess.Popen:
-    args = [sys.executable, script, data, workdir, str(run), str(epochs), str(every), json.dumps(config)]
+def _start(script: str, data: str, workdir: str, run: int, epochs: int, every: int, config: dict, stall_at: int) -> subprocess.Popen:
+    args = [sys.executable, script, data, workdir, str(run), str(epochs), str(every), json.dumps(config), str(stall_at)]
     return subprocess.Popen(args, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-def _kill_at(proc: subprocess.Popen, log: str, target: int, limit: float = 60) -> None:
-    """SIGKILL the process group once the job has delivered ``target`` batches in all (global count)."""
+def _kill_at(proc: subprocess.Popen, log: str, target: int, limit: float = 120) -> None:
+    """SIGKILL the process group once the job has delivered ``target`` batches in all (global count);
+    the run stalls in that batch's training step, so the kill lands there whatever the machine's load."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if os.path.exists(log):
@@ -212,11 +213,12 @@ def test_killed_training_process_resumes_exactly(data, tmp_path):
     with open(script, "w") as f:
         f.write(_TRAIN)
     rng = random.Random(3)
-    kill_points = [rng.randint(15, per_epoch - 10), rng.randint(per_epoch + 10, 2 * per_epoch - 10)]
+    # between checkpoints: in epoch 0, then in epoch 1 (a kill right after a checkpoint is the easy case)
+    kill_points = [every * rng.randint(2, per_epoch // every - 2) + 3, every * rng.randint(per_epoch // every + 2, 2 * per_epoch // every - 2) + 5]
     runs = []
     for run, point in enumerate(kill_points + [None]):
         log = str(tmp_path / f"run-{run}.jsonl")
-        proc = _start(script, data, str(tmp_path), run, epochs, every, config)
+        proc = _start(script, data, str(tmp_path), run, epochs, every, config, -1 if point is None else point)
         if point is None:
             output = proc.communicate(timeout=120)[0].decode()
             assert proc.returncode == 0, output[-3000:]
