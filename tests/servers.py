@@ -332,6 +332,7 @@ class AzureServer:
             self.stop()
             raise
         self.endpoint = f"http://127.0.0.1:{self.port}/devstoreaccount1"
+        self.faults = None
 
     def stop(self) -> None:
         self._proc.terminate()

@@ -34,11 +34,13 @@ class _RemoteOrcReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         offset, length = self._stripes[unit]
-        self._source.keep_only([self._tail_start])
         self._source.fetch([(offset, offset + length)])
-        if self._file is None:
-            self._file = orc.ORCFile(self._source)
-        return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
+        try:
+            if self._file is None:
+                self._file = orc.ORCFile(self._source)
+            return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
+        finally:
+            self._source.keep_only([self._tail_start])  # decoded: drop the stripe's bytes
 
 
 def _remote_footer(source: RangeFile, size: int, stripes: list) -> tuple:

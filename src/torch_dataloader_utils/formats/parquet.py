@@ -45,11 +45,12 @@ class _RemoteParquetReader:
         self._use_threads = use_threads
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        ranges = unit_ranges(self._footer, unit, columns)
-        self._source.keep_only([])
-        self._source.fetch(ranges)
-        reader = pq.ParquetFile(self._source, metadata=self._footer)
-        return reader.read_row_group(unit, columns=columns, use_threads=self._use_threads)
+        self._source.fetch(unit_ranges(self._footer, unit, columns))
+        try:
+            reader = pq.ParquetFile(self._source, metadata=self._footer)
+            return reader.read_row_group(unit, columns=columns, use_threads=self._use_threads)
+        finally:
+            self._source.keep_only([])  # decoded: the raw bytes are not needed any more
 
 
 class ParquetFormat:

@@ -1,0 +1,196 @@
+"""Object stores next to local disk, from one run: throughput, bytes fetched vs needed, read paths.
+
+    python benchmarks/object_stores.py [--size-gb 0.1] [--files 8] [--stores s3,gcs,azure] [--name objstores]
+
+Starts the test servers (moto S3, gcp-storage-emulator, Azurite; see tests/servers.py),
+uploads the same files to each and measures:
+
+1. one epoch (num_workers=2, shuffle) per location: planning seconds, epoch seconds,
+   rows/s, and the ratio to local disk;
+2. bytes fetched / bytes needed for an epoch reading all columns and a projection
+   (needed = the projected column chunks of every row group + every footer; fetched =
+   what the client received, and for S3 also what the server sent);
+3. three ways to read one row group's projected columns, per store: ours (ranges from
+   the cached footer, fetched concurrently), pyarrow ``pre_buffer`` over a file that
+   fetches exactly what it is asked, and ``fsspec.parquet.open_parquet_file``.
+
+The servers are emulators on loopback: they measure request counts and server CPU,
+not network latency or bandwidth. Writes JSON to benchmarks/results/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+import servers  # noqa: E402  (sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT before gcsfs loads)
+from generate import ensure_dataset, rows_for  # noqa: E402
+
+import pyarrow.parquet as pq  # noqa: E402
+
+from torch_dataloader_utils import StructuredDataset  # noqa: E402
+from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
+from torch_dataloader_utils.formats.parquet import PARQUET  # noqa: E402
+from torch_dataloader_utils.remote import RemoteStore, open_store  # noqa: E402
+
+PROJECTION = ["id", "label"]
+PREFIX = "bench"
+
+
+def _epoch(path: str, options: dict | None, workers: int, columns: list[str] | None = None) -> dict:
+    start = time.perf_counter()
+    loader, dataset = StructuredDataset.create_dataloader(
+        path, batch_size=4096, num_workers=workers, shuffle=True, columns=columns, storage_options=options
+    )
+    planned = time.perf_counter()
+    rows = sum(len(batch["id"]) for batch in loader)
+    done = time.perf_counter()
+    return {"plan_s": planned - start, "epoch_s": done - planned, "rows": rows, "rows_per_s": rows / (done - planned)}
+
+
+def _needed(local_paths: list[str], columns: list[str] | None) -> int:
+    """Projected column chunks of every row group plus every footer."""
+    total = 0
+    for path in local_paths:
+        meta = pq.read_metadata(path)
+        total += meta.serialized_size + 8
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for c in range(group.num_columns):
+                name = group.column(c).path_in_schema
+                if columns is None or any(name == col or name.startswith(col + ".") for col in columns):
+                    total += group.column(c).total_compressed_size
+    return total
+
+
+def _bytes(store: servers.Store, local_paths: list[str], columns: list[str] | None) -> dict:
+    sent_before = store.server.faults.counters()[0] if store.server.faults else None
+    dataset = StructuredDataset(store.url(PREFIX), batch_size=4096, num_workers=0, columns=columns, storage_options=store.options)
+    rows = sum(len(batch["id"]) for batch in dataset)
+    fs: RemoteStore = dataset._catalog.fs
+    needed = _needed(local_paths, columns)
+    out = {"rows": rows, "needed": needed, "fetched": fs.stats["bytes"], "requests": fs.stats["requests"]}
+    out["fetched_ratio"] = out["fetched"] / needed
+    if sent_before is not None:
+        out["server_sent"] = store.server.faults.counters()[0] - sent_before
+        out["server_ratio"] = out["server_sent"] / needed
+    return out
+
+
+# ------------------------------------------------------------------ read paths for one row group
+def _ours(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:
+    return PARQUET.open(store, path, footer, use_threads=True).read_unit(group, columns).num_rows
+
+
+def _pre_buffer(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:
+    source = RangeFile(store, path)  # nothing prefetched: every read pyarrow issues is one request
+    reader = pq.ParquetFile(source, metadata=footer, pre_buffer=True)
+    return reader.read_row_group(group, columns=columns).num_rows
+
+
+def _fsspec(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:
+    import fsspec.parquet
+
+    with fsspec.parquet.open_parquet_file(
+        path, fs=store.fs, columns=columns, row_groups=[group], engine="pyarrow", footer_sample_size=64 * 1024
+    ) as handle:
+        return pq.ParquetFile(handle).read_row_group(group, columns=columns).num_rows
+
+
+READ_PATHS: dict[str, Callable] = {"ours": _ours, "pre_buffer": _pre_buffer, "fsspec_open_parquet_file": _fsspec}
+
+
+def _read_paths(store: servers.Store, repeats: int = 5) -> dict:
+    remote = open_store(store.fs, None)
+    dataset = StructuredDataset(store.url(PREFIX), num_workers=0, storage_options=store.options)
+    catalog = dataset._catalog
+    remote.register(catalog.files)
+    entry, footer = catalog.files[0], catalog.footers[0]
+    results: dict = {}
+    for label, columns in (("projection", PROJECTION), ("all", None)):
+        for name, read in READ_PATHS.items():
+            times, sent = [], 0
+            for _ in range(repeats):
+                for group in range(footer.num_row_groups):
+                    before = store.server.faults.counters()[0] if store.server.faults else 0
+                    start = time.perf_counter()
+                    read(remote, entry.fs_path, footer, group, columns)
+                    times.append(time.perf_counter() - start)
+                    if store.server.faults:
+                        sent += store.server.faults.counters()[0] - before
+            results[f"{label}/{name}"] = {
+                "median_ms": 1000 * statistics.median(times),
+                "server_bytes_per_group": sent / len(times) if store.server.faults else None,
+            }
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gb", type=float, default=0.1, help="decoded size of the dataset (GiB)")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--row-group-rows", type=int, default=4096)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--stores", default="s3,gcs,azure")
+    parser.add_argument("--name", default="object_stores")
+    args = parser.parse_args(argv)
+
+    root = os.path.join(tempfile.gettempdir(), "tdu-bench-objstores")
+    local_paths = ensure_dataset(root, args.files, rows_for(args.size_gb, args.files), args.row_group_rows)
+    disk_bytes = sum(os.path.getsize(p) for p in local_paths)
+    upload = tempfile.mkdtemp()
+    for path in local_paths:
+        os.link(path, os.path.join(upload, os.path.basename(path)))
+    report: dict = {"files": len(local_paths), "disk_bytes": disk_bytes, "workers": args.workers, "epoch": {}, "bytes": {}, "read_paths": {}}
+    print(f"{len(local_paths)} files, {disk_bytes / 2**20:.1f} MiB", file=sys.stderr)
+    report["epoch"]["local"] = _epoch(root, None, args.workers)
+    registry: dict = {}
+    try:
+        for name in args.stores.split(","):
+            store = servers.get_store(name, registry)
+            store.upload(upload, PREFIX)
+            _epoch(store.url(PREFIX), store.options, args.workers)  # warm-up: server caches, imports
+            report["epoch"][name] = _epoch(store.url(PREFIX), store.options, args.workers)
+            report["bytes"][name] = {"all": _bytes(store, local_paths, None), "projection": _bytes(store, local_paths, PROJECTION)}
+            report["read_paths"][name] = _read_paths(store)
+    finally:
+        for store in registry.values():
+            store.server.stop()
+    _print(report)
+    out = os.path.join(HERE, "results", f"{args.name}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as handle:
+        json.dump(report, handle, indent=2)
+    print(f"wrote {out}", file=sys.stderr)
+
+
+def _print(report: dict) -> None:
+    local = report["epoch"]["local"]["rows_per_s"]
+    print("| location | plan s | epoch s | rows/s | vs local |\n|---|---|---|---|---|")
+    for name, row in report["epoch"].items():
+        print(f"| {name} | {row['plan_s']:.2f} | {row['epoch_s']:.2f} | {row['rows_per_s']:,.0f} | {row['rows_per_s'] / local:.2f} |")
+    print("\n| store | columns | needed MiB | fetched / needed | server sent / needed | requests |\n|---|---|---|---|---|---|")
+    for name, sets in report["bytes"].items():
+        for label, row in sets.items():
+            server = f"{row['server_ratio']:.3f}" if "server_ratio" in row else "-"
+            print(f"| {name} | {label} | {row['needed'] / 2**20:.2f} | {row['fetched_ratio']:.3f} | {server} | {row['requests']} |")
+    print("\n| store | read path | projection ms | all columns ms | S3 bytes/row group (projection) |\n|---|---|---|---|---|")
+    for name, paths in report["read_paths"].items():
+        for path in READ_PATHS:
+            projection, full = paths[f"projection/{path}"], paths[f"all/{path}"]
+            sent = projection["server_bytes_per_group"]
+            print(f"| {name} | {path} | {projection['median_ms']:.1f} | {full['median_ms']:.1f} | {'-' if sent is None else f'{sent:,.0f}'} |")
+
+
+if __name__ == "__main__":
+    main()
