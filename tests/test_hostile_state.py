@@ -346,3 +346,65 @@ def test_state_from_another_shuffle_buffer_is_refused_or_exact(one):
         if sorted(ids) != list(range(ROWS)):
             wrong.append(point)
     assert not wrong, f"accepted and not exactly once after batches {wrong}"
+
+
+# ------------------------------------------------------------------ worker-scope states (StatefulDataLoader)
+def _worker_states(value: Any, found: list) -> list:
+    if isinstance(value, dict):
+        if value.get("scope") == "worker":
+            found.append(value)
+        for item in value.values():
+            _worker_states(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _worker_states(item, found)
+    return found
+
+
+@pytest.fixture(scope="module")
+def worker_state(data) -> dict:
+    """A genuine worker state, from torchdata's StatefulDataLoader after a few batches."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    loader = stateful.StatefulDataLoader(StructuredDataset(data, **TWO), batch_size=None, num_workers=2)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    (state, *_) = _worker_states(json.loads(json.dumps(loader.state_dict())), [])
+    del it, loader
+    return state
+
+
+WORKER_DAMAGE = {
+    "missing rows_delivered": lambda s: s.pop("rows_delivered"),
+    "missing worker": lambda s: s.pop("worker"),
+    "rows_delivered str": lambda s: s.update(rows_delivered="15"),
+    "rows_delivered negative": lambda s: s.update(rows_delivered=-1),
+    "rows_delivered past the end": lambda s: s.update(rows_delivered=10**6),
+    "worker out of range": lambda s: s.update(worker=2),
+    "worker negative": lambda s: s.update(worker=-1),
+    "epoch negative": lambda s: s.update(epoch=-1),
+    "other files": lambda s: s.update(files_digest="0" * 16),
+    "newer format": lambda s: s.update(format_version=2),
+    "other seed": lambda s: s.update(_shuffle_seed=4),
+}
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [*WORKER_DAMAGE.values(), pytest.param(lambda s: s.update(epoch=1, rows_delivered=10**6), marks=pytest.mark.xfail(
+        strict=True,
+        reason="dataset._load_worker_state switches to the state's epoch (resetting progress) before it "
+        "checks rows_delivered against that epoch: a refused worker state of another epoch loses the progress",
+    ))],
+    ids=[*WORKER_DAMAGE, "past the end in another epoch"],
+)
+def test_damaged_worker_state_is_refused_and_progress_kept(data, worker_state, damage):
+    dataset = StructuredDataset(data, **TWO)
+    dataset.load_state_dict(copy.deepcopy(worker_state))  # the genuine one loads: progress to keep
+    before = dataset.state_dict()
+    state = copy.deepcopy(worker_state)
+    damage(state)
+    with pytest.raises(ValueError) as error:
+        dataset.load_state_dict(state)
+    assert str(error.value).strip()
+    assert dataset.state_dict() == before, "a refused worker state changed the progress"
