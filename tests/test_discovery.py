@@ -61,3 +61,22 @@ def test_garbage_file_names_the_file(tmp_path):
     (tmp_path / "g" / "part-zzz.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(ValueError, match=r"cannot read the parquet footer of .*part-zzz.parquet"):
         StructuredDataset(str(tmp_path / "g"), num_workers=0)
+
+
+def test_unknown_format_and_unknown_column_are_usage_errors(tmp_path):
+    write_dataset(tmp_path / "u", [[4]])
+    with pytest.raises(ValueError, match="format must be 'parquet' or 'orc'"):
+        StructuredDataset(str(tmp_path / "u"), format="csv", num_workers=0)
+    with pytest.raises(ValueError, match=r"columns \['nope'\] are not in the data; its columns are \['id'"):
+        StructuredDataset(str(tmp_path / "u"), columns=["id", "nope"], num_workers=0)
+
+
+def test_null_error_names_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(tmp_path / "n")
+    pq.write_table(pa.table({"id": [1, None, 3]}), tmp_path / "n" / "a.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "n"), num_workers=0)
+    with pytest.raises(ValueError, match=r"column 'id' has 1 null value\(s\) in rows read from .*a.parquet"):
+        list(loader)

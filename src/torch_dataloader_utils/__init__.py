@@ -1,22 +1,46 @@
-"""torch_dataloader_utils: exactly-once, resumable PyTorch loading of Parquet and ORC files."""
+"""torch_dataloader_utils: exactly-once, resumable PyTorch loading of Parquet and ORC files.
 
-from .convert import Ragged
-from .dataset import StructuredDataset
-from .errors import CheckpointMismatchError, DataReadError
-from .loader import StructuredDataLoader
-from .planner import FileLayout, Split, assign_splits, epoch_order, plan_splits
+Names are imported lazily, so that ``tdu --help`` and ``python -m torch_dataloader_utils``
+start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointMismatchError",
-    "DataReadError",
-    "FileLayout",
-    "Ragged",
-    "Split",
-    "StructuredDataLoader",
-    "StructuredDataset",
-    "assign_splits",
-    "epoch_order",
-    "plan_splits",
-]
+_EXPORTS = {
+    "CheckpointMismatchError": "errors",
+    "DataReadError": "errors",
+    "FileLayout": "planner",
+    "Ragged": "convert",
+    "Split": "planner",
+    "StructuredDataLoader": "loader",
+    "StructuredDataset": "dataset",
+    "assign_splits": "planner",
+    "epoch_order": "planner",
+    "plan_splits": "planner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .convert import Ragged
+    from .dataset import StructuredDataset
+    from .errors import CheckpointMismatchError, DataReadError
+    from .loader import StructuredDataLoader
+    from .planner import FileLayout, Split, assign_splits, epoch_order, plan_splits
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

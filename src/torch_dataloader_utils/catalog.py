@@ -58,7 +58,7 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
         return layout, footer, file_schema(fmt, fs, entry.fs_path, footer)
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
         raise ValueError(
-            f"cannot read the {fmt.name} footer of {entry.url}: {error}. "
+            f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. "
             f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
         ) from error
 
@@ -85,6 +85,8 @@ def build_catalog(
     """Discover files, read every footer once (in parallel) and plan the splits."""
     paths = as_path_list(path)
     fs = open_store(filesystem_for(paths, storage_options), io_options)
+    if format is not None:
+        get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
     with prefetched_tails(fs, files), ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:

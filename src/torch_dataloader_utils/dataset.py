@@ -157,6 +157,7 @@ class StructuredDataset(IterableDataset):
         self._catalog: Catalog = build_catalog(
             path, format, storage_options, split_bytes, IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
         )
+        self._check_columns()
         self._book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, shuffle, shuffle_seed, shuffle_buffer_rows)
         self._epoch = 0
         self._reset_progress()
@@ -297,7 +298,7 @@ class StructuredDataset(IterableDataset):
         if self._reader is None:
             self._reader = StreamReader(self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip")
         rows = self._reader.read_segments(self._book, task.segments)
-        where = f"rows [{task.start}, {task.stop}) of lane {task.lane} (epoch {task.segments[0].key.epoch})"
+        where = self._describe_rows(task)
         return Chunk(task.lane, task.start, task.stop, table_to_columns(rows.table, where), rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
@@ -328,6 +329,19 @@ class StructuredDataset(IterableDataset):
         return [(self._catalog.splits[i], message) for i, message in sorted(self._skipped.items())]
 
     # ------------------------------------------------------------ internals
+    def _check_columns(self) -> None:
+        schema = self._catalog.schema
+        if self.columns is None or schema is None:
+            return
+        unknown = [c for c in self.columns if c not in schema.names]
+        if unknown:
+            raise ValueError(f"columns {unknown} are not in the data; its columns are {schema.names}")
+
+    def _describe_rows(self, task: ChunkTask) -> str:
+        urls = [self._catalog.files[f].url for f in self._book.files_of(task.segments)]
+        shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+        return f"rows read from {shown} (epoch {task.segments[0].key.epoch})"
+
     def _advance(self, chunk: Chunk, end: int, following: int) -> None:
         if chunk.lane == PADDING_LANE:
             self._padding_delivered = end

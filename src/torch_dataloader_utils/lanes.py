@@ -132,6 +132,16 @@ class StreamBook:
             offset += segment.num_rows
         return {split: (done, total) for split, (done, total) in out.items()}
 
+    def files_of(self, segments: Sequence[Segment]) -> list[int]:
+        """Indices of the files holding the rows of these segments (for messages)."""
+        files: set[int] = set()
+        for segment in segments:
+            stream = self.stream(segment.key)
+            first, last = stream.window_of(segment.start), stream.window_of(max(segment.start, segment.stop - 1))
+            pieces = stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[last + 1])]
+            files.update(piece.file for piece in pieces)
+        return sorted(files)
+
     def deal_units(self, segment: Segment) -> list[Segment]:
         """Cut a segment into the units an elastic resume deals out: whole windows when
         shuffling (a partly delivered window stays one unit), else runs of one split."""

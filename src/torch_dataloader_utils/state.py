@@ -248,9 +248,16 @@ def validate_rank_state(
     for key in CONFIG_KEYS:
         if key not in state:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
-    causes = config_causes(state, config) + file_causes(state.get("files"), fingerprint)
+    changed_files = file_causes(state.get("files"), fingerprint)
+    causes = config_causes(state, config) + changed_files
     if causes:
-        raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes)
+        advice = None
+        if changed_files and len(changed_files) == len(causes):
+            advice = (
+                "The data changed since the checkpoint: resume on the files it was taken with, "
+                "or discard this checkpoint and start the epoch fresh."
+            )
+        raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes, advice)
     if epoch < 0:
         raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
     positions = _require(state, "rows_delivered", list, "rank")
