@@ -241,8 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     rows = {}
     for name, loader in loaders.items():  # warm-up: page cache, imports in workers
         rows[name] = epoch_seconds(loader)[2]
-    for _ in range(args.repeats):
-        for name, loader in loaders.items():
+    for round_ in range(args.repeats):
+        order = list(loaders.items())
+        for name, loader in order if round_ % 2 == 0 else order[::-1]:  # no contender always runs first
             seconds, cpu_seconds, rows[name], batches = epoch_seconds(loader)
             wall[name].append(seconds)
             cpu[name].append(cpu_seconds)

@@ -40,7 +40,7 @@ def data(tmp_path_factory) -> str:
 def make(path: str, workers: int, shuffle: bool, persistent: bool = False, via: str = "ctor", snapshot: int = 1, **changes):
     """A fresh dataset (by the constructor or create_dataloader) and a StatefulDataLoader over it."""
     kwargs = {**CONFIG, "num_workers": workers, "shuffle": shuffle, **changes}
-    loader_workers = kwargs.pop("loader_workers", workers)
+    loader_workers = kwargs.pop("loader_workers", kwargs["num_workers"])
     if via == "create":
         dataset = StructuredDataset.create_dataloader(path, **kwargs)[1]
     else:
