@@ -81,18 +81,20 @@ def test_worker_killed_during_a_training_step(data, persistent, capsys):
     elapsed = time.monotonic() - started
     again = None
     if persistent:
-        try:  # the persistent workers are broken for good: a new pass must fail at once (no hang)
+        try:  # the dead persistent worker: a new pass fails at once (no hang) or runs on new workers
             next(iter(loader))
         except Exception as caught:  # noqa: BLE001 - checked below
             again = _error_text(caught)
         del it, loader
         gc.collect()  # shut the broken iterator down, leaving torch's SIGCHLD watch
     assert error is not None, "the epoch ended although a worker was killed"
-    assert re.search(r"RuntimeError: DataLoader worker \(pid.*(killed by signal|exited unexpectedly)", error), error
+    # torch's SIGCHLD handler raises its own RuntimeError during the training step; a death seen
+    # while the loader waits for a chunk comes as the loader's RuntimeError naming the worker
+    assert re.search(r"RuntimeError: .*DataLoader worker \(pid.*(killed by signal|exited unexpectedly)", error), error
     count, state = saved
     assert received[:count] + resume(data, state, **config) == full, "resume from the last state is not exact"
     if persistent:
-        assert again is not None and "DataLoader worker" in again, again
+        assert again is None or "a DataLoader worker process died" in again, again
     else:
         # a new pass of the same loader starts new workers and continues from the progress
         assert received[:count] + run_epoch(loader, dataset) == full
@@ -103,8 +105,9 @@ def test_worker_killed_during_a_training_step(data, persistent, capsys):
 @pytest.mark.timeout(90)
 def test_worker_killed_while_the_loop_waits_for_it(data, capsys):
     """The race: the loop fetches the dead worker's chunk right after the kill. torch raises either
-    its RuntimeError or, when the worker is not yet reaped, the bare ConnectionResetError of its fd
-    sharing; either way promptly, and the last saved state resumes exactly."""
+    its RuntimeError or, when the worker is not yet reaped, a ConnectionResetError of its fd sharing,
+    which the loader turns into one clear error; either way promptly, and the last saved state
+    resumes exactly."""
     full = run_epoch(*make(data, **CONFIG))
     loader, dataset = make(data, **CONFIG)
     it, received, saved, workers = _start_and_find_workers(loader, dataset, 6)
@@ -120,7 +123,7 @@ def test_worker_killed_while_the_loop_waits_for_it(data, capsys):
     del it, loader
     gc.collect()
     assert error is not None, "the epoch ended although a worker was killed"
-    assert error.startswith(("RuntimeError: DataLoader worker", "ConnectionResetError", "ConnectionRefusedError")), error
+    assert error.startswith(("RuntimeError: a DataLoader worker process died", "RuntimeError: DataLoader worker")), error
     count, state = saved
     assert received[:count] + resume(data, state, **CONFIG) == full
     with capsys.disabled():

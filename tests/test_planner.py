@@ -76,3 +76,14 @@ def test_epoch_order_is_deterministic_and_changes_with_epoch_and_seed():
     assert not (a == epoch_order(100, True, 7, 1)).all()
     assert not (a == epoch_order(100, True, 8, 0)).all()
     assert list(epoch_order(5, False, 7, 3)) == [0, 1, 2, 3, 4]
+
+
+PINNED = [5, 6, 9, 3, 2, 1, 0, 8, 4, 7]
+
+
+def test_stable_permutation_is_pinned():
+    # fixed by the SeedSequence and PCG64 specifications: a checkpoint must outlive NumPy upgrades
+    from torch_dataloader_utils.planner import stable_permutation
+
+    assert stable_permutation([1, 2], 10).tolist() == PINNED
+    assert sorted(stable_permutation([7], 1000).tolist()) == list(range(1000))

@@ -537,16 +537,21 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._reset_progress()
-        length = sum(rows for _, rows in self._worker_parts(worker))
+        selected = self._epoch
+        self._epoch = epoch  # measure the worker's rows in the state's epoch, without touching progress
+        try:
+            length = sum(rows for _, rows in self._worker_parts(worker))
+        finally:
+            self._epoch = selected
         if position > length:
             raise mismatch(
                 f"Checkpoint state of worker {worker} is out of range.",
                 [],
                 [f"rows_delivered={position} but the worker has {length} rows in epoch {epoch}"],
             )
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._reset_progress()
         self._positions[worker] = position
         self._pass_done = False
         self._restored_epoch = epoch

@@ -25,7 +25,7 @@ class FileEntry:
     tag: str | None
 
 
-def _content_tag(info: dict) -> str | None:
+def content_tag(info: dict) -> str | None:
     """What tells two versions of a file apart besides size: the store's ETag or generation,
     or the modification time of a local file."""
     for key in ("ETag", "etag", "generation", "md5Hash", "content_md5"):
@@ -112,7 +112,7 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             raise FileNotFoundError(f"no such file or directory: {user_path!r}; check the path and storage_options") from None
         for path, info in matches:
             url = _url(fs, path)
-            found[url] = FileEntry(path, url, int(info.get("size") or 0), _content_tag(info))
+            found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
     if not found:
         raise FileNotFoundError(
             f"no {format or 'Parquet or ORC'} files found under {paths!r} "

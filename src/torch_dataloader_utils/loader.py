@@ -77,8 +77,7 @@ class StructuredDataLoader:
         workers = dataset.num_workers
         if workers:
             _preload_worker_imports()
-        self._loader = DataLoader(
-            _ChunkSource(dataset),
+        self._loader_kwargs = dict(
             batch_size=None,
             sampler=self._sampler,
             num_workers=workers,
@@ -89,6 +88,7 @@ class StructuredDataLoader:
             timeout=timeout,
             multiprocessing_context=multiprocessing_context if workers else None,
         )
+        self._loader = DataLoader(_ChunkSource(dataset), **self._loader_kwargs)
 
     @property
     def batch_size(self) -> int:
@@ -101,4 +101,25 @@ class StructuredDataLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
         self._sampler.tasks = tasks
-        return self.stats.track(self.dataset.deliver(tasks, iter(self._loader)))
+        return self.stats.track(self.dataset.deliver(tasks, self._chunks()))
+
+    def _chunks(self) -> Iterator[Chunk]:
+        """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
+        next pass starts new worker processes (persistent ones included)."""
+        try:
+            yield from self._loader
+        except (ConnectionError, EOFError, RuntimeError) as error:
+            if not self.dataset.num_workers or not _is_worker_death(error):
+                raise
+            self._loader = DataLoader(_ChunkSource(self.dataset), **self._loader_kwargs)
+            raise RuntimeError(
+                f"a DataLoader worker process died ({error}); was it killed or out of memory? "
+                "dataset.state_dict() still counts exactly the batches you received: iterate the loader "
+                "again to continue, or resume from your last checkpoint"
+            ) from error
+
+
+def _is_worker_death(error: BaseException) -> bool:
+    if isinstance(error, (ConnectionError, EOFError)):
+        return True
+    return "exited unexpectedly" in str(error)

@@ -76,11 +76,22 @@ def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BY
     return splits
 
 
+def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:
+    """A random permutation of ``range(size)`` that is the same on every machine and NumPy version.
+
+    NumPy does not promise that ``Generator.permutation`` keeps its stream across releases,
+    and a checkpoint must outlive an upgrade. SeedSequence and PCG64's raw output are fixed
+    by their specifications, so we sort by raw 64-bit draws instead.
+    """
+    bits = np.random.PCG64(np.random.SeedSequence(list(seed_words)))
+    return np.argsort(bits.random_raw(size), kind="stable").astype(np.int64)
+
+
 def epoch_order(num_splits: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
     """The order of the split list in an epoch: identity, or a permutation from (seed, epoch)."""
     if not shuffle:
         return np.arange(num_splits, dtype=np.int64)
-    return np.random.default_rng([seed, epoch]).permutation(num_splits)
+    return stable_permutation([seed, epoch], num_splits)
 
 
 def assign_splits(order: Sequence[int], rank: int, world_size: int, num_workers: int) -> list[list[int]]:

@@ -15,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from .catalog import Catalog
+from .discovery import content_tag
 from .errors import DataReadError
+from .formats.io import is_local
 from .lanes import Segment, StreamBook
 from .schema import read_conformed
 from .streams import Piece, Stream
@@ -36,9 +38,10 @@ class Rows:
 
 @dataclass
 class _Window:
-    table: pa.Table  # rows that could be read, in output order
+    table: pa.Table  # rows that could be read, in output order (unless `order` is set)
     valid: np.ndarray | None  # per output position: was the row read (None: all were)
     skipped: dict[int, str]
+    order: np.ndarray | None = None  # output position -> row of `table` (rows not yet permuted)
 
 
 class StreamReader:
@@ -92,6 +95,8 @@ class StreamReader:
         if window is not None:
             self._windows.move_to_end(key)
             return window
+        for old in [k for k in self._windows if k[:2] == key[:2]]:
+            del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.pieces[int(stream.window_pieces[index]) : int(stream.window_pieces[index + 1])]
         tables, skipped = [], {}
         for piece in pieces:
@@ -113,7 +118,9 @@ class StreamReader:
         table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
         permutation = stream.window_permutation(index)
         if not skipped:
-            return _Window(table.take(permutation) if permutation is not None else table, None, skipped)
+            # rows stay decoded in piece order; each read gathers its rows (see _gather), so a
+            # window costs its decoded bytes once instead of twice
+            return _Window(table, None, skipped, permutation)
         valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
         position = np.cumsum(valid) - 1  # planned row -> row of `table`
         order = permutation if permutation is not None else np.arange(len(valid))
@@ -135,6 +142,7 @@ class StreamReader:
         reader = self._files.get(file)
         if reader is None:
             entry = self._catalog.files[file]
+            _check_unchanged(self._catalog.fs, entry)
             reader = self._catalog.format.open(self._catalog.fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
             self._files[file] = reader
             while len(self._files) > _OPEN_FILES:
@@ -152,10 +160,41 @@ class StreamReader:
             raise ValueError(f"files with different schemas cannot be read together: {error}. Files of this stream: {names[:5]}") from error
 
 
+def _check_unchanged(fs: Any, entry: Any) -> None:
+    """A local file must still be the one planned (size and mtime); the footer read at
+    planning time would otherwise be applied to other bytes."""
+    if not is_local(fs):
+        return
+    info = fs.info(entry.fs_path)
+    now = (int(info.get("size") or 0), content_tag(info))
+    if now != (entry.size, entry.tag):
+        raise OSError(f"the file changed after planning (size/mtime {entry.size}/{entry.tag} -> {now[0]}/{now[1]}); create the loader again")
+
+
 def _slice(window: _Window, offset: int, take: int) -> Rows:
     """Output rows [offset, offset + take) of a window."""
+    if window.order is not None:
+        return Rows(_gather(window.table, window.order[offset : offset + take]), None, window.skipped)
     if window.valid is None:
         return Rows(window.table.slice(offset, take), None, window.skipped)
     valid = window.valid[offset : offset + take]
     first = int(np.count_nonzero(window.valid[:offset]))
     return Rows(window.table.slice(first, int(np.count_nonzero(valid))), np.flatnonzero(valid), window.skipped)
+
+
+def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` for a table of many chunks, one take per chunk (no concatenation)."""
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(rows)
+    bounds = np.cumsum([0] + [b.num_rows for b in batches])
+    owner = np.searchsorted(bounds, rows, side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=len(batches))
+    ends = np.cumsum(counts)
+    local = rows[order] - bounds[owner[order]]
+    parts = [batches[b].take(pa.array(local[ends[b] - counts[b] : ends[b]])) for b in np.flatnonzero(counts)]
+    grouped = pa.Table.from_batches(parts, schema=table.schema)
+    inverse = np.empty(len(rows), dtype=np.int64)
+    inverse[order] = np.arange(len(rows))
+    return grouped.take(inverse)

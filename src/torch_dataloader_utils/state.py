@@ -205,7 +205,8 @@ def file_causes(saved: Any, current: list[list]) -> list[str]:
 def _some_shard(state: Mapping[str, Any]) -> list:
     """The first non-empty list of completed (else in-progress) splits, to show in a diagnosis."""
     for key in ("completed_shards", "in_progress"):
-        for entry in state.get(key) or []:
+        entries = state.get(key)
+        for entry in entries if isinstance(entries, list) else []:
             if isinstance(entry, Mapping) and isinstance(entry.get("splits"), list) and entry["splits"]:
                 return entry["splits"]
     return []

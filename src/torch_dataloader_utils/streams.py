@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .planner import FileLayout
+from .planner import FileLayout, stable_permutation
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class Stream:
         if not self.shuffle:
             return None
         size = int(self.window_rows[window + 1] - self.window_rows[window])
-        return np.random.default_rng([*self.key, 2, window]).permutation(size)
+        return stable_permutation([*self.key, 2, window], size)
 
 
 def unit_offsets(layout: FileLayout) -> np.ndarray:
@@ -111,7 +111,7 @@ def build_stream(
     """
     pieces = [p for s in splits for p in split_pieces(s, split_rows[s], file_offsets[split_rows[s].file])]
     if shuffle:
-        order = np.random.default_rng([*key, 1]).permutation(len(pieces))
+        order = stable_permutation([*key, 1], len(pieces))
         pieces = [pieces[i] for i in order]
         starts, rows = [0], 0
         for i, piece in enumerate(pieces):

@@ -94,6 +94,8 @@ def _decompress(data: bytes, kind: int, block_size: int) -> bytes:
 
 def read_stripes(source, file_size: int) -> list[Stripe]:
     """The stripes of an ORC file, read from its tail through a seekable binary file."""
+    if file_size < 4:
+        raise ValueError(f"the file has {file_size} bytes, too few for an ORC file")
     tail_len = min(file_size, _TAIL_GUESS)
     source.seek(file_size - tail_len)
     tail = source.read(tail_len)
