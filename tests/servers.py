@@ -378,8 +378,8 @@ def s3_options(endpoint: str, client_retries: bool = True) -> dict:
         "secret": "testing",
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-west-2"},
     }
-    if not client_retries:  # botocore's retries off (s3fs's own: S3FileSystem.retries)
-        options["config_kwargs"] = {"retries": {"total_max_attempts": 1}}
+    if not client_retries:  # botocore's retries and read timeout out of the way (s3fs's own: S3FileSystem.retries)
+        options["config_kwargs"] = {"retries": {"total_max_attempts": 1}, "read_timeout": 300}
     return options
 
 

@@ -193,12 +193,13 @@ def no_client_retries(s3, monkeypatch):
 def test_transient_faults_are_retried_nothing_lost_or_duplicated(s3, uploaded, no_client_retries, mode):
     url = uploaded(s3)
     faults = s3.server.faults
-    config = _config(s3, True, download_retry=3, download_timeout=0.5)
+    config = _config(s3, True, download_retry=3, download_timeout=1.5)
     config["storage_options"] = no_client_retries
-    faults.inject(mode, 1, stall_seconds=2.0)  # the first read of every object while planning (its footer) ...
+    # a stall outlasts the test unless download_timeout cuts it (the client's read timeout is 300 s)
+    faults.inject(mode, 1, stall_seconds=120.0)  # the first read of every object while planning (its footer) ...
     loader, dataset = make(url, **config)
     assert faults.injected_count() == len(LAYOUT)
-    faults.inject(mode, 1, stall_seconds=2.0)  # ... and while reading
+    faults.inject(mode, 1, stall_seconds=120.0)  # ... and while reading
     assert_exactly_once(run_epoch(loader, dataset), ROWS)
     assert faults.injected_count() >= len(LAYOUT)
 
