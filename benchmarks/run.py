@@ -10,6 +10,7 @@ benchmarks/results/<name>.json. See docs/performance.md.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import pickle
@@ -35,15 +36,27 @@ COLUMN_BYTES = {"id": 8, "label": 4, "feat": 256, "text": ROW_BYTES - 268}  # de
 
 
 # ------------------------------------------------------------ child process
+def _cpu_seconds() -> np.ndarray:
+    """CPU time of this process and of its reaped children (the loader's workers)."""
+    t = os.times()
+    return np.array([t.user + t.system, t.children_user + t.children_system])
+
+
 def batch_rows(batch: Any) -> int:
     return batch if isinstance(batch, int) else len(batch["id"])
 
 
 def child(spec: dict) -> dict:
     """One epoch (fresh, saving states at FRACTIONS) or the rest of one after a resume."""
-    from contenders import Config
+    from contenders import IMPORTS, Config
 
+    for module in IMPORTS.get(spec["contender"], ()):  # imports are not part of the first-batch time
+        importlib.import_module(module)
     cfg = Config(**spec["config"])
+    if spec.get("sharing_strategy"):
+        import torch.multiprocessing
+
+        torch.multiprocessing.set_sharing_strategy(spec["sharing_strategy"])
     state = None
     if spec.get("resume_from"):
         with open(spec["resume_from"], "rb") as f:
@@ -52,7 +65,7 @@ def child(spec: dict) -> dict:
     ids: list[np.ndarray] = []
     saved: list[int] = []
     rows = 0
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
     batches, save_state = CONTENDERS[spec["contender"]](cfg, state, **spec.get("options", {}))
     started = time.perf_counter()
     first = None
@@ -67,6 +80,7 @@ def child(spec: dict) -> dict:
                 pickle.dump(save_state(), f)
             saved.append(rows)
     end = time.perf_counter()
+    cpu = _cpu_seconds() - cpu0  # the workers have ended with the epoch and were reaped
     if spec["collect_ids"]:
         np.save(spec["work"] + ".ids.npy", np.concatenate(ids) if ids else np.zeros(0, np.int64))
     return {
@@ -75,6 +89,8 @@ def child(spec: dict) -> dict:
         "first_batch_s": first - t0,
         "epoch_s": end - t0,
         "setup_s": started - t0,
+        "cpu_s": float(cpu.sum()),
+        "cpu_main_s": float(cpu[0]),
         "rows_per_s": rows / (end - started),
     }
 
@@ -137,9 +153,9 @@ def resume_check(epoch_ids: np.ndarray, before: int, after: np.ndarray, total: i
     }
 
 
-def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, options: dict) -> dict:
+def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, extra: dict) -> dict:
     """Fresh epoch (states saved at FRACTIONS), then one new process per resume point."""
-    spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, "options": options}
+    spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
     fresh = run_child({**spec, "collect_ids": True, "save_fractions": FRACTIONS if resumes else []}, timeout)
     ids = np.load(work + ".ids.npy")
     check = resume_check(ids, 0, ids, total) if len(ids) else None  # the ceiling sends no ids
@@ -153,11 +169,11 @@ def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, tim
     return result
 
 
-def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float) -> dict:
+def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra: dict) -> dict:
     """Peak RSS of the library's epoch on 1x and 4x the data (ids not collected)."""
     out = {}
     for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
-        spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False}
+        spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
         out[label] = run_child(spec, timeout)
     return out
 
@@ -173,10 +189,10 @@ def _fmt_resume(entry: dict | None, key: str) -> str:
 
 def table(results: dict) -> str:
     head = (
-        "| contender | columns | rows/s | MB/s | vs (a) | epoch s | peak PSS MiB | first batch s | "
+        "| contender | columns | rows/s | MB/s | vs (a) | epoch s | CPU s | peak PSS MiB | first batch s | "
         "resume 10/50/90% first batch s | dup/lost 10% | 50% | 90% |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     for colset, per in results["measurements"].items():
         ceiling = per["a_ceiling"]["epoch"]["rows_per_s"]
         for name, res in per.items():
@@ -185,7 +201,7 @@ def table(results: dict) -> str:
             dups = [_fmt_resume(r.get(str(f)), "dup") for f in FRACTIONS]
             mbs = e["rows_per_s"] * results["row_bytes"][colset] / 1e6
             lines.append(
-                f"| {LABELS[name]} | {colset} | {e['rows_per_s']:,.0f} | {mbs:,.0f} | {e['rows_per_s'] / ceiling:.2f} | {e['epoch_s']:.1f} | "
+                f"| {LABELS[name]} | {colset} | {e['rows_per_s']:,.0f} | {mbs:,.0f} | {e['rows_per_s'] / ceiling:.2f} | {e['epoch_s']:.1f} | {e['cpu_s']:.1f} | "
                 f"{e['peak_pss_mib']:,.0f} | {e['first_batch_s']:.2f} | {ttfbs} | {' | '.join(dups)} |"
             )
     rss = results.get("rss_scaling")
@@ -207,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
     parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
     parser.add_argument("--options", default="{}", help="JSON keyword arguments for create_dataloader in (d)")
+    parser.add_argument("--sharing-strategy", choices=["file_descriptor", "file_system"], help="torch.multiprocessing's, for every contender")
     parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data"))
     parser.add_argument("--name", default="run")
     parser.add_argument("--timeout", type=float, default=900)
@@ -233,11 +250,13 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.contenders.split(","):
             log(f"{colset}: {name}")
             resumes = not args.no_resume and name != "a_ceiling"
-            per[name] = measure(name, cfg, total, work, resumes, args.timeout, options if name == "d_this_library" else {})
+            extra = {"sharing_strategy": args.sharing_strategy, "options": options if name == "d_this_library" else {}}
+            per[name] = measure(name, cfg, total, work, resumes, args.timeout, extra)
     if scaling:
         log("rss scaling: d_this_library on 1x and 4x")
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS["text"], "batch_size": args.batch_size, "num_workers": args.num_workers}
-        results["rss_scaling"] = rss_scaling(cfg, files, work, args.timeout)
+        extra = {"sharing_strategy": args.sharing_strategy, "options": options}
+        results["rss_scaling"] = rss_scaling(cfg, files, work, args.timeout, extra)
     path = os.path.join(HERE, "results", f"{args.name}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
