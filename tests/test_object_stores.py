@@ -207,9 +207,9 @@ def test_transient_faults_are_retried_nothing_lost_or_duplicated(s3, uploaded, n
 def run_until_error(loader, dataset) -> tuple[str, list, dict | None]:
     """Iterate until a DataReadError; return its message, the batches and the last state.
 
-    The failed DataLoader iterator sits in a reference cycle (exception <-> frames);
-    collecting it here shuts its workers down in this thread, not in whichever
-    thread (e.g. fsspec's event loop) happens to run the garbage collector next.
+    The failed torch DataLoader iterator sits in a reference cycle (exception <-> frames);
+    collecting it here shuts its workers down in this thread, not in whichever thread
+    (e.g. fsspec's event loop, which it would stall) runs the garbage collector next.
     """
     batches, state, message = [], None, None
     try:
