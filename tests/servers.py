@@ -441,7 +441,16 @@ def s3(store_registry) -> Store:
     return get_store("s3", store_registry)
 
 
+def _exit_with_parent() -> None:
+    """Stop when the process that started this server is gone (killed tests leave no server)."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
+
+
 def _main(kind: str) -> None:
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     server = {"s3": serve_s3, "gcs": serve_gcs}[kind]()
     print(f"PORT {server.server_address[1]}", flush=True)
     server.serve_forever()
