@@ -25,6 +25,7 @@ import inspect
 import json
 import logging
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -317,6 +318,16 @@ class ChildServer:
             self._proc.wait()
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class AzureServer:
     """Azurite's blob service, in memory, as a child process."""
 
@@ -325,7 +336,7 @@ class AzureServer:
             raise RuntimeError(f"Azurite is not installed ({AZURITE}); run `npm ci` in {REPO}")
         self.port = free_port()
         cmd = [AZURITE, "--inMemoryPersistence", "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--skipApiVersionCheck", "--loose"]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO)
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=_die_with_parent)
         try:
             wait_for_port(self.port, 60, self._proc)
         except BaseException:
