@@ -106,11 +106,17 @@ class StructuredDataLoader:
     def _chunks(self) -> Iterator[Chunk]:
         """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
         next pass starts new worker processes (persistent ones included)."""
+        chunks = None
         try:
-            yield from self._loader
-        except (ConnectionError, EOFError, RuntimeError) as error:
+            chunks = iter(self._loader)
+            yield from chunks
+        except Exception as error:  # noqa: BLE001 - re-raised below
+            # Drop every reference to torch's iterator now, so that its worker processes shut down
+            # here and not in some later garbage collection: the traceback pins its frames too.
+            chunks = None
+            error.__traceback__ = None
             if not self.dataset.num_workers or not _is_worker_death(error):
-                raise
+                raise error
             self._loader = DataLoader(_ChunkSource(self.dataset), **self._loader_kwargs)
             raise RuntimeError(
                 f"a DataLoader worker process died ({error}); was it killed or out of memory? "
