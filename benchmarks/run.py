@@ -3,7 +3,7 @@
     python benchmarks/run.py [--size-gb 0.25] [--num-workers 2] [--batch-size 1024] [--name run]
 
 Every measurement runs in a new process (a resume too), while this process samples the
-RSS of that process and all its children. Prints a markdown table; writes JSON to
+RSS and PSS of that process and all its children. Prints a markdown table; writes JSON to
 benchmarks/results/<name>.json. See docs/performance.md.
 """
 
@@ -111,7 +111,7 @@ def _tree_memory(proc: Any) -> tuple[int, int]:
 
 
 def run_child(spec: dict, timeout: float) -> dict:
-    """Run one measurement in a new process, sampling its process tree's RSS."""
+    """Run one measurement in a new process, sampling its process tree's memory."""
     import psutil
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -170,7 +170,7 @@ def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, tim
 
 
 def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra: dict) -> dict:
-    """Peak RSS of the library's epoch on 1x and 4x the data (ids not collected)."""
+    """Peak memory of the library's epoch on 1x and 4x the data (ids not collected)."""
     out = {}
     for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
         spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
@@ -194,7 +194,7 @@ def table(results: dict) -> str:
     )
     lines = [head, "|" + "---|" * 13]
     for colset, per in results["measurements"].items():
-        ceiling = per["a_ceiling"]["epoch"]["rows_per_s"]
+        ceiling = per["a_ceiling"]["epoch"]["rows_per_s"] if "a_ceiling" in per else float("nan")
         for name, res in per.items():
             e, r = res["epoch"], res["resumes"]
             ttfbs = "/".join(_fmt_resume(r.get(str(f)), "ttfb") for f in FRACTIONS)
