@@ -31,7 +31,7 @@ from .tasks import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_
 log = logging.getLogger(__name__)
 
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 18
-DEFAULT_CHUNK_ROWS = 1 << 16
+DEFAULT_CHUNK_ROWS = 1 << 14  # measured: same CPU as 65536, faster first batch, 4x less in flight
 EQUALIZE_POLICIES = ("pad", "drop", "none")
 ON_ERROR_POLICIES = ("raise", "skip")
 
