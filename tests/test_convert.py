@@ -74,3 +74,19 @@ def test_unsupported_type_names_the_column(tmp_path):
         _batches(tmp_path, table)
     (batch,) = _batches(tmp_path, table, columns=["id"])
     assert list(batch) == ["id"]
+
+
+def test_strings_cross_as_arrow_buffers_and_slice_per_batch(tmp_path):
+    words = ["", "a", "", "bcd", "é", "xy", "", ""]
+    table = pa.table(
+        {
+            "id": list(range(8)),
+            "s": pa.array(words, pa.large_string()),
+            "b": pa.array([w.encode() for w in words], pa.binary()),
+            "empty": pa.array([""] * 8),
+        }
+    )
+    batches = _batches(tmp_path, table, batch_size=3)
+    assert [b["s"] for b in batches] == [words[0:3], words[3:6], words[6:8]]
+    assert [x for b in batches for x in b["b"]] == [w.encode() for w in words]
+    assert [x for b in batches for x in b["empty"]] == [""] * 8

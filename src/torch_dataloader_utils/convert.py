@@ -33,6 +33,27 @@ class _ListColumn(NamedTuple):
     offsets: torch.Tensor
 
 
+class _StringColumn(NamedTuple):
+    """Strings / binary of a chunk as their Arrow offsets and bytes (two tensors cross between
+    processes instead of one pickled Python object per row); batches build their own list."""
+
+    type: pa.DataType
+    offsets: torch.Tensor
+    data: torch.Tensor
+
+
+_STRING_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+
+
+def _strings(array: pa.Array) -> Any:
+    if array.null_count:
+        return array.to_pylist()  # nulls become None; rare enough to take the simple path
+    wide = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    bounds = np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32)[array.offset : array.offset + len(array) + 1]
+    data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]] if array.buffers()[2] else np.zeros(0, np.uint8)
+    return _StringColumn(array.type, torch.from_numpy(bounds - bounds[0]), _tensor(data))
+
+
 def _tensor(array: np.ndarray) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Arrow buffers are flagged read-only
@@ -67,8 +88,8 @@ def _column(array: pa.Array, name: str, where: str) -> Any:
     kind = array.type
     if pa.types.is_dictionary(kind):
         return _column(array.dictionary_decode(), name, where)
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-        return array.to_pylist()
+    if any(check(kind) for check in _STRING_TYPES):
+        return _strings(array)
     if pa.types.is_fixed_size_list(kind):
         return _flatten_fixed(array, name, where)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
@@ -92,6 +113,13 @@ def table_to_columns(table: pa.Table, where: str) -> dict[str, Any]:
     return {name: _column(table.column(name).combine_chunks(), name, where) for name in table.column_names}
 
 
+def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:
+    offsets = column.offsets[start : stop + 1].numpy()
+    first, last = int(offsets[0]), int(offsets[-1])
+    buffers = [None, pa.py_buffer(offsets - first), pa.py_buffer(column.data[first:last].numpy())]
+    return pa.Array.from_buffers(column.type, stop - start, buffers).to_pylist()
+
+
 def _slice_list(column: _ListColumn, start: int, stop: int) -> Any:
     offsets = column.offsets[start : stop + 1]
     first = int(offsets[0])
@@ -109,6 +137,8 @@ def slice_columns(columns: dict[str, Any], start: int, stop: int) -> dict[str, A
     for name, column in columns.items():
         if isinstance(column, _ListColumn):
             batch[name] = _slice_list(column, start, stop)
+        elif isinstance(column, _StringColumn):
+            batch[name] = _slice_strings(column, start, stop)
         else:
             batch[name] = column[start:stop]
     return batch
