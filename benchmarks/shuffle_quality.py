@@ -213,75 +213,6 @@ def max_window_rows(buffer_rows: int, row_group_rows: int, worker_rows: int) -> 
     return min(worker_rows, max(row_group_rows, buffer_rows // row_group_rows * row_group_rows))
 
 
-# ------------------------------------------------------ prototypes (--prototype)
-def gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``table.take(rows)`` for a table of many chunks: one take per chunk, then one to restore the order."""
-    batches = table.to_batches()
-    if len(batches) <= 1:
-        return table.take(rows)
-    bounds = np.cumsum([0] + [b.num_rows for b in batches])
-    owner = np.searchsorted(bounds, rows, side="right") - 1
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=len(batches))
-    ends = np.cumsum(counts)
-    local = rows[order] - bounds[owner[order]]
-    parts = [batches[b].take(pa.array(local[ends[b] - counts[b] : ends[b]])) for b in np.flatnonzero(counts)]
-    inverse = np.empty(len(rows), dtype=np.int64)
-    inverse[order] = np.arange(len(rows))
-    return pa.Table.from_batches(parts, schema=table.schema).take(inverse)
-
-
-class _PermutedRows:
-    """A window's rows decoded in piece order; ``slice`` gives output rows (what reader._slice calls)."""
-
-    def __init__(self, table: pa.Table, order: np.ndarray):
-        self.table, self.order = table, order
-        self.num_rows = table.num_rows
-
-    def slice(self, offset: int, length: int) -> pa.Table:
-        return gather(self.table, self.order[offset : offset + length])
-
-
-def lean_reader_class() -> type:
-    """The reader with the proposed change (see docs/shuffling.md and the report).
-
-    The current reader materializes each permuted window (a second copy of it) and
-    caches two windows, so switching windows holds up to four windows' bytes. Here a
-    window stays decoded in piece order, each read gathers its rows, and a stream's
-    previous window is freed before its next one is decoded.
-    """
-    from torch_dataloader_utils import reader
-
-    class LeanWindowReader(reader.StreamReader):
-        def _window(self, stream, index):  # type: ignore[override]
-            key = (stream.key, stream.splits, index)
-            if key not in self._windows:
-                for old in [k for k in self._windows if k[:2] == key[:2]]:
-                    del self._windows[old]
-            return super()._window(stream, index)
-
-        def _assemble(self, stream, index, pieces, tables, skipped):  # type: ignore[override]
-            permutation = stream.window_permutation(index)
-            if skipped or permutation is None:
-                return super()._assemble(stream, index, pieces, tables, skipped)
-            table = self._concat(tables, stream) if len(tables) > 1 else tables[0]
-            return reader._Window(_PermutedRows(table, permutation), None, skipped)
-
-    return LeanWindowReader
-
-
-def install_prototype() -> None:
-    """Use the lean reader wherever the package refers to StreamReader (workers fork with it)."""
-    import torch_dataloader_utils
-
-    lean = lean_reader_class()
-    for name, module in list(sys.modules.items()):
-        if name.startswith(torch_dataloader_utils.__name__) and hasattr(module, "StreamReader") and name != lean.__module__:
-            if module.__name__.endswith(".reader"):
-                continue
-            setattr(module, "StreamReader", lean)
-
-
 # ------------------------------------------------------------ Hugging Face
 def run_hf(paths: list[str], buffer_rows: int, seed: int) -> tuple[list[np.ndarray], float]:
     """Ids in the order of datasets' IterableDataset.shuffle(buffer_size) over the Parquet files."""
@@ -364,7 +295,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--buffers", default="1,16384,65536,262144", help="shuffle_buffer_rows settings (1 is the baseline)")
     parser.add_argument("--chunk-rows", type=int, default=65536, help="the loader's chunk_rows (default: its default)")
-    parser.add_argument("--prototype", action="store_true", help="also run the proposed lean window reader")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face datasets")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_quality.json"))
     args = parser.parse_args(argv)
@@ -405,10 +335,6 @@ def main(argv: list[str] | None = None) -> None:
 
     mine = loader_rows("this loader")
     splits = mine[1]["splits"]
-    lean: dict[int, dict[str, Any]] = {}
-    if args.prototype:
-        install_prototype()
-        lean = loader_rows("prototype lean reader")
 
     hf: dict[str, Any] = {}
     if not args.no_hf:
@@ -417,9 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         results["hf_bytes_per_buffered_row"] = hf_row_bytes
         ref = mine.get(DEFAULT_BUFFER) or mine[max(mine)]
         sizes = {"equal rows": ref["buffer_rows"], "equal decoded bytes": int(ref["window_mib"] * 2**20 / hf_row_bytes)}
-        for label, rows in (("this loader", mine), ("prototype", lean)):
-            if ref["buffer_rows"] in rows:
-                sizes[f"equal buffer memory to {label}"] = int(rows[ref["buffer_rows"]]["buffer_mib"] * 2**20 / hf_row_bytes)
+        if ref["buffer_rows"] in mine:
+            sizes["equal buffer memory"] = int(mine[ref["buffer_rows"]]["buffer_mib"] * 2**20 / hf_row_bytes)
         for label, size in sizes.items():
             batches, seconds = run_hf(paths, size, args.seed)
             hf[label] = add({"name": f"HF datasets shuffle(buffer_size={size:,}), {label}", "buffer_rows": size,
@@ -428,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
 
     results["splits"] = splits
     results["spearman_split_bound"] = 1 / np.sqrt(splits)
-    results["targets"] = targets(mine.get(DEFAULT_BUFFER), lean.get(DEFAULT_BUFFER), ideal, hf, splits)
+    results["targets"] = targets(mine.get(DEFAULT_BUFFER), ideal, hf, splits)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
@@ -442,11 +367,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"- {line}")
 
 
-def targets(default: dict | None, lean: dict | None, ideal: dict, hf: dict[str, dict], splits: int) -> list[str]:
+def targets(default: dict | None, ideal: dict, hf: dict[str, dict], splits: int) -> list[str]:
     """The issue's targets at the default setting, each with its numbers and verdict."""
     out = []
     bound = 1 / np.sqrt(splits)
-    for label, r in (("this loader", default), ("prototype", lean)):
+    for label, r in (("this loader", default),):
         if r is None:
             continue
         checks = [
