@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
