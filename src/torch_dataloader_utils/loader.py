@@ -119,7 +119,7 @@ class StructuredDataLoader:
                 raise error
             self._loader = DataLoader(_ChunkSource(self.dataset), **self._loader_kwargs)
             raise RuntimeError(
-                f"a DataLoader worker process died ({error}); was it killed or out of memory? "
+                f"a DataLoader worker process died ({type(error).__name__}: {error}); was it killed or out of memory? "
                 "dataset.state_dict() still counts exactly the batches you received: iterate the loader "
                 "again to continue, or resume from your last checkpoint"
             ) from error
