@@ -310,12 +310,17 @@ class ChildServer:
             pass
 
     def stop(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        _stop(self._proc)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate a server process, killing it if it does not exit within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _die_with_parent() -> None:
@@ -346,12 +351,7 @@ class AzureServer:
         self.faults = None
 
     def stop(self) -> None:
-        self._proc.terminate()
-        try:
-            self._proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        _stop(self._proc)
 
 
 # --------------------------------------------------------------------------- a store handle

@@ -14,11 +14,14 @@ A null in a numeric column raises ValueError naming the column.
 from __future__ import annotations
 
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 import torch
+
+
+Where = Callable[[], str]  # describes a chunk's source; called only when there is an error to report
 
 
 class Ragged(NamedTuple):
@@ -60,10 +63,10 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(array)
 
 
-def _numeric(array: pa.Array, name: str, where: str) -> torch.Tensor:
+def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
     if array.null_count:
         raise ValueError(
-            f"column {name!r} has {array.null_count} null value(s) in {where}; a tensor cannot hold nulls. "
+            f"column {name!r} has {array.null_count} null value(s) in {where()}; a tensor cannot hold nulls. "
             "Fill them in the data, or leave the column out with columns=[...]"
         )
     kind = array.type
@@ -74,17 +77,17 @@ def _numeric(array: pa.Array, name: str, where: str) -> torch.Tensor:
     return _tensor(array.to_numpy(zero_copy_only=False))
 
 
-def _flatten_fixed(array: pa.Array, name: str, where: str) -> torch.Tensor:
+def _flatten_fixed(array: pa.Array, name: str, where: Where) -> torch.Tensor:
     shape = [len(array)]
     while pa.types.is_fixed_size_list(array.type):
         if array.null_count:
-            raise ValueError(f"column {name!r} has null list rows in {where}; fill them or leave the column out")
+            raise ValueError(f"column {name!r} has null list rows in {where()}; fill them or leave the column out")
         shape.append(array.type.list_size)
         array = array.flatten()
     return _numeric(array, name, where).reshape(shape)
 
 
-def _column(array: pa.Array, name: str, where: str) -> Any:
+def _column(array: pa.Array, name: str, where: Where) -> Any:
     kind = array.type
     if pa.types.is_dictionary(kind):
         return _column(array.dictionary_decode(), name, where)
@@ -94,7 +97,7 @@ def _column(array: pa.Array, name: str, where: str) -> Any:
         return _flatten_fixed(array, name, where)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         if array.null_count:
-            raise ValueError(f"column {name!r} has null list rows in {where}; fill them or leave the column out")
+            raise ValueError(f"column {name!r} has null list rows in {where()}; fill them or leave the column out")
         offsets = array.offsets.to_numpy().astype(np.int64)
         values = array.flatten()
         inner = _flatten_fixed(values, name, where) if pa.types.is_fixed_size_list(values.type) else None
@@ -108,8 +111,8 @@ def _column(array: pa.Array, name: str, where: str) -> Any:
     raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
 
 
-def table_to_columns(table: pa.Table, where: str) -> dict[str, Any]:
-    """Convert a whole chunk; ``where`` describes its source for error messages."""
+def table_to_columns(table: pa.Table, where: Where) -> dict[str, Any]:
+    """Convert a whole chunk; ``where()`` describes its source, asked only for an error message."""
     return {name: _column(table.column(name).combine_chunks(), name, where) for name in table.column_names}
 
 

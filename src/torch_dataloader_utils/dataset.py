@@ -298,8 +298,8 @@ class StructuredDataset(IterableDataset):
         if self._reader is None:
             self._reader = StreamReader(self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip")
         rows = self._reader.read_segments(self._book, task.segments)
-        where = self._describe_rows(task)
-        return Chunk(task.lane, task.start, task.stop, table_to_columns(rows.table, where), rows.present, rows.skipped)
+        columns = table_to_columns(rows.table, lambda: self._describe_rows(task))
+        return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
         """Slice chunks into batches and count each batch as delivered just before yielding it."""
