@@ -153,20 +153,30 @@ def resume_check(epoch_ids: np.ndarray, before: int, after: np.ndarray, total: i
     }
 
 
-def measure(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, extra: dict) -> dict:
-    """Fresh epoch (states saved at FRACTIONS), then one new process per resume point."""
+def fresh_epoch(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, extra: dict) -> dict:
+    """One uninterrupted epoch; ``resumes`` also saves states at FRACTIONS and keeps the delivered ids."""
     spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
-    fresh = run_child({**spec, "collect_ids": True, "save_fractions": FRACTIONS if resumes else []}, timeout)
+    return run_child({**spec, "collect_ids": resumes, "save_fractions": FRACTIONS if resumes else []}, timeout)
+
+
+def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, timeout: float, extra: dict) -> dict:
+    """One new process per resume point, each loading the state ``fresh`` saved there."""
+    spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
     ids = np.load(work + ".ids.npy")
-    check = resume_check(ids, 0, ids, total) if len(ids) else None  # the ceiling sends no ids
-    result = {"epoch": fresh, "epoch_check": check, "resumes": {}}
-    if not resumes:
-        return result
+    out = {}
     for i, fraction in enumerate(FRACTIONS):
         resumed = run_child({**spec, "collect_ids": True, "resume_from": f"{work}.state{i}"}, timeout)
         check = resume_check(ids, fresh["saved_rows"][i], np.load(work + ".ids.npy"), total)
-        result["resumes"][str(fraction)] = {**resumed, **check}
-    return result
+        out[str(fraction)] = {**resumed, **check}
+    return out
+
+
+def summarize(epochs: list[dict]) -> dict:
+    """The median of every figure over repeated epochs (peak memory: the maximum)."""
+    out = {key: float(np.median([e[key] for e in epochs])) for key in epochs[0] if isinstance(epochs[0][key], (int, float))}
+    for key in ("peak_rss_mib", "peak_pss_mib"):
+        out[key] = max(e[key] for e in epochs)
+    return out
 
 
 def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra: dict) -> dict:
@@ -194,14 +204,15 @@ def table(results: dict) -> str:
     )
     lines = [head, "|" + "---|" * 13]
     for colset, per in results["measurements"].items():
-        ceiling = per["a_ceiling"]["epoch"]["rows_per_s"] if "a_ceiling" in per else float("nan")
         for name, res in per.items():
             e, r = res["epoch"], res["resumes"]
             ttfbs = "/".join(_fmt_resume(r.get(str(f)), "ttfb") for f in FRACTIONS)
             dups = [_fmt_resume(r.get(str(f)), "dup") for f in FRACTIONS]
             mbs = e["rows_per_s"] * results["row_bytes"][colset] / 1e6
+            low, high = res.get("vs_ceiling_range", (float("nan"), float("nan")))
+            ratio = f"{res.get('vs_ceiling', float('nan')):.2f} ({low:.2f}–{high:.2f})" if len(res["epochs"]) > 1 else f"{res.get('vs_ceiling', float('nan')):.2f}"
             lines.append(
-                f"| {LABELS[name]} | {colset} | {e['rows_per_s']:,.0f} | {mbs:,.0f} | {e['rows_per_s'] / ceiling:.2f} | {e['epoch_s']:.1f} | {e['cpu_s']:.1f} | "
+                f"| {LABELS[name]} | {colset} | {e['rows_per_s']:,.0f} | {mbs:,.0f} | {ratio} | {e['epoch_s']:.1f} | {e['cpu_s']:.1f} | "
                 f"{e['peak_pss_mib']:,.0f} | {e['first_batch_s']:.2f} | {ttfbs} | {' | '.join(dups)} |"
             )
     rss = results.get("rss_scaling")
@@ -220,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--columns", default=",".join(COLUMN_SETS), help="column sets: numeric,text")
+    parser.add_argument("--repeat", type=int, default=3, help="epochs per contender (interleaved); the table shows medians")
     parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
     parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
     parser.add_argument("--options", default="{}", help="JSON keyword arguments for create_dataloader in (d)")
@@ -246,12 +258,27 @@ def main(argv: list[str] | None = None) -> None:
     options = json.loads(args.options)
     for colset in args.columns.split(","):
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS[colset], "batch_size": args.batch_size, "num_workers": args.num_workers}
+        names = args.contenders.split(",")
+        extras = {n: {"sharing_strategy": args.sharing_strategy, "options": options if n == "d_this_library" else {}} for n in names}
+        epochs: dict[str, list[dict]] = {n: [] for n in names}
         per = results["measurements"][colset] = {}
-        for name in args.contenders.split(","):
-            log(f"{colset}: {name}")
-            resumes = not args.no_resume and name != "a_ceiling"
-            extra = {"sharing_strategy": args.sharing_strategy, "options": options if name == "d_this_library" else {}}
-            per[name] = measure(name, cfg, total, work, resumes, args.timeout, extra)
+        for repeat in range(args.repeat):  # interleaved, so that load from other jobs hits every contender alike
+            for name in names:
+                log(f"{colset}: {name} epoch {repeat + 1}/{args.repeat}")
+                resumes = repeat == 0 and not args.no_resume and name != "a_ceiling"
+                epochs[name].append(fresh_epoch(name, cfg, total, f"{work}.{name}", resumes, args.timeout, extras[name]))
+        for name in names:
+            first = epochs[name][0]
+            per[name] = {"epoch": summarize(epochs[name]), "epochs": epochs[name], "resumes": {}}
+            if first.get("saved_rows") and len(first["saved_rows"]) == len(FRACTIONS):
+                log(f"{colset}: {name} resumes")
+                ids = np.load(f"{work}.{name}.ids.npy")
+                per[name]["epoch_check"] = resume_check(ids, 0, ids, total)
+                per[name]["resumes"] = resume_runs(name, cfg, total, f"{work}.{name}", first, args.timeout, extras[name])
+            if "a_ceiling" in epochs:  # paired by round: the ratio to the ceiling measured next to it
+                ratios = [e["rows_per_s"] / a["rows_per_s"] for e, a in zip(epochs[name], epochs["a_ceiling"])]
+                per[name]["vs_ceiling"] = float(np.median(ratios))
+                per[name]["vs_ceiling_range"] = [float(min(ratios)), float(max(ratios))]
     if scaling:
         log("rss scaling: d_this_library on 1x and 4x")
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS["text"], "batch_size": args.batch_size, "num_workers": args.num_workers}

@@ -11,34 +11,52 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
+from . import transfer
 from .dataset import Chunk, StructuredDataset
 from .stats import LoaderStats
 from .tasks import ChunkTask
 
+_Index = tuple[ChunkTask, tuple[transfer.Release, ...]]
+
 
 class _ChunkSource(Dataset):
-    """Map-style view of a dataset whose indices are chunk tasks."""
+    """Map-style view of a dataset whose indices are chunk tasks (with buffer releases).
 
-    def __init__(self, dataset: StructuredDataset):
+    In a worker process the chunk's tensors are packed into one of the worker's recycled
+    shared buffers (transfer.py); in the main process they are used as they are.
+    """
+
+    def __init__(self, dataset: StructuredDataset, board: int | None):
         self.dataset = dataset
+        self.board = board
 
-    def __getitem__(self, task: ChunkTask) -> Chunk:
-        return self.dataset.read_chunk(task)
+    def __getitem__(self, index: _Index) -> Chunk:
+        task, releases = index
+        if self.board is None or get_worker_info() is None:
+            return self.dataset.read_chunk(task)
+        pool = transfer.worker_pool()
+        pool.release(releases)
+        chunk = self.dataset.read_chunk(task)
+        chunk.columns = pool.pack(chunk.columns, self.board)
+        return chunk
 
     def __len__(self) -> int:
         return 0
 
 
 class _TaskSampler(Sampler):
-    """Yields the task list set just before each pass."""
+    """Yields the task list set just before each pass, each task with the buffer releases
+    posted since (the DataLoader asks for the next task only when it dispatches one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, board: transfer.ReleaseBoard | None) -> None:
         self.tasks: list[ChunkTask] = []
+        self.board = board
 
-    def __iter__(self) -> Iterator[ChunkTask]:
-        return iter(self.tasks)
+    def __iter__(self) -> Iterator[_Index]:
+        for task in self.tasks:
+            yield task, self.board.take() if self.board else ()
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -73,8 +91,9 @@ class StructuredDataLoader:
     ):
         self.dataset = dataset
         self.stats = LoaderStats()  # delivery statistics, separate from the checkpoint state
-        self._sampler = _TaskSampler()
         workers = dataset.num_workers
+        self._board = transfer.ReleaseBoard(spread=2 * workers) if workers and transfer.SUPPORTED else None
+        self._sampler = _TaskSampler(self._board)
         if workers:
             _preload_worker_imports()
         self._loader_kwargs = dict(
@@ -88,7 +107,12 @@ class StructuredDataLoader:
             timeout=timeout,
             multiprocessing_context=multiprocessing_context if workers else None,
         )
-        self._loader = DataLoader(_ChunkSource(dataset), **self._loader_kwargs)
+        self._loader = DataLoader(self._source(), **self._loader_kwargs)
+
+    def _source(self) -> _ChunkSource:
+        if self._board is not None:
+            self._board.clear()  # releases meant for workers that are gone
+        return _ChunkSource(self.dataset, self._board.id if self._board else None)
 
     @property
     def batch_size(self) -> int:
@@ -117,7 +141,7 @@ class StructuredDataLoader:
             error.__traceback__ = None
             if not self.dataset.num_workers or not _is_worker_death(error):
                 raise error
-            self._loader = DataLoader(_ChunkSource(self.dataset), **self._loader_kwargs)
+            self._loader = DataLoader(self._source(), **self._loader_kwargs)
             raise RuntimeError(
                 f"a DataLoader worker process died ({type(error).__name__}: {error}); was it killed or out of memory? "
                 "dataset.state_dict() still counts exactly the batches you received: iterate the loader "

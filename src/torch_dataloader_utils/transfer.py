@@ -1,0 +1,264 @@
+"""Moving converted chunks from worker processes to the main process through recycled shared memory.
+
+Sending a tensor through torch's DataLoader queue copies it into fresh shared memory, and
+every page of fresh memory costs a page fault (measured: ~5 ms per 4.4 MB chunk, about as
+much as the copy is worth). Here a worker instead packs all tensors of a chunk into one
+buffer of its own pool (an anonymous ``memfd``), and the main process maps that buffer and
+builds the chunk's tensors as views of it. When the last of those views is gone, the main
+process posts a release of (buffer, use); the release rides to the workers on the next tasks
+the sampler hands out, and the owning worker reuses the buffer, whose pages are already
+mapped. A buffer is written again only after its release for the same use arrived, so a
+batch the training loop still holds is never overwritten; a release that never arrives
+only costs a new buffer.
+
+Linux only (``os.memfd_create``); elsewhere, and for chunks without tensor data, chunks
+travel the plain way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import mmap
+import os
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass
+from multiprocessing.reduction import DupFd
+from typing import Any, NamedTuple
+
+import torch
+
+ALIGN = 64
+MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
+SUPPORTED = hasattr(os, "memfd_create")
+
+
+class Release(NamedTuple):
+    """Buffer ``buffer`` of worker pool ``pool`` is free again after its use number ``use``."""
+
+    pool: str
+    buffer: int
+    use: int
+
+
+class _Slot(NamedTuple):
+    """Where a tensor sits in a packed buffer."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+# ---------------------------------------------------------------- layout
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [field for field in value if isinstance(field, torch.Tensor)]
+    return []
+
+
+def _replace(value: Any, kind: type, replace: Any) -> Any:
+    """``value`` with each ``kind`` (itself, or a field of a named tuple) mapped through ``replace``."""
+    if isinstance(value, kind):
+        return replace(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return value._replace(**{name: replace(field) for name, field in zip(value._fields, value) if isinstance(field, kind)})
+    return value
+
+
+def _packed_size(columns: dict[str, Any]) -> int:
+    size = 0
+    for value in columns.values():
+        for tensor in _tensors_of(value):
+            size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+    return size
+
+
+def _write(columns: dict[str, Any], target: torch.Tensor) -> dict[str, Any]:
+    """Copy every tensor of ``columns`` into ``target`` (uint8); tensors become slots."""
+    offset = 0
+
+    def place(tensor: torch.Tensor) -> _Slot:
+        nonlocal offset
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes:
+            target[offset : offset + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
+        slot = _Slot(offset, tensor.dtype, tuple(tensor.shape))
+        offset += -(-nbytes // ALIGN) * ALIGN
+        return slot
+
+    return {name: _replace(value, torch.Tensor, place) for name, value in columns.items()}
+
+
+def _read(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
+    """The columns of ``layout`` as views of ``source`` (uint8)."""
+
+    def view(slot: _Slot) -> torch.Tensor:
+        count = 1
+        for size in slot.shape:
+            count *= size
+        itemsize = torch.empty(0, dtype=slot.dtype).element_size()
+        raw = source[slot.offset : slot.offset + count * itemsize]
+        return raw.view(slot.dtype).view(slot.shape)
+
+    return {name: _replace(value, _Slot, view) for name, value in layout.items()}
+
+
+# ---------------------------------------------------------- worker side
+@dataclass
+class _Buffer:
+    number: int
+    fd: int
+    memory: mmap.mmap
+    use: int = 0
+    free: bool = False
+
+    @property
+    def capacity(self) -> int:
+        return len(self.memory)
+
+    def close(self) -> None:
+        try:
+            self.memory.close()
+        except BufferError:  # still exported somewhere in this process: let garbage collection unmap it
+            pass
+        os.close(self.fd)
+
+
+class WorkerPool:
+    """A worker process's shared buffers. Created in the worker (one per process)."""
+
+    def __init__(self) -> None:
+        self.name = uuid.uuid4().hex
+        self._buffers: dict[int, _Buffer] = {}
+        self._numbers = itertools.count()
+
+    def release(self, releases: tuple[Release, ...]) -> None:
+        for release in releases:
+            buffer = self._buffers.get(release.buffer) if release.pool == self.name else None
+            if buffer is not None and buffer.use == release.use:
+                buffer.free = True
+
+    def pack(self, columns: dict[str, Any], board: int) -> Any:
+        """``columns`` as a picklable object that becomes the same columns in the main process."""
+        size = _packed_size(columns)
+        if not size:
+            return columns
+        buffer = self._take(size)
+        target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
+        layout = _write(columns, target)
+        del target  # no export of the mapping may outlive this call (the buffer may be closed later)
+        return _PackedColumns(layout, buffer.fd, size, Release(self.name, buffer.number, buffer.use), board)
+
+    def _take(self, size: int) -> _Buffer:
+        fitting = [b for b in self._buffers.values() if b.free and b.capacity >= size]
+        if fitting:
+            buffer = min(fitting, key=lambda b: b.capacity)
+        else:
+            buffer = self._new(size)
+        buffer.free = False
+        buffer.use += 1
+        return buffer
+
+    def _new(self, size: int) -> _Buffer:
+        while len(self._buffers) >= MAX_POOLED_BUFFERS:
+            # Prefer dropping a free buffer (too small); else the longest-held one. Closing our
+            # mapping never harms the main process: its own mapping keeps the pages alive.
+            victim = min(self._buffers.values(), key=lambda b: (not b.free, b.number))
+            del self._buffers[victim.number]
+            victim.close()
+        capacity = -(-size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for chunks a little larger
+        fd = os.memfd_create("torch_dataloader_utils-chunk", os.MFD_CLOEXEC)
+        os.ftruncate(fd, capacity)
+        buffer = _Buffer(next(self._numbers), fd, mmap.mmap(fd, capacity))
+        self._buffers[buffer.number] = buffer
+        return buffer
+
+
+_POOL: tuple[int, WorkerPool] | None = None
+
+
+def worker_pool() -> WorkerPool:
+    """This process's pool (a forked child gets its own, not its parent's)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        _POOL = (os.getpid(), WorkerPool())
+    return _POOL[1]
+
+
+class _PackedColumns:
+    """Pickles as the buffer's file descriptor and the layout; unpickles as columns."""
+
+    def __init__(self, layout: dict[str, Any], fd: int, size: int, release: Release, board: int):
+        self.layout, self.fd, self.size, self.release, self.board = layout, fd, size, release, board
+
+    def __reduce__(self) -> tuple:
+        return (_receive, (self.layout, DupFd(self.fd), self.size, self.release, self.board))
+
+
+# ------------------------------------------------------------ main side
+class ReleaseBoard:
+    """Main-process side: collects releases of received buffers and hands them to the sampler.
+
+    Each release is attached to the next ``spread`` tasks (the DataLoader deals tasks round
+    robin, so every worker sees it once ``spread`` >= num_workers), then dropped.
+    """
+
+    _boards: weakref.WeakValueDictionary[int, ReleaseBoard] = weakref.WeakValueDictionary()
+    _ids = itertools.count()
+
+    def __init__(self, spread: int):
+        self.id = next(self._ids)
+        self.spread = max(1, spread)
+        self._lock = threading.Lock()
+        self._pending: dict[Release, int] = {}  # release -> tasks it still rides on
+        self.received = 0  # chunks received through shared buffers
+        self.recycled = 0  # ... of which in a buffer used before
+        self._boards[self.id] = self
+
+    @classmethod
+    def find(cls, board: int) -> ReleaseBoard | None:
+        return cls._boards.get(board)
+
+    def post(self, release: Release) -> None:
+        with self._lock:
+            self._pending[release] = self.spread
+
+    def take(self) -> tuple[Release, ...]:
+        """The releases for the next task."""
+        with self._lock:
+            if not self._pending:
+                return ()
+            out = tuple(self._pending)
+            for release in out:
+                left = self._pending[release] - 1
+                if left:
+                    self._pending[release] = left
+                else:
+                    del self._pending[release]
+            return out
+
+    def clear(self) -> None:
+        with self._lock:
+            self._pending.clear()
+
+
+def _receive(layout: dict[str, Any], fd: DupFd, size: int, release: Release, board: int) -> dict[str, Any]:
+    """Unpickling in the main process: map the buffer and build the columns as views of it."""
+    descriptor = fd.detach()
+    try:
+        memory = mmap.mmap(descriptor, size)
+    finally:
+        os.close(descriptor)
+    view = memoryview(memory)
+    owner = ReleaseBoard.find(board)
+    if owner is not None:
+        owner.received += 1
+        owner.recycled += release.use > 1
+        # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.
+        weakref.finalize(view, owner.post, release).atexit = False
+    columns = _read(layout, torch.frombuffer(view, dtype=torch.uint8))
+    del view
+    return columns

@@ -1,0 +1,99 @@
+"""Chunks crossing from worker processes through recycled shared buffers (transfer.py):
+buffers are reused once the main process has dropped a chunk's batches, and never while
+it still holds them."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import transfer
+from torch_dataloader_utils.transfer import Release, ReleaseBoard, WorkerPool
+
+from datagen import write_dataset
+
+pytestmark = pytest.mark.skipif(not transfer.SUPPORTED, reason="needs os.memfd_create")
+
+COLUMNS = ["id", "vec", "text"]
+
+
+def _expected(root) -> list[dict]:
+    """The epoch's batches, each copied as it arrives (so buffer reuse cannot change them)."""
+    loader, _ = StructuredDataset.create_dataloader(str(root), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200)
+    return [{"id": b["id"].clone(), "vec": b["vec"].clone(), "text": list(b["text"])} for b in loader]
+
+
+def _same(batch: dict, expected: dict) -> bool:
+    return torch.equal(batch["id"], expected["id"]) and torch.equal(batch["vec"], expected["vec"]) and batch["text"] == expected["text"]
+
+
+@pytest.fixture
+def data(tmp_path):
+    write_dataset(tmp_path, [[500, 700], [900], [300, 300, 300]])
+    return tmp_path
+
+
+def test_buffers_are_recycled_when_batches_are_dropped(data):
+    expected = _expected(data)
+    loader, _ = StructuredDataset.create_dataloader(str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200)
+    for epoch in range(2):
+        for batch, want in zip(loader, expected, strict=True):
+            assert _same(batch, want)
+            del batch
+    board = loader._board
+    assert board.received >= 2 * 3000 // 200  # chunks of at most 200 rows
+    assert board.recycled >= board.received // 2, (board.received, board.recycled)
+
+
+def test_held_batches_are_never_overwritten(data):
+    """Every batch of two epochs is kept (so no buffer is released) and compared at the end;
+    in a third epoch one batch in twelve is kept (chunks are 4 batches) and the rest dropped."""
+    expected = _expected(data)
+    loader, _ = StructuredDataset.create_dataloader(
+        str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200, persistent_workers=True
+    )
+    held = [list(loader), list(loader)]
+    kept = []
+    for index, batch in enumerate(loader):
+        if index % 12 == 5:
+            kept.append((index, batch))
+        del batch
+        gc.collect()
+    for epoch in held:
+        assert len(epoch) == len(expected)
+        assert all(_same(batch, want) for batch, want in zip(epoch, expected))
+    assert all(_same(batch, expected[index]) for index, batch in kept)
+    assert loader._board.recycled > 0
+
+
+def test_a_release_frees_a_buffer_only_for_the_same_use():
+    pool = WorkerPool()
+    columns = {"x": torch.arange(1000)}
+    first = pool.pack(columns, board=-1)
+    pool.release((Release(pool.name, first.release.buffer, first.release.use + 1),))  # a future use: ignored
+    pool.release((Release("another pool", first.release.buffer, first.release.use),))  # another worker's: ignored
+    second = pool.pack(columns, board=-1)
+    assert second.release.buffer != first.release.buffer
+    pool.release((first.release,))
+    third = pool.pack(columns, board=-1)
+    assert (third.release.buffer, third.release.use) == (first.release.buffer, 2)
+    pool.release((first.release,))  # stale: the buffer is in its second use now
+    fourth = pool.pack(columns, board=-1)
+    assert fourth.release.buffer not in (first.release.buffer, second.release.buffer)
+
+
+def test_the_pool_stays_bounded_when_nothing_is_released():
+    pool = WorkerPool()
+    packed = [pool.pack({"x": torch.arange(100 * i + 1)}, board=-1) for i in range(3 * transfer.MAX_POOLED_BUFFERS)]
+    assert len(pool._buffers) == transfer.MAX_POOLED_BUFFERS
+    assert len({p.release.buffer for p in packed}) == len(packed)
+
+
+def test_each_release_rides_on_a_bounded_number_of_tasks():
+    board = ReleaseBoard(spread=3)
+    release = Release("pool", 0, 1)
+    board.post(release)
+    assert [board.take() for _ in range(4)] == [(release,)] * 3 + [()]
