@@ -29,13 +29,18 @@ class Config:
     num_workers: int = 2
 
 
+def one_array(column: pa.ChunkedArray) -> pa.Array:
+    """``combine_chunks`` copies even a single chunk."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def to_torch(table: pa.Table | pa.RecordBatch) -> dict[str, Any]:
     """What a user writes: numbers and fixed-size lists to tensors (zero-copy), strings to list[str]."""
     out: dict[str, Any] = {}
     for name in table.column_names:
         array = table.column(name)
         if isinstance(array, pa.ChunkedArray):
-            array = array.combine_chunks()
+            array = one_array(array)
         if pa.types.is_string(array.type):
             out[name] = array.to_pylist()
         elif pa.types.is_fixed_size_list(array.type) or pa.types.is_list(array.type):
@@ -141,7 +146,7 @@ def start_handwritten(cfg: Config, state: Any = None) -> Started:
 # ------------------------------------------- (c) Hugging Face datasets streaming
 def _hf_collate(table: pa.Table) -> dict[str, Any]:
     """``ds.batch(n)`` in arrow format yields one row of lists: flatten, then convert."""
-    return to_torch(pa.table({name: table.column(name).combine_chunks().flatten() for name in table.column_names}))
+    return to_torch(pa.table({name: one_array(table.column(name)).flatten() for name in table.column_names}))
 
 
 def start_hf(cfg: Config, state: Any = None) -> Started:

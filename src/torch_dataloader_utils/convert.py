@@ -113,7 +113,12 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
 
 def table_to_columns(table: pa.Table, where: Where) -> dict[str, Any]:
     """Convert a whole chunk; ``where()`` describes its source, asked only for an error message."""
-    return {name: _column(table.column(name).combine_chunks(), name, where) for name in table.column_names}
+    return {name: _column(_one_array(table.column(name)), name, where) for name in table.column_names}
+
+
+def _one_array(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array; ``combine_chunks`` would copy even a single chunk."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
 def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:
