@@ -296,7 +296,9 @@ class StructuredDataset(IterableDataset):
         if task.stop <= task.start:
             return Chunk(task.lane, task.start, task.stop, {})
         if self._reader is None:
-            self._reader = StreamReader(self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip")
+            self._reader = StreamReader(
+                self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip", stream_rows=self.chunk_rows
+            )
         rows = self._reader.read_segments(self._book, task.segments)
         columns = table_to_columns(rows.table, lambda: self._describe_rows(task))
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)

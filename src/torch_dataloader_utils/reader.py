@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +19,7 @@ from .discovery import content_tag
 from .errors import DataReadError
 from .formats.io import is_local
 from .lanes import Segment, StreamBook
-from .schema import read_conformed
+from .schema import iter_conformed, read_conformed
 from .streams import Piece, Stream
 
 _OPEN_FILES = 16
@@ -47,11 +47,12 @@ class _Window:
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False):
+    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0):
         self._catalog = catalog
         self._columns = columns
         self._use_threads = use_threads
         self._skip_errors = skip_errors
+        self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window] = OrderedDict()
 
@@ -98,6 +99,10 @@ class StreamReader:
         for old in [k for k in self._windows if k[:2] == key[:2]]:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.pieces[int(stream.window_pieces[index]) : int(stream.window_pieces[index + 1])]
+        if self._streams(stream, pieces):
+            window: _Window | _StreamedPiece = _StreamedPiece(lambda: self._piece_batches(pieces[0]), pieces[0].num_rows)
+            self._remember(key, window)
+            return window
         tables, skipped = [], {}
         for piece in pieces:
             try:
@@ -108,10 +113,36 @@ class StreamReader:
                 tables.append(None)
                 skipped[piece.split] = str(error)
         window = self._assemble(stream, index, pieces, tables, skipped)
+        self._remember(key, window)
+        return window
+
+    def _remember(self, key: tuple, window: Any) -> None:
         self._windows[key] = window
         while len(self._windows) > _CACHED_WINDOWS:
             self._windows.popitem(last=False)
-        return window
+
+    def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
+        """Whether a window is read batch by batch: one piece, rows in file order, errors raised
+        (a skipped piece must be left out whole), and a format that can (Parquet, local)."""
+        if not self._stream_rows or self._skip_errors or stream.shuffle or len(pieces) != 1:
+            return False
+        return getattr(self._catalog.format, "streams_local_units", False) and is_local(self._catalog.fs)
+
+    def _piece_batches(self, piece: Piece) -> Iterator[pa.Table]:
+        """The piece's rows in decoded batches; errors name the file and split."""
+        try:
+            batches = iter_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows)
+            unit_rows = self._catalog.layouts[piece.file].unit_rows[piece.unit]
+            row = 0
+            for table in batches:
+                start, stop = max(piece.start - row, 0), min(piece.stop - row, table.num_rows)
+                row += table.num_rows
+                if stop > start:
+                    yield table.slice(start, stop - start)
+                if row >= piece.stop and piece.stop < unit_rows:
+                    return  # the rest of the unit is not this piece's (else: run on, to the row count check)
+        except Exception as error:  # noqa: BLE001 - re-raised naming file and split
+            raise self._read_error(piece, error) from error
 
     def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> _Window:
         read = [t for t in tables if t is not None]
@@ -128,15 +159,16 @@ class StreamReader:
         return _Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
 
     def _piece(self, piece: Piece) -> pa.Table:
-        entry = self._catalog.files[piece.file]
         try:
             table = read_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
-            self._files.pop(piece.file, None)
-            raise DataReadError(
-                f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
-            ) from error
+            raise self._read_error(piece, error) from error
         return table.slice(piece.start, piece.stop - piece.start)
+
+    def _read_error(self, piece: Piece, error: Exception) -> DataReadError:
+        self._files.pop(piece.file, None)
+        entry = self._catalog.files[piece.file]
+        return DataReadError(f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}")
 
     def _open(self, file: int) -> Any:
         reader = self._files.get(file)
@@ -171,8 +203,53 @@ def _check_unchanged(fs: Any, entry: Any) -> None:
         raise OSError(f"the file changed after planning (size/mtime {entry.size}/{entry.tag} -> {now[0]}/{now[1]}); create the loader again")
 
 
-def _slice(window: _Window, offset: int, take: int) -> Rows:
+class _StreamedPiece:
+    """An unshuffled one-piece window decoded batch by batch as reads reach it: the first rows
+    of a row group are ready before the rest is decoded, and a worker holds about one chunk of
+    it instead of the whole decoded row group. Reads go forward; a read behind the batches
+    held (a new pass after an interruption) starts decoding the piece again."""
+
+    def __init__(self, batches: Callable[[], Iterator[pa.Table]], num_rows: int):
+        self._start = batches
+        self._num_rows = num_rows
+        self._restart()
+
+    def _restart(self) -> None:
+        self._batches: Iterator[pa.Table] | None = None
+        self._held: list[pa.Table] = []
+        self._first = 0  # window row of the first held row
+        self._end = 0  # window row after the last held row
+
+    def rows(self, offset: int, take: int) -> pa.Table:
+        if offset < self._first:
+            self._restart()
+        try:
+            self._fill(offset + take)
+        except Exception:
+            self._restart()  # a retry (a new pass) decodes again instead of finding a dead iterator
+            raise
+        while self._first + self._held[0].num_rows <= offset:
+            self._first += self._held.pop(0).num_rows
+        held = self._held[0] if len(self._held) == 1 else pa.concat_tables(self._held)
+        return held.slice(offset - self._first, take)
+
+    def _fill(self, stop: int) -> None:
+        if self._batches is None:
+            self._batches = self._start()
+        while self._end < stop:
+            table = next(self._batches, None)
+            if table is None:
+                raise DataReadError(f"internal error: a streamed piece ended at row {self._end}, before row {stop}")
+            self._held.append(table)
+            self._end += table.num_rows
+        if stop == self._num_rows and next(self._batches, None) is not None:  # ends the decoding (and its checks)
+            raise DataReadError(f"internal error: a streamed piece has more than its {self._num_rows} rows")
+
+
+def _slice(window: _Window | _StreamedPiece, offset: int, take: int) -> Rows:
     """Output rows [offset, offset + take) of a window."""
+    if isinstance(window, _StreamedPiece):
+        return Rows(window.rows(offset, take))
     if window.order is not None:
         return Rows(_gather(window.table, window.order[offset : offset + take]), None, window.skipped)
     if window.valid is None:

@@ -17,7 +17,7 @@ Field order is the order of first appearance in file order; every unified field 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from functools import lru_cache
 
@@ -154,6 +154,26 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             column = column.cast(column.type.value_type)
         arrays.append(column if column.type == field.type else column.cast(field.type, safe=True))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> Iterator[pa.Table]:
+    """``read_conformed`` in consecutive tables of about ``batch_rows`` rows, decoded as they are
+    asked for (``reader`` must have ``iter_unit``); the row count is checked at the end."""
+    missing = catalog.missing_columns[file] if catalog.missing_columns else ()
+    wanted = None if columns is None else [c for c in columns if c not in missing]
+    rows = catalog.layouts[file].unit_rows[unit]
+    target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
+    if wanted == [] and target is not None and len(target) > 0:
+        yield pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
+        return
+    seen = 0
+    for table in reader.iter_unit(unit, wanted, batch_rows):
+        seen += table.num_rows
+        if seen > rows:
+            break
+        yield table if target is None else conform(table, target)
+    if seen != rows:
+        raise ValueError(f"unit {unit} has {'more than ' if seen > rows else ''}{seen} rows but had {rows} when planned: the file changed after planning")
 
 
 def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +18,12 @@ class _ParquetReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._use_threads)
+
+    def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int) -> Iterator[pa.Table]:
+        """The row group in tables of ``batch_rows`` rows, each decoded when it is asked for."""
+        batches = self._file.iter_batches(batch_size=batch_rows, row_groups=[unit], columns=columns, use_threads=self._use_threads)
+        for batch in batches:
+            yield pa.Table.from_batches([batch])
 
 
 def unit_ranges(footer: pq.FileMetaData, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
@@ -56,6 +62,7 @@ class _RemoteParquetReader:
 class ParquetFormat:
     name = "parquet"
     extensions = (".parquet", ".pq", ".parq")
+    streams_local_units = True  # local readers have iter_unit (row groups decoded in batches)
 
     def read_footer(self, fs: Any, path: str, size: int, tag: str | None, url: str) -> tuple[FileLayout, Any]:
         with open_input(fs, path) as source:
