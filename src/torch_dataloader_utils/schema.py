@@ -17,7 +17,7 @@ Field order is the order of first appearance in file order; every unified field 
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from functools import lru_cache
 
@@ -156,24 +156,43 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> Iterator[pa.Table]:
-    """``read_conformed`` in consecutive tables of about ``batch_rows`` rows, decoded as they are
-    asked for (``reader`` must have ``iter_unit``); the row count is checked at the end."""
+class _UnitRead(NamedTuple):
+    wanted: list[str] | None  # columns to decode (those the file has)
+    rows: int  # the unit's rows at planning
+    target: pa.Schema | None  # the unified schema, projected
+    nulls: pa.Table | None  # the whole unit, when the file has none of the columns
+
+
+def _unit_read(unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> _UnitRead:
     missing = catalog.missing_columns[file] if catalog.missing_columns else ()
     wanted = None if columns is None else [c for c in columns if c not in missing]
     rows = catalog.layouts[file].unit_rows[unit]
     target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
+    nulls = None
     if wanted == [] and target is not None and len(target) > 0:
-        yield pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
+        nulls = pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
+    return _UnitRead(wanted, rows, target, nulls)
+
+
+def _changed(unit: int, seen: str, rows: int) -> ValueError:
+    return ValueError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
+
+
+def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> Iterator[pa.Table]:
+    """``read_conformed`` in consecutive tables of about ``batch_rows`` rows, decoded as they are
+    asked for (``reader`` must have ``iter_unit``); the row count is checked at the end."""
+    plan = _unit_read(unit, columns, catalog, file)
+    if plan.nulls is not None:
+        yield plan.nulls
         return
     seen = 0
-    for table in reader.iter_unit(unit, wanted, batch_rows):
+    for table in reader.iter_unit(unit, plan.wanted, batch_rows):
         seen += table.num_rows
-        if seen > rows:
-            break
-        yield table if target is None else conform(table, target)
-    if seen != rows:
-        raise ValueError(f"unit {unit} has {'more than ' if seen > rows else ''}{seen} rows but had {rows} when planned: the file changed after planning")
+        if seen > plan.rows:
+            raise _changed(unit, f"more than {plan.rows}", plan.rows)
+        yield table if plan.target is None else conform(table, plan.target)
+    if seen != plan.rows:
+        raise _changed(unit, str(seen), plan.rows)
 
 
 def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:
@@ -182,13 +201,10 @@ def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
     A unit that lacks every requested column is not read: its rows are nulls. A unit whose row
     count differs from its footer's (the file changed after planning) raises ValueError.
     """
-    missing = catalog.missing_columns[file] if catalog.missing_columns else ()
-    wanted = None if columns is None else [c for c in columns if c not in missing]
-    rows = catalog.layouts[file].unit_rows[unit]
-    target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
-    if wanted == [] and target is not None and len(target) > 0:
-        return pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
-    table = reader.read_unit(unit, wanted)
-    if table.num_rows != rows:
-        raise ValueError(f"unit {unit} has {table.num_rows} rows but had {rows} when planned: the file changed after planning")
-    return table if target is None else conform(table, target)
+    plan = _unit_read(unit, columns, catalog, file)
+    if plan.nulls is not None:
+        return plan.nulls
+    table = reader.read_unit(unit, plan.wanted)
+    if table.num_rows != plan.rows:
+        raise _changed(unit, str(table.num_rows), plan.rows)
+    return table if plan.target is None else conform(table, plan.target)
