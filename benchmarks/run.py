@@ -31,6 +31,7 @@ from generate import ROW_BYTES, ensure_dataset, rows_for  # noqa: E402
 
 COLUMN_SETS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
 FRACTIONS = (0.1, 0.5, 0.9)
+SAMPLE_SECONDS = 0.05  # memory sampling period
 FILES = 8
 COLUMN_BYTES = {"id": 8, "label": 4, "feat": 256, "text": ROW_BYTES - 268}  # decoded bytes per row
 
@@ -96,17 +97,26 @@ def child(spec: dict) -> dict:
 
 
 # ----------------------------------------------------------- parent process
+def _process_memory(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process from /proc/<pid>/smaps_rollup (a cheap read, so sampling can be frequent)."""
+    values = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("Rss", "Pss"):
+                values[name] = int(rest.split()[0]) * 1024
+    return values["Rss"], values["Pss"]
+
+
 def _tree_memory(proc: Any) -> tuple[int, int]:
     """(RSS, PSS) summed over the process and its descendants; PSS counts shared pages once."""
-    import psutil
-
     rss = pss = 0
     for p in [proc] + proc.children(recursive=True):
         try:
-            info = p.memory_full_info()
-            rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
-        except psutil.Error:
-            pass
+            one = _process_memory(p.pid)
+        except (OSError, KeyError):
+            continue
+        rss, pss = rss + one[0], pss + one[1]
     return rss, pss
 
 
@@ -121,7 +131,7 @@ def run_child(spec: dict, timeout: float) -> dict:
     watched, peak, done = psutil.Process(proc.pid), [0, 0], threading.Event()
 
     def sample() -> None:
-        while not done.wait(0.2):  # reading PSS costs ~5 ms per process
+        while not done.wait(SAMPLE_SECONDS):
             try:
                 peak[:] = [max(a, b) for a, b in zip(peak, _tree_memory(watched))]
             except psutil.Error:
@@ -179,13 +189,15 @@ def summarize(epochs: list[dict]) -> dict:
     return out
 
 
-def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra: dict) -> dict:
-    """Peak memory of the library's epoch on 1x and 4x the data (ids not collected)."""
-    out = {}
-    for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
-        spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
-        out[label] = run_child(spec, timeout)
-    return out
+def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra: dict, repeat: int) -> dict:
+    """Peak memory of the library's epoch on 1x and 4x the data (ids not collected), the median
+    over ``repeat`` interleaved runs of each."""
+    runs: dict[str, list[dict]] = {"1x": [], "4x": []}
+    for _ in range(repeat):
+        for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
+            spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
+            runs[label].append(run_child(spec, timeout))
+    return {label: {key: float(np.median([r[key] for r in rs])) for key in ("peak_rss_mib", "peak_pss_mib")} | {"runs": rs} for label, rs in runs.items()}
 
 
 # ------------------------------------------------------------------ report
@@ -219,7 +231,7 @@ def table(results: dict) -> str:
     if rss:
         for key in ("pss", "rss"):
             a, b = rss["1x"][f"peak_{key}_mib"], rss["4x"][f"peak_{key}_mib"]
-            lines.append(f"\n(d) peak {key.upper()} (all columns): {a:,.0f} MiB on 1x the data, {b:,.0f} MiB on 4x ({b / a:.2f}x)")
+            lines.append(f"\n(d) peak {key.upper()} (all columns, median of runs): {a:,.0f} MiB on 1x the data, {b:,.0f} MiB on 4x ({b / a:.2f}x)")
     return "\n".join(lines)
 
 
@@ -283,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         log("rss scaling: d_this_library on 1x and 4x")
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS["text"], "batch_size": args.batch_size, "num_workers": args.num_workers}
         extra = {"sharing_strategy": args.sharing_strategy, "options": options}
-        results["rss_scaling"] = rss_scaling(cfg, files, work, args.timeout, extra)
+        results["rss_scaling"] = rss_scaling(cfg, files, work, args.timeout, extra, args.repeat)
     path = os.path.join(HERE, "results", f"{args.name}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

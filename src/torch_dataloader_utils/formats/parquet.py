@@ -13,7 +13,9 @@ from .io import RangeFile, coalesce, is_remote, open_input
 
 class _ParquetReader:
     def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool):
-        self._file = pq.ParquetFile(source, metadata=footer)
+        # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
+        # open file (measured: ~18 MB per file of the benchmark); a local read gains nothing from it
+        self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False)
         self._use_threads = use_threads
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
@@ -53,7 +55,7 @@ class _RemoteParquetReader:
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         self._source.fetch(unit_ranges(self._footer, unit, columns))
         try:
-            reader = pq.ParquetFile(self._source, metadata=self._footer)
+            reader = pq.ParquetFile(self._source, metadata=self._footer, pre_buffer=False)  # the bytes are in memory already
             return reader.read_row_group(unit, columns=columns, use_threads=self._use_threads)
         finally:
             self._source.keep_only([])  # decoded: the raw bytes are not needed any more
