@@ -97,27 +97,42 @@ def child(spec: dict) -> dict:
 
 
 # ----------------------------------------------------------- parent process
-def _process_memory(pid: int) -> tuple[int, int]:
-    """(RSS, PSS) of one process from /proc/<pid>/smaps_rollup (a cheap read, so sampling can be frequent)."""
+def _process_memory(pid: int) -> tuple[int, int, int]:
+    """(RSS, PSS, peak RSS) of one process, from /proc (cheap reads, so sampling can be frequent).
+    The peak RSS (VmHWM) is the kernel's own high-water mark: exact, whatever the sampling."""
     values = {}
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("Rss", "Pss"):
-                values[name] = int(rest.split()[0]) * 1024
-    return values["Rss"], values["Pss"]
+    for name in ("smaps_rollup", "status"):
+        with open(f"/proc/{pid}/{name}") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss", "VmHWM"):
+                    values[key] = int(rest.split()[0]) * 1024
+    return values["Rss"], values["Pss"], values["VmHWM"]
 
 
-def _tree_memory(proc: Any) -> tuple[int, int]:
-    """(RSS, PSS) summed over the process and its descendants; PSS counts shared pages once."""
-    rss = pss = 0
-    for p in [proc] + proc.children(recursive=True):
-        try:
-            one = _process_memory(p.pid)
-        except (OSError, KeyError):
-            continue
-        rss, pss = rss + one[0], pss + one[1]
-    return rss, pss
+class TreeMemory:
+    """Peaks of a process tree's memory: RSS and PSS summed over the tree at each sample, and
+    every process's own peak RSS (the kernel's high-water mark) summed over the processes seen."""
+
+    def __init__(self, root: Any):
+        self.root = root
+        self.rss = self.pss = 0
+        self._high_water: dict[int, int] = {}
+
+    def sample(self) -> None:
+        rss = pss = 0
+        for p in [self.root] + self.root.children(recursive=True):
+            try:
+                one = _process_memory(p.pid)
+            except (OSError, KeyError):
+                continue
+            rss, pss = rss + one[0], pss + one[1]
+            self._high_water[p.pid] = max(self._high_water.get(p.pid, 0), one[2])
+        self.rss, self.pss = max(self.rss, rss), max(self.pss, pss)
+
+    @property
+    def high_water(self) -> int:
+        return sum(self._high_water.values())
 
 
 def run_child(spec: dict, timeout: float) -> dict:
@@ -128,12 +143,12 @@ def run_child(spec: dict, timeout: float) -> dict:
         json.dump(spec, f)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", f.name], stdout=subprocess.PIPE, env=env)
-    watched, peak, done = psutil.Process(proc.pid), [0, 0], threading.Event()
+    memory, done = TreeMemory(psutil.Process(proc.pid)), threading.Event()
 
     def sample() -> None:
         while not done.wait(SAMPLE_SECONDS):
             try:
-                peak[:] = [max(a, b) for a, b in zip(peak, _tree_memory(watched))]
+                memory.sample()
             except psutil.Error:
                 pass
 
@@ -148,7 +163,8 @@ def run_child(spec: dict, timeout: float) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['contender']} failed (exit {proc.returncode})")
     result = json.loads(out.decode().strip().splitlines()[-1])
-    result["peak_rss_mib"], result["peak_pss_mib"] = peak[0] / 2**20, peak[1] / 2**20
+    result["peak_rss_mib"], result["peak_pss_mib"] = memory.rss / 2**20, memory.pss / 2**20
+    result["high_water_rss_mib"] = memory.high_water / 2**20
     return result
 
 
@@ -184,7 +200,7 @@ def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, t
 def summarize(epochs: list[dict]) -> dict:
     """The median of every figure over repeated epochs (peak memory: the maximum)."""
     out = {key: float(np.median([e[key] for e in epochs])) for key in epochs[0] if isinstance(epochs[0][key], (int, float))}
-    for key in ("peak_rss_mib", "peak_pss_mib"):
+    for key in ("peak_rss_mib", "peak_pss_mib", "high_water_rss_mib"):
         out[key] = max(e[key] for e in epochs)
     return out
 
@@ -197,7 +213,8 @@ def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra
         for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
             spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
             runs[label].append(run_child(spec, timeout))
-    return {label: {key: float(np.median([r[key] for r in rs])) for key in ("peak_rss_mib", "peak_pss_mib")} | {"runs": rs} for label, rs in runs.items()}
+    keys = ("peak_rss_mib", "peak_pss_mib", "high_water_rss_mib")
+    return {label: {key: float(np.median([r[key] for r in rs])) for key in keys} | {"runs": rs} for label, rs in runs.items()}
 
 
 # ------------------------------------------------------------------ report
@@ -229,9 +246,9 @@ def table(results: dict) -> str:
             )
     rss = results.get("rss_scaling")
     if rss:
-        for key in ("pss", "rss"):
-            a, b = rss["1x"][f"peak_{key}_mib"], rss["4x"][f"peak_{key}_mib"]
-            lines.append(f"\n(d) peak {key.upper()} (all columns, median of runs): {a:,.0f} MiB on 1x the data, {b:,.0f} MiB on 4x ({b / a:.2f}x)")
+        for key, label in (("peak_pss_mib", "peak PSS of the tree"), ("peak_rss_mib", "peak RSS of the tree"), ("high_water_rss_mib", "per-process peak RSS, summed")):
+            a, b = rss["1x"][key], rss["4x"][key]
+            lines.append(f"\n(d) {label} (all columns, median of runs): {a:,.0f} MiB on 1x the data, {b:,.0f} MiB on 4x ({b / a:.2f}x)")
     return "\n".join(lines)
 
 
