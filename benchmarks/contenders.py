@@ -59,14 +59,19 @@ def _my_files(files: list[str]) -> tuple[list[str], int]:
 
 
 # ----------------------------------------------------------------- (a) ceiling
+CEILING_BATCH_ROWS = 16384  # iter_batches at 16,384 rows decoded faster than read_row_group (text: 1.7 vs 2.5 CPU s)
+
+
 def _decode_files(files: list[str], columns: list[str], queue: Any) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
     for path in files:
         source = pq.ParquetFile(path)
         for group in range(source.metadata.num_row_groups):
-            table = source.read_row_group(group, columns=columns, use_threads=False)
-            to_torch(table)
-            queue.put(table.num_rows)
+            rows = 0
+            for batch in source.iter_batches(batch_size=CEILING_BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False):
+                to_torch(batch)
+                rows += batch.num_rows
+            queue.put(rows)
     queue.put(None)
 
 
