@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import gc
 
+import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils import transfer
+from torch_dataloader_utils.convert import table_to_joined
 from torch_dataloader_utils.transfer import Release, ReleaseBoard, WorkerPool
 
 from datagen import write_dataset
@@ -69,9 +72,13 @@ def test_held_batches_are_never_overwritten(data):
     assert loader._board.recycled > 0
 
 
+def _joined(rows: int) -> dict:
+    return table_to_joined(pa.table({"x": np.arange(rows)}), lambda: "test")
+
+
 def test_a_release_frees_a_buffer_only_for_the_same_use():
     pool = WorkerPool()
-    columns = {"x": torch.arange(1000)}
+    columns = _joined(1000)
     first = pool.pack(columns, board=-1)
     pool.release((Release(pool.name, first.release.buffer, first.release.use + 1),))  # a future use: ignored
     pool.release((Release("another pool", first.release.buffer, first.release.use),))  # another worker's: ignored
@@ -87,7 +94,7 @@ def test_a_release_frees_a_buffer_only_for_the_same_use():
 
 def test_the_pool_stays_bounded_when_nothing_is_released():
     pool = WorkerPool()
-    packed = [pool.pack({"x": torch.arange(100 * i + 1)}, board=-1) for i in range(3 * transfer.MAX_POOLED_BUFFERS)]
+    packed = [pool.pack(_joined(100 * i + 1), board=-1) for i in range(3 * transfer.MAX_POOLED_BUFFERS)]
     assert len(pool._buffers) == transfer.MAX_POOLED_BUFFERS
     assert len({p.release.buffer for p in packed}) == len(packed)
 

@@ -13,7 +13,9 @@ A null in a numeric column raises ValueError naming the column.
 
 from __future__ import annotations
 
+import math
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
@@ -111,14 +113,97 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
     raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
 
 
+@dataclass(frozen=True)
+class Joined:
+    """A tensor made of pieces laid one after another, each plus an addend (offsets of later
+    pieces are rebased). It is materialized by one copy, into new memory (``build``) or into a
+    shared buffer (transfer.py), so that a chunk spread over several Arrow chunks is copied once."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[torch.Tensor, int], ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
+
+    def write(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (contiguous, of ``shape`` and ``dtype``)."""
+        flat, at = out.view(-1), 0
+        for piece, addend in self.pieces:
+            count = piece.numel()
+            if addend:
+                torch.add(piece.reshape(-1), addend, out=flat[at : at + count])
+            else:
+                flat[at : at + count].copy_(piece.reshape(-1))
+            at += count
+
+    def build(self) -> torch.Tensor:
+        if len(self.pieces) == 1 and not self.pieces[0][1]:
+            return self.pieces[0][0]  # one piece as it is: no copy
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self.write(out)
+        return out
+
+
+def replace_leaves(value: Any, kind: type, replace: Callable[[Any], Any]) -> Any:
+    """``value`` with each ``kind`` (the value itself, or a field of a named tuple) mapped through ``replace``."""
+    if isinstance(value, kind):
+        return replace(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return value._replace(**{name: replace(field) for name, field in zip(value._fields, value) if isinstance(field, kind)})
+    return value
+
+
+def _join_tensors(parts: list[torch.Tensor]) -> Joined:
+    rows = sum(len(part) for part in parts)
+    return Joined(parts[0].dtype, (rows, *parts[0].shape[1:]), tuple((part, 0) for part in parts))
+
+
+def _join_offsets(parts: list[torch.Tensor], sizes: list[int]) -> Joined:
+    """Offsets (each part starting at 0) of parts whose values are laid one after another."""
+    pieces, base = [], 0
+    for index, (offsets, size) in enumerate(zip(parts, sizes)):
+        pieces.append((offsets if index == len(parts) - 1 else offsets[:-1], base))
+        base += size
+    return Joined(parts[0].dtype, (sum(len(o) - 1 for o in parts) + 1,), tuple(pieces))
+
+
+def _join(parts: list[Any]) -> Any:
+    """One chunk's column from its converted Arrow chunks, tensors as ``Joined``."""
+    if all(isinstance(part, torch.Tensor) for part in parts):
+        return _join_tensors(parts)
+    if all(isinstance(part, _ListColumn) for part in parts):
+        values = [part.values for part in parts]
+        return _ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))
+    if all(isinstance(part, _StringColumn) for part in parts):
+        data = [part.data for part in parts]
+        return _StringColumn(parts[0].type, _join_offsets([part.offsets for part in parts], [len(d) for d in data]), _join_tensors(data))
+    strings: list = []  # strings with nulls in some parts: Python lists
+    for part in parts:
+        strings.extend(part if isinstance(part, list) else _slice_strings(part, 0, len(part.offsets) - 1))
+    return strings
+
+
+def table_to_joined(table: pa.Table, where: Where) -> dict[str, Any]:
+    """Convert a whole chunk, each tensor left as a ``Joined`` of its Arrow chunks' tensors;
+    ``where()`` describes the chunk's source, asked only for an error message."""
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        chunks = column.chunks or [pa.array([], type=column.type)]
+        columns[name] = _join([_column(chunk, name, where) for chunk in chunks])
+    return columns
+
+
+def build_columns(columns: dict[str, Any]) -> dict[str, Any]:
+    """Columns from ``table_to_joined`` with every ``Joined`` built into a tensor."""
+    return {name: replace_leaves(value, Joined, Joined.build) for name, value in columns.items()}
+
+
 def table_to_columns(table: pa.Table, where: Where) -> dict[str, Any]:
-    """Convert a whole chunk; ``where()`` describes its source, asked only for an error message."""
-    return {name: _column(_one_array(table.column(name)), name, where) for name in table.column_names}
-
-
-def _one_array(column: pa.ChunkedArray) -> pa.Array:
-    """The column as one array; ``combine_chunks`` would copy even a single chunk."""
-    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+    """Convert a whole chunk into tensors (and lists); see ``table_to_joined``."""
+    return build_columns(table_to_joined(table, where))
 
 
 def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:

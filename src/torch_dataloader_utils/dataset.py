@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
-from .convert import slice_columns, table_to_columns
+from .convert import slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, Split
@@ -291,8 +291,9 @@ class StructuredDataset(IterableDataset):
             tasks.append(ChunkTask(lane, start, stop, tuple(source.slice(start, stop))))
         return tasks
 
-    def read_chunk(self, task: ChunkTask) -> Chunk:
-        """Read and convert one chunk (in whatever process runs it)."""
+    def read_chunk(self, task: ChunkTask, joined: bool = False) -> Chunk:
+        """Read and convert one chunk (in whatever process runs it); with ``joined``, tensors are
+        left as ``convert.Joined`` for transfer.py to build in shared memory."""
         if task.stop <= task.start:
             return Chunk(task.lane, task.start, task.stop, {})
         if self._reader is None:
@@ -300,7 +301,7 @@ class StructuredDataset(IterableDataset):
                 self._catalog, self.columns, get_worker_info() is None, self.on_error == "skip", stream_rows=self.chunk_rows
             )
         rows = self._reader.read_segments(self._book, task.segments)
-        columns = table_to_columns(rows.table, lambda: self._describe_rows(task))
+        columns = (table_to_joined if joined else table_to_columns)(rows.table, lambda: self._describe_rows(task))
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:

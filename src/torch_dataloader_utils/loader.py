@@ -38,7 +38,7 @@ class _ChunkSource(Dataset):
             return self.dataset.read_chunk(task)
         pool = transfer.worker_pool()
         pool.release(releases)
-        chunk = self.dataset.read_chunk(task)
+        chunk = self.dataset.read_chunk(task, joined=True)
         chunk.columns = pool.pack(chunk.columns, self.board)
         return chunk
 

@@ -18,6 +18,7 @@ travel the plain way.
 from __future__ import annotations
 
 import itertools
+import math
 import mmap
 import os
 import threading
@@ -28,6 +29,8 @@ from multiprocessing.reduction import DupFd
 from typing import Any, NamedTuple
 
 import torch
+
+from .convert import Joined, build_columns, replace_leaves
 
 ALIGN = 64
 MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
@@ -51,59 +54,46 @@ class _Slot(NamedTuple):
 
 
 # ---------------------------------------------------------------- layout
-def _tensors_of(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return [field for field in value if isinstance(field, torch.Tensor)]
-    return []
-
-
-def _replace(value: Any, kind: type, replace: Any) -> Any:
-    """``value`` with each ``kind`` (itself, or a field of a named tuple) mapped through ``replace``."""
-    if isinstance(value, kind):
-        return replace(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return value._replace(**{name: replace(field) for name, field in zip(value._fields, value) if isinstance(field, kind)})
-    return value
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 def _packed_size(columns: dict[str, Any]) -> int:
     size = 0
+
+    def count(joined: Joined) -> Joined:
+        nonlocal size
+        size += _aligned(joined.nbytes)
+        return joined
+
     for value in columns.values():
-        for tensor in _tensors_of(value):
-            size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+        replace_leaves(value, Joined, count)
     return size
 
 
 def _write(columns: dict[str, Any], target: torch.Tensor) -> dict[str, Any]:
-    """Copy every tensor of ``columns`` into ``target`` (uint8); tensors become slots."""
+    """Write every ``Joined`` of ``columns`` into ``target`` (uint8); each becomes a slot."""
     offset = 0
 
-    def place(tensor: torch.Tensor) -> _Slot:
+    def place(joined: Joined) -> _Slot:
         nonlocal offset
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes:
-            target[offset : offset + nbytes].copy_(tensor.reshape(-1).view(torch.uint8))
-        slot = _Slot(offset, tensor.dtype, tuple(tensor.shape))
-        offset += -(-nbytes // ALIGN) * ALIGN
+        if joined.nbytes:
+            joined.write(target[offset : offset + joined.nbytes].view(joined.dtype).view(joined.shape))
+        slot = _Slot(offset, joined.dtype, joined.shape)
+        offset += _aligned(joined.nbytes)
         return slot
 
-    return {name: _replace(value, torch.Tensor, place) for name, value in columns.items()}
+    return {name: replace_leaves(value, Joined, place) for name, value in columns.items()}
 
 
 def _read(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
     """The columns of ``layout`` as views of ``source`` (uint8)."""
 
     def view(slot: _Slot) -> torch.Tensor:
-        count = 1
-        for size in slot.shape:
-            count *= size
-        itemsize = torch.empty(0, dtype=slot.dtype).element_size()
-        raw = source[slot.offset : slot.offset + count * itemsize]
-        return raw.view(slot.dtype).view(slot.shape)
+        nbytes = math.prod(slot.shape) * torch.empty(0, dtype=slot.dtype).element_size()
+        return source[slot.offset : slot.offset + nbytes].view(slot.dtype).view(slot.shape)
 
-    return {name: _replace(value, _Slot, view) for name, value in layout.items()}
+    return {name: replace_leaves(value, _Slot, view) for name, value in layout.items()}
 
 
 # ---------------------------------------------------------- worker side
@@ -142,10 +132,11 @@ class WorkerPool:
                 buffer.free = True
 
     def pack(self, columns: dict[str, Any], board: int) -> Any:
-        """``columns`` as a picklable object that becomes the same columns in the main process."""
+        """``columns`` (from ``table_to_joined``) as a picklable object that becomes the built
+        columns in the main process."""
         size = _packed_size(columns)
         if not size:
-            return columns
+            return build_columns(columns)
         buffer = self._take(size)
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
         layout = _write(columns, target)
