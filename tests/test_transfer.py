@@ -104,3 +104,14 @@ def test_each_release_rides_on_a_bounded_number_of_tasks():
     release = Release("pool", 0, 1)
     board.post(release)
     assert [board.take() for _ in range(4)] == [(release,)] * 3 + [()]
+
+
+def test_spawned_workers_recycle_buffers_too(data):
+    """Workers started with "spawn" (the dataset pickled to a fresh interpreter) send through
+    their own pools; two epochs deliver every row exactly once."""
+    loader, _ = StructuredDataset.create_dataloader(
+        str(data), batch_size=50, columns=["id"], num_workers=2, chunk_rows=200, multiprocessing_context="spawn"
+    )
+    for _ in range(2):
+        assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(3000))
+    assert loader._board.recycled > 0
