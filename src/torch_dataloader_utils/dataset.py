@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
-from .convert import slice_columns, table_to_columns, table_to_joined
+from .convert import replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, Split
@@ -50,6 +50,12 @@ class Chunk:
     @property
     def num_read(self) -> int:
         return self.stop - self.start if self.present is None else len(self.present)
+
+    def pin_memory(self) -> Chunk:
+        """The chunk with its tensors in pinned memory (the DataLoader's pin_memory=True calls
+        this in its pinning thread); its batches are then views of pinned memory."""
+        columns = {name: replace_leaves(value, torch.Tensor, torch.Tensor.pin_memory) for name, value in self.columns.items()}
+        return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped)
 
     def batches(self, size: int) -> Iterator[tuple[dict[str, Any], int]]:
         """(batch, lane row after it); the last batch also passes any skipped rows at the end."""

@@ -1,0 +1,40 @@
+"""StructuredDataset's Chunk: what the DataLoader's pin_memory=True does with it."""
+
+from __future__ import annotations
+
+import torch
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.convert import Ragged, replace_leaves
+from torch_dataloader_utils.dataset import Chunk
+
+from datagen import write_dataset
+
+
+def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):
+    """This machine has no accelerator, so Tensor.pin_memory is replaced by a copy that is
+    recorded; every tensor of the chunk (list values and offsets, string buffers too) must go
+    through it, and the batches must be unchanged."""
+    write_dataset(tmp_path, [[30, 20]])
+    _, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=10, num_workers=0)
+    task = dataset.begin_pass(keep_slots=False)[0]
+    chunk: Chunk = dataset.read_chunk(task)
+    pinned: list[int] = []
+
+    def fake_pin(tensor: torch.Tensor) -> torch.Tensor:
+        copy = tensor.clone()
+        pinned.append(copy.data_ptr())
+        return copy
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    result = chunk.pin_memory()
+    leaves: list[torch.Tensor] = []
+    for value in result.columns.values():
+        replace_leaves(value, torch.Tensor, leaves.append)
+    assert len(leaves) == 6  # id, label, x, vec, and the offsets and bytes of text
+    assert all(tensor.data_ptr() in pinned for tensor in leaves)
+    for (before, _), (after, _) in zip(chunk.batches(10), result.batches(10)):
+        for name in before:
+            a, b = before[name], after[name]
+            same = torch.equal(a, b) if isinstance(a, torch.Tensor) else (all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, Ragged) else a == b)
+            assert same, name
