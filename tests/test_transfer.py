@@ -115,3 +115,18 @@ def test_spawned_workers_recycle_buffers_too(data):
     for _ in range(2):
         assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(3000))
     assert loader._board.recycled > 0
+
+
+def test_without_a_new_buffer_chunks_go_the_plain_way(monkeypatch, caplog):
+    """memfd_create failing (out of descriptors or memory) is not an error: the chunk is built
+    in the worker's own memory and crosses through torch's queue, with one warning."""
+
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(transfer.os, "memfd_create", refuse)
+    pool = WorkerPool()
+    columns = pool.pack(_joined(10), board=-1)
+    assert torch.equal(columns["x"], torch.arange(10))
+    pool.pack(_joined(20), board=-1)
+    assert sum("no shared buffer" in r.message for r in caplog.records) == 1

@@ -18,6 +18,7 @@ travel the plain way.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import mmap
 import os
@@ -31,6 +32,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .convert import Joined, build_columns, replace_leaves
+
+log = logging.getLogger(__name__)
 
 ALIGN = 64
 MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
@@ -124,6 +127,7 @@ class WorkerPool:
         self.name = uuid.uuid4().hex
         self._buffers: dict[int, _Buffer] = {}
         self._numbers = itertools.count()
+        self._warned = False
 
     def release(self, releases: tuple[Release, ...]) -> None:
         for release in releases:
@@ -137,7 +141,13 @@ class WorkerPool:
         size = _packed_size(columns)
         if not size:
             return build_columns(columns)
-        buffer = self._take(size)
+        try:
+            buffer = self._take(size)
+        except OSError as error:  # out of file descriptors or memory for a new buffer: the plain way
+            if not self._warned:
+                self._warned = True
+                log.warning("no shared buffer for a chunk (%s); sending chunks through torch's queue instead", error)
+            return build_columns(columns)
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
         layout = _write(columns, target)
         del target  # no export of the mapping may outlive this call (the buffer may be closed later)
