@@ -7,7 +7,9 @@ received so far. Optional dependencies are imported inside each contender.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -64,6 +66,8 @@ CEILING_BATCH_ROWS = 16384  # iter_batches at 16,384 rows decoded faster than re
 
 def _decode_files(files: list[str], columns: list[str], queue: Any) -> None:
     torch.set_num_threads(1)  # as in a DataLoader worker
+    if sys.platform.startswith("linux"):  # as (d)'s workers do (PR_SET_THP_DISABLE): text decodes ~7% cheaper
+        ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
     for path in files:
         source = pq.ParquetFile(path)
         for group in range(source.metadata.num_row_groups):

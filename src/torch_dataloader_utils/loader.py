@@ -9,6 +9,8 @@ pass, which is how a resumed run continues exactly where the saved one was.
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
@@ -76,6 +78,24 @@ def _preload_worker_imports() -> None:
     pa.array(np.zeros(1))
 
 
+PR_SET_THP_DISABLE = 41  # linux/prctl.h
+
+
+def _start_worker(worker_id: int) -> None:
+    """Runs first in every worker process: no transparent huge pages for it (Linux).
+
+    pyarrow's allocator asks for huge pages; with the kernel's usual ``defrag=madvise`` a fault
+    in such a region compacts and zeroes 2 MiB at once, and the workers' many short-lived
+    decode buffers paid that over and over. Measured (0.5 GiB, 5 interleaved epochs): numeric
+    1.36M -> 1.62M rows/s (CPU 1.51 -> 1.36 s), text 0.82M -> 1.09M (CPU 2.39 -> 1.97 s)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+    except (AttributeError, OSError):  # no prctl here: keep the kernel's default
+        pass
+
+
 class StructuredDataLoader:
     """Iterates a StructuredDataset's batches for the current epoch with exact progress tracking."""
 
@@ -106,6 +126,7 @@ class StructuredDataLoader:
             persistent_workers=persistent_workers and workers > 0,
             timeout=timeout,
             multiprocessing_context=multiprocessing_context if workers else None,
+            worker_init_fn=_start_worker if workers else None,
         )
         self._loader = DataLoader(self._source(), **self._loader_kwargs)
 
