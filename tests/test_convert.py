@@ -147,7 +147,8 @@ def test_a_chunked_column_crosses_a_shared_buffer_intact():
     if not transfer.SUPPORTED:
         pytest.skip("needs os.memfd_create")
     table = _chunked_table()
-    packed = transfer.WorkerPool().pack(table_to_joined(table, lambda: "test"), board=-1)
+    board = transfer.ReleaseBoard(spread=1)
+    packed = transfer.WorkerPool().pack(table_to_joined(table, lambda: "test"), board=board.id)
     received = pickle.loads(ForkingPickler.dumps(packed))
     whole = table_to_columns(table.combine_chunks(), lambda: "test")
     for name in table.column_names:

@@ -130,3 +130,26 @@ def test_without_a_new_buffer_chunks_go_the_plain_way(monkeypatch, caplog):
     assert torch.equal(columns["x"], torch.arange(10))
     pool.pack(_joined(20), board=-1)
     assert sum("no shared buffer" in r.message for r in caplog.records) == 1
+
+
+def test_a_buffer_descriptor_crosses_once_and_retired_buffers_are_announced():
+    """The main process maps a buffer when its descriptor first comes and keeps the mapping:
+    later chunks in the same buffer carry none, and read the new data through the kept mapping.
+    A buffer the pool closes is named in the next chunk, so the main process unmaps it."""
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    board = ReleaseBoard(spread=1)
+    pool = WorkerPool()
+    first = pool.pack(_joined(1000), board=board.id)
+    assert first.fd is not None and first.retired == ()
+    received = pickle.loads(ForkingPickler.dumps(first))
+    assert torch.equal(received["x"], torch.arange(1000))
+    del received
+    gc.collect()
+    pool.release(board.take())
+    second = pool.pack(table_to_joined(pa.table({"x": np.arange(1000) * 3}), lambda: "test"), board=board.id)
+    assert (second.release.buffer, second.release.use, second.fd) == (first.release.buffer, 2, None)
+    assert torch.equal(pickle.loads(ForkingPickler.dumps(second))["x"], torch.arange(1000) * 3)
+    held = [pool.pack(_joined(5000 + i), board=board.id) for i in range(transfer.MAX_POOLED_BUFFERS)]
+    assert first.release.buffer in held[-1].retired  # the pool was full of held buffers: the oldest closed

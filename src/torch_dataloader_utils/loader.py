@@ -144,6 +144,8 @@ class StructuredDataLoader:
         return self.dataset.num_batches()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._board is not None and not self._loader_kwargs["persistent_workers"]:
+            self._board.forget_mappings()  # this pass starts new workers with new buffers
         tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
         self._sampler.tasks = tasks
         return self.stats.track(self.dataset.deliver(tasks, self._chunks()))

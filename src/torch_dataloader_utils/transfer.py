@@ -107,6 +107,7 @@ class _Buffer:
     memory: mmap.mmap
     use: int = 0
     free: bool = False
+    mapped_by_main: bool = False  # its descriptor went out with an earlier chunk
 
     @property
     def capacity(self) -> int:
@@ -127,6 +128,7 @@ class WorkerPool:
         self.name = uuid.uuid4().hex
         self._buffers: dict[int, _Buffer] = {}
         self._numbers = itertools.count()
+        self._retired: list[int] = []  # closed since the last chunk: the main process can unmap them
         self._warned = False
 
     def release(self, releases: tuple[Release, ...]) -> None:
@@ -151,7 +153,10 @@ class WorkerPool:
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
         layout = _write(columns, target)
         del target  # no export of the mapping may outlive this call (the buffer may be closed later)
-        return _PackedColumns(layout, buffer.fd, size, Release(self.name, buffer.number, buffer.use), board)
+        fd = None if buffer.mapped_by_main else buffer.fd
+        buffer.mapped_by_main = True
+        retired, self._retired = tuple(self._retired), []
+        return _PackedColumns(layout, fd, buffer.capacity, size, Release(self.name, buffer.number, buffer.use), board, retired)
 
     def _take(self, size: int) -> _Buffer:
         fitting = [b for b in self._buffers.values() if b.free and b.capacity >= size]
@@ -170,6 +175,7 @@ class WorkerPool:
             victim = min(self._buffers.values(), key=lambda b: (not b.free, b.number))
             del self._buffers[victim.number]
             victim.close()
+            self._retired.append(victim.number)
         capacity = -(-size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for chunks a little larger
         fd = os.memfd_create("torch_dataloader_utils-chunk", os.MFD_CLOEXEC)
         os.ftruncate(fd, capacity)
@@ -190,13 +196,16 @@ def worker_pool() -> WorkerPool:
 
 
 class _PackedColumns:
-    """Pickles as the buffer's file descriptor and the layout; unpickles as columns."""
+    """Pickles as the layout and which buffer holds it (with the buffer's file descriptor the
+    first time); unpickles as columns."""
 
-    def __init__(self, layout: dict[str, Any], fd: int, size: int, release: Release, board: int):
-        self.layout, self.fd, self.size, self.release, self.board = layout, fd, size, release, board
+    def __init__(self, layout: dict[str, Any], fd: int | None, capacity: int, size: int, release: Release, board: int, retired: tuple[int, ...]):
+        self.layout, self.fd, self.capacity, self.size = layout, fd, capacity, size
+        self.release, self.board, self.retired = release, board, retired
 
     def __reduce__(self) -> tuple:
-        return (_receive, (self.layout, DupFd(self.fd), self.size, self.release, self.board))
+        fd = None if self.fd is None else DupFd(self.fd)
+        return (_receive, (self.layout, fd, self.capacity, self.size, self.release, self.board, self.retired))
 
 
 # ------------------------------------------------------------ main side
@@ -215,6 +224,7 @@ class ReleaseBoard:
         self.spread = max(1, spread)
         self._lock = threading.Lock()
         self._pending: dict[Release, int] = {}  # release -> tasks it still rides on
+        self._mappings: dict[tuple[str, int], mmap.mmap] = {}  # (pool, buffer) -> this process's mapping
         self.received = 0  # chunks received through shared buffers
         self.recycled = 0  # ... of which in a buffer used before
         self._boards[self.id] = self
@@ -242,24 +252,44 @@ class ReleaseBoard:
             return out
 
     def clear(self) -> None:
+        """Forget everything about the current workers (they are gone or about to be)."""
         with self._lock:
             self._pending.clear()
+        self.forget_mappings()
+
+    def forget_mappings(self) -> None:
+        """Drop the mappings of buffers of workers that are gone (mapped chunks keep their own)."""
+        with self._lock:
+            self._mappings.clear()
+
+    def mapping(self, release: Release, fd: DupFd | None, capacity: int, retired: tuple[int, ...]) -> mmap.mmap:
+        """The buffer of ``release``, mapped when its descriptor comes (once per buffer), then kept."""
+        with self._lock:
+            for number in retired:
+                self._mappings.pop((release.pool, number), None)
+            key = (release.pool, release.buffer)
+            if fd is not None:
+                descriptor = fd.detach()
+                try:
+                    self._mappings[key] = mmap.mmap(descriptor, capacity)
+                finally:
+                    os.close(descriptor)
+            memory = self._mappings.get(key)
+        if memory is None:
+            raise RuntimeError(f"internal error: a chunk came in buffer {key} of a worker, which this process has not mapped")
+        return memory
 
 
-def _receive(layout: dict[str, Any], fd: DupFd, size: int, release: Release, board: int) -> dict[str, Any]:
-    """Unpickling in the main process: map the buffer and build the columns as views of it."""
-    descriptor = fd.detach()
-    try:
-        memory = mmap.mmap(descriptor, size)
-    finally:
-        os.close(descriptor)
-    view = memoryview(memory)
+def _receive(layout: dict[str, Any], fd: DupFd | None, capacity: int, size: int, release: Release, board: int, retired: tuple[int, ...]) -> dict[str, Any]:
+    """Unpickling in the main process: the columns as views of the worker's buffer."""
     owner = ReleaseBoard.find(board)
-    if owner is not None:
-        owner.received += 1
-        owner.recycled += release.use > 1
-        # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.
-        weakref.finalize(view, owner.post, release).atexit = False
+    if owner is None:
+        raise RuntimeError("internal error: a chunk arrived for a loader that no longer exists")
+    view = memoryview(owner.mapping(release, fd, capacity, retired))[:size]
+    owner.received += 1
+    owner.recycled += release.use > 1
+    # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.
+    weakref.finalize(view, owner.post, release).atexit = False
     columns = _read(layout, torch.frombuffer(view, dtype=torch.uint8))
     del view
     return columns
