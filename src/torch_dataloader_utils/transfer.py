@@ -4,7 +4,9 @@ Sending a tensor through torch's DataLoader queue copies it into fresh shared me
 every page of fresh memory costs a page fault (measured: ~5 ms per 4.4 MB chunk, about as
 much as the copy is worth). Here a worker instead packs all tensors of a chunk into one
 buffer of its own pool (an anonymous ``memfd``), and the main process maps that buffer and
-builds the chunk's tensors as views of it. When the last of those views is gone, the main
+builds the chunk's tensors as views of it. A buffer's descriptor crosses with its first chunk
+only; the main process keeps the mapping until the worker names the buffer retired (or a pass
+starts new workers). When the last of a chunk's views is gone, the main
 process posts a release of (buffer, use); the release rides to the workers on the next tasks
 the sampler hands out, and the owning worker reuses the buffer, whose pages are already
 mapped. A buffer is written again only after its release for the same use arrived, so a
