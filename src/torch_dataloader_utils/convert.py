@@ -125,7 +125,7 @@ class Joined:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
+        return tensor_nbytes(self.dtype, self.shape)
 
     def write(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous, of ``shape`` and ``dtype``)."""
@@ -144,6 +144,19 @@ class Joined:
         out = torch.empty(self.shape, dtype=self.dtype)
         self.write(out)
         return out
+
+
+def tensor_nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    return math.prod(shape) * dtype.itemsize
+
+
+def leaves(value: Any, kind: type) -> list[Any]:
+    """Each ``kind`` in ``value``: the value itself, or the fields of a named tuple."""
+    if isinstance(value, kind):
+        return [value]
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return [field for field in value if isinstance(field, kind)]
+    return []
 
 
 def replace_leaves(value: Any, kind: type, replace: Callable[[Any], Any]) -> Any:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import mmap
 import os
 import threading
@@ -33,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .convert import Joined, build_columns, replace_leaves
+from .convert import Joined, build_columns, leaves, replace_leaves, tensor_nbytes
 
 log = logging.getLogger(__name__)
 
@@ -64,16 +63,7 @@ def _aligned(nbytes: int) -> int:
 
 
 def _packed_size(columns: dict[str, Any]) -> int:
-    size = 0
-
-    def count(joined: Joined) -> Joined:
-        nonlocal size
-        size += _aligned(joined.nbytes)
-        return joined
-
-    for value in columns.values():
-        replace_leaves(value, Joined, count)
-    return size
+    return sum(_aligned(joined.nbytes) for value in columns.values() for joined in leaves(value, Joined))
 
 
 def _write(columns: dict[str, Any], target: torch.Tensor) -> dict[str, Any]:
@@ -95,7 +85,7 @@ def _read(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
     """The columns of ``layout`` as views of ``source`` (uint8)."""
 
     def view(slot: _Slot) -> torch.Tensor:
-        nbytes = math.prod(slot.shape) * torch.empty(0, dtype=slot.dtype).element_size()
+        nbytes = tensor_nbytes(slot.dtype, slot.shape)
         return source[slot.offset : slot.offset + nbytes].view(slot.dtype).view(slot.shape)
 
     return {name: replace_leaves(value, _Slot, view) for name, value in layout.items()}
