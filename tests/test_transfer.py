@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import dataset as dataset_module
 from torch_dataloader_utils import transfer
 from torch_dataloader_utils.convert import table_to_joined
 from torch_dataloader_utils.transfer import Release, ReleaseBoard, WorkerPool
@@ -74,6 +75,27 @@ def test_held_batches_are_never_overwritten(data):
 
 def _joined(rows: int) -> dict:
     return table_to_joined(pa.table({"x": np.arange(rows)}), lambda: "test")
+
+
+def test_workers_decoding_in_batches_smaller_than_a_chunk_deliver_the_same_batches(data, monkeypatch):
+    """Workers decode Parquet in WORKER_DECODE_ROWS batches and join them into each chunk's
+    shared buffer: batches equal those decoded one batch per chunk, and a resume after any
+    batch continues with exactly the rest."""
+    config = dict(batch_size=50, columns=COLUMNS, chunk_rows=200)
+    assert dataset_module.WORKER_DECODE_ROWS >= 200  # so _expected decodes one batch per chunk
+    expected = _expected(data)
+    monkeypatch.setattr(dataset_module, "WORKER_DECODE_ROWS", 7)  # forked workers inherit it
+    loader, dataset = StructuredDataset.create_dataloader(str(data), num_workers=2, **config)
+    states = []
+    for batch, want in zip(loader, expected, strict=True):
+        assert _same(batch, want)
+        states.append(dataset.state_dict())
+    for at in (0, 1, 5, len(expected) // 2 + 1, len(expected) - 2):  # mid-chunk and chunk ends
+        loader, dataset = StructuredDataset.create_dataloader(str(data), num_workers=2, **config)
+        dataset.load_state_dict(states[at])
+        rest = list(loader)
+        assert len(rest) == len(expected) - at - 1
+        assert all(_same(batch, want) for batch, want in zip(rest, expected[at + 1 :]))
 
 
 def test_a_release_frees_a_buffer_only_for_the_same_use():
