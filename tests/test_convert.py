@@ -135,6 +135,20 @@ def test_a_column_in_several_arrow_chunks_converts_like_one(start, stop):
         assert _same(slice_columns(split, start, stop)[name], slice_columns(whole, start, stop)[name]), name
 
 
+def test_fixed_size_lists_of_a_sliced_table_keep_their_rows():
+    """A chunk is a slice of decoded batches (an Arrow offset); fixed-size lists, nested ones
+    too, must convert to the slice's rows, not the start of the underlying values."""
+    from torch_dataloader_utils.convert import table_to_columns
+
+    values = np.arange(10 * 2 * 3, dtype=np.float32)
+    inner = pa.FixedSizeListArray.from_arrays(pa.array(values), 3)
+    table = pa.table({"vec": pa.FixedSizeListArray.from_arrays(pa.array(values), 6), "grid": pa.FixedSizeListArray.from_arrays(inner, 2)})
+    columns = table_to_columns(table.slice(3, 4), lambda: "test")
+    expected = torch.from_numpy(values.reshape(10, 6)[3:7].copy())
+    assert torch.equal(columns["vec"], expected)
+    assert torch.equal(columns["grid"], expected.reshape(4, 2, 3))
+
+
 def test_a_chunked_column_crosses_a_shared_buffer_intact():
     """Packed into a worker pool's buffer (written piece by piece, offsets rebased) and received
     back (here in the same process), the columns equal the one-chunk conversion."""

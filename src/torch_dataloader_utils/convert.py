@@ -59,10 +59,18 @@ def _strings(array: pa.Array) -> Any:
     return _StringColumn(array.type, torch.from_numpy(bounds - bounds[0]), _tensor(data))
 
 
+_READ_ONLY_WARNING_SPENT = False  # torch warns once per process about read-only arrays
+
+
 def _tensor(array: np.ndarray) -> torch.Tensor:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # Arrow buffers are flagged read-only
+    global _READ_ONLY_WARNING_SPENT
+    if _READ_ONLY_WARNING_SPENT:
         return torch.from_numpy(array)
+    with warnings.catch_warnings():  # costs more than the conversion: only until torch's one warning is spent
+        warnings.simplefilter("ignore", UserWarning)  # Arrow buffers are flagged read-only
+        tensor = torch.from_numpy(array)
+    _READ_ONLY_WARNING_SPENT = not array.flags.writeable
+    return tensor
 
 
 def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
@@ -84,8 +92,9 @@ def _flatten_fixed(array: pa.Array, name: str, where: Where) -> torch.Tensor:
     while pa.types.is_fixed_size_list(array.type):
         if array.null_count:
             raise ValueError(f"column {name!r} has null list rows in {where()}; fill them or leave the column out")
-        shape.append(array.type.list_size)
-        array = array.flatten()
+        size = array.type.list_size
+        shape.append(size)
+        array = array.values.slice(array.offset * size, len(array) * size)  # flatten() without its compute call
     return _numeric(array, name, where).reshape(shape)
 
 
@@ -202,8 +211,7 @@ def table_to_joined(table: pa.Table, where: Where) -> dict[str, Any]:
     """Convert a whole chunk, each tensor left as a ``Joined`` of its Arrow chunks' tensors;
     ``where()`` describes the chunk's source, asked only for an error message."""
     columns = {}
-    for name in table.column_names:
-        column = table.column(name)
+    for name, column in zip(table.column_names, table.columns):
         chunks = column.chunks or [pa.array([], type=column.type)]
         columns[name] = _join([_column(chunk, name, where) for chunk in chunks])
     return columns
