@@ -32,11 +32,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHUFFLE_BUFFER_ROWS = 1 << 18
 DEFAULT_CHUNK_ROWS = 1 << 14  # measured: same CPU as 65536, faster first batch, 4x less in flight
-# In worker processes, streamed Parquet pieces decode in batches of this many rows; a chunk
-# joins several, which costs nothing extra there (it is copied into a shared buffer anyway),
-# and the decoder's buffers stay small and are reused instead of faulted in anew. Measured
-# (0.5 GiB numeric, 7 epochs): worker page faults 54.5k -> 42.3k, epoch 0.713 -> 0.672 s. In
-# the main process a chunk of one decoded batch needs no copy, so there it is the chunk.
+# Where chunks are copied into shared buffers (workers, read_chunk(joined=True)), streamed
+# Parquet pieces decode in batches of this many rows and a chunk joins several: that costs
+# nothing extra there, and the decoder's buffers stay small and are reused instead of faulted
+# in anew. Measured (0.5 GiB numeric, 7 epochs): worker page faults 54.5k -> 42.3k, epoch
+# 0.713 -> 0.672 s. Elsewhere a chunk of one decoded batch needs no copy, so the decode batch
+# is the chunk.
 WORKER_DECODE_ROWS = 1 << 12
 EQUALIZE_POLICIES = ("pad", "drop", "none")
 ON_ERROR_POLICIES = ("raise", "skip")
@@ -309,9 +310,9 @@ class StructuredDataset(IterableDataset):
         if task.stop <= task.start:
             return Chunk(task.lane, task.start, task.stop, {})
         if self._reader is None:
-            in_worker = get_worker_info() is not None
-            decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if in_worker else self.chunk_rows
-            self._reader = StreamReader(self._catalog, self.columns, not in_worker, self.on_error == "skip", stream_rows=decode_rows)
+            decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
+            in_main = get_worker_info() is None
+            self._reader = StreamReader(self._catalog, self.columns, in_main, self.on_error == "skip", stream_rows=decode_rows)
         rows = self._reader.read_segments(self._book, task.segments)
         columns = (table_to_joined if joined else table_to_columns)(rows.table, lambda: self._describe_rows(task))
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
