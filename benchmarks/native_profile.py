@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
@@ -28,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from generate import ensure_dataset, rows_for  # noqa: E402
-from run import COLUMN_SETS, FILES  # noqa: E402
+from run import COLUMN_SETS, FILES, child_command  # noqa: E402
 
 FREQUENCY = 2000  # samples per second of CPU time
 CONTENDERS = ("a_ceiling", "d_this_library")
@@ -49,18 +47,14 @@ def library(path: str) -> str:
 
 def profile_epoch(contender: str, cfg: dict, work: str) -> dict[str, float]:
     """CPU ms of one epoch by "role: library"; the main process counts only while workers run."""
-    spec = {"contender": contender, "config": cfg, "total_rows": 0, "work": work, "collect_ids": False}
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
+    command, env, spec_file = child_command({"contender": contender, "config": cfg, "total_rows": 0, "work": work, "collect_ids": False})
     data = work + ".perf.data"
     try:
-        subprocess.run(
-            ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(FREQUENCY), "-o", data, "--", sys.executable, os.path.join(HERE, "run.py"), "--child", f.name],
-            check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-        )
+        perf = ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(FREQUENCY), "-o", data, "--"]
+        subprocess.run(perf + command, check=True, stdout=subprocess.DEVNULL, env=env)
         script = subprocess.run(["perf", "script", "-i", data, "-F", "comm,pid,time,ip,dso"], check=True, capture_output=True, text=True).stdout
     finally:
-        os.unlink(f.name)
+        os.unlink(spec_file)
     samples = [(int(m[1]), float(m[2]), m[3]) for m in map(SAMPLE.match, script.splitlines()) if m]
     main = samples[0][0]
     worker_times = [t for pid, t, _ in samples if pid != main]

@@ -138,14 +138,20 @@ class TreeMemory:
         return sum(self._high_water.values())
 
 
+def child_command(spec: dict) -> tuple[list[str], dict[str, str], str]:
+    """Command line and environment that run ``spec`` in a new process, and the spec's file
+    (the caller deletes it)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    return [sys.executable, os.path.abspath(__file__), "--child", f.name], {**os.environ, "PYTHONWARNINGS": "ignore"}, f.name
+
+
 def run_child(spec: dict, timeout: float) -> dict:
     """Run one measurement in a new process, sampling its process tree's memory."""
     import psutil
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child", f.name], stdout=subprocess.PIPE, env=env)
+    command, env, spec_file = child_command(spec)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
     memory, done = TreeMemory(psutil.Process(proc.pid)), threading.Event()
 
     def sample() -> None:
@@ -162,7 +168,7 @@ def run_child(spec: dict, timeout: float) -> dict:
     finally:
         done.set()
         proc.kill()
-        os.unlink(f.name)
+        os.unlink(spec_file)
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['contender']} failed (exit {proc.returncode})")
     result = json.loads(out.decode().strip().splitlines()[-1])

@@ -43,6 +43,16 @@ class _Window:
     skipped: dict[int, str]
     order: np.ndarray | None = None  # output position -> row of `table` (rows not yet permuted)
 
+    def rows(self, offset: int, take: int) -> Rows:
+        """Output rows [offset, offset + take)."""
+        if self.order is not None:
+            return Rows(_gather(self.table, self.order[offset : offset + take]), None, self.skipped)
+        if self.valid is None:
+            return Rows(self.table.slice(offset, take), None, self.skipped)
+        valid = self.valid[offset : offset + take]
+        first = int(np.count_nonzero(self.valid[:offset]))
+        return Rows(self.table.slice(first, int(np.count_nonzero(valid))), np.flatnonzero(valid), self.skipped)
+
 
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
@@ -54,7 +64,7 @@ class StreamReader:
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
         self._files: OrderedDict[int, Any] = OrderedDict()
-        self._windows: OrderedDict[tuple, _Window] = OrderedDict()
+        self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -69,7 +79,7 @@ class StreamReader:
             window = self._window(stream, index)
             offset = row - int(stream.window_rows[index])
             take = min(stop - row, int(stream.window_rows[index + 1]) - row)
-            parts.append((_slice(window, offset, take), take))
+            parts.append((window.rows(offset, take), take))
             row += take
         return self._join(parts, stream)
 
@@ -90,7 +100,7 @@ class StreamReader:
         table = self._concat(tables, stream) if len(tables) > 1 else (tables[0] if tables else parts[0][0].table)
         return Rows(table, None if exact else np.concatenate(present), skipped)
 
-    def _window(self, stream: Stream, index: int) -> _Window:
+    def _window(self, stream: Stream, index: int) -> _Window | _StreamedPiece:
         key = (stream.key, stream.splits, index)
         window = self._windows.get(key)
         if window is not None:
@@ -100,9 +110,9 @@ class StreamReader:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.pieces[int(stream.window_pieces[index]) : int(stream.window_pieces[index + 1])]
         if self._streams(stream, pieces):
-            window: _Window | _StreamedPiece = _StreamedPiece(lambda: self._piece_batches(pieces[0]), pieces[0].num_rows)
-            self._remember(key, window)
-            return window
+            streamed = _StreamedPiece(lambda: self._piece_batches(pieces[0]), pieces[0].num_rows)
+            self._remember(key, streamed)
+            return streamed
         tables, skipped = [], {}
         for piece in pieces:
             try:
@@ -116,7 +126,7 @@ class StreamReader:
         self._remember(key, window)
         return window
 
-    def _remember(self, key: tuple, window: Any) -> None:
+    def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
         self._windows[key] = window
         while len(self._windows) > _CACHED_WINDOWS:
             self._windows.popitem(last=False)
@@ -220,7 +230,8 @@ class _StreamedPiece:
         self._first = 0  # window row of the first held row
         self._end = 0  # window row after the last held row
 
-    def rows(self, offset: int, take: int) -> pa.Table:
+    def rows(self, offset: int, take: int) -> Rows:
+        """Output rows [offset, offset + take)."""
         if offset < self._first:
             self._restart()
         try:
@@ -231,7 +242,7 @@ class _StreamedPiece:
         while self._first + self._held[0].num_rows <= offset:
             self._first += self._held.pop(0).num_rows
         held = self._held[0] if len(self._held) == 1 else pa.concat_tables(self._held)
-        return held.slice(offset - self._first, take)
+        return Rows(held.slice(offset - self._first, take))
 
     def _fill(self, stop: int) -> None:
         if self._batches is None:
@@ -244,19 +255,6 @@ class _StreamedPiece:
             self._end += table.num_rows
         if stop == self._num_rows and next(self._batches, None) is not None:  # ends the decoding (and its checks)
             raise DataReadError(f"internal error: a streamed piece has more than its {self._num_rows} rows")
-
-
-def _slice(window: _Window | _StreamedPiece, offset: int, take: int) -> Rows:
-    """Output rows [offset, offset + take) of a window."""
-    if isinstance(window, _StreamedPiece):
-        return Rows(window.rows(offset, take))
-    if window.order is not None:
-        return Rows(_gather(window.table, window.order[offset : offset + take]), None, window.skipped)
-    if window.valid is None:
-        return Rows(window.table.slice(offset, take), None, window.skipped)
-    valid = window.valid[offset : offset + take]
-    first = int(np.count_nonzero(window.valid[:offset]))
-    return Rows(window.table.slice(first, int(np.count_nonzero(valid))), np.flatnonzero(valid), window.skipped)
 
 
 def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
