@@ -34,6 +34,7 @@ FRACTIONS = (0.1, 0.5, 0.9)
 TIMED_FRACTION = 0.9  # timed --repeat times (the target: within 1.2x of a fresh start)
 SAMPLE_SECONDS = 0.05  # memory sampling period
 FILES = 8
+PEERS = ("b_handwritten", "c_hf_datasets")  # measured --peer-repeat times
 COLUMN_BYTES = {"id": 8, "label": 4, "feat": 256, "text": ROW_BYTES - 268}  # decoded bytes per row
 
 
@@ -285,7 +286,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--columns", default=",".join(COLUMN_SETS), help="column sets: numeric,text")
-    parser.add_argument("--repeat", type=int, default=3, help="epochs per contender (interleaved); the table shows medians")
+    parser.add_argument("--repeat", type=int, default=3, help="epochs of (a) and (d) (interleaved); the table shows medians")
+    parser.add_argument(
+        "--peer-repeat", type=int, default=1, help="epochs of (b) and (c), 6x to 40x slower than (d) (the default run stays under 5 minutes)"
+    )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
     parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
     parser.add_argument("--options", default="{}", help="JSON keyword arguments for create_dataloader in (d)")
@@ -315,10 +319,11 @@ def main(argv: list[str] | None = None) -> None:
         names = args.contenders.split(",")
         extras = {n: {"sharing_strategy": args.sharing_strategy, "options": options if n == "d_this_library" else {}} for n in names}
         epochs: dict[str, list[dict]] = {n: [] for n in names}
+        repeats = {n: args.peer_repeat if n in PEERS else args.repeat for n in names}
         per = results["measurements"][colset] = {}
-        for repeat in range(args.repeat):  # interleaved, so that load from other jobs hits every contender alike
-            for name in names:
-                log(f"{colset}: {name} epoch {repeat + 1}/{args.repeat}")
+        for repeat in range(max(repeats.values())):  # interleaved, so that load from other jobs hits every contender alike
+            for name in [n for n in names if repeat < repeats[n]]:
+                log(f"{colset}: {name} epoch {repeat + 1}/{repeats[name]}")
                 resumes = repeat == 0 and not args.no_resume and name != "a_ceiling"
                 epochs[name].append(fresh_epoch(name, cfg, total, f"{work}.{name}", resumes, args.timeout, extras[name]))
         for name in names:
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"{colset}: {name} resumes")
                 ids = np.load(f"{work}.{name}.ids.npy")
                 per[name]["epoch_check"] = resume_check(ids, 0, ids, total)
-                per[name]["resumes"] = resume_runs(name, cfg, total, f"{work}.{name}", first, args.timeout, extras[name], args.repeat)
+                per[name]["resumes"] = resume_runs(name, cfg, total, f"{work}.{name}", first, args.timeout, extras[name], repeats[name])
             if "a_ceiling" in epochs:  # paired by round: the ratio to the ceiling measured next to it
                 ratios = [e["rows_per_s"] / a["rows_per_s"] for e, a in zip(epochs[name], epochs["a_ceiling"])]
                 per[name]["vs_ceiling"] = float(np.median(ratios))
