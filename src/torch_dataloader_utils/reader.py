@@ -235,16 +235,17 @@ class _StreamedPiece:
         if offset < self._first:
             self._restart()
         try:
-            self._fill(offset + take)
+            self._fill(offset, offset + take)
         except Exception:
             self._restart()  # a retry (a new pass) decodes again instead of finding a dead iterator
             raise
-        while self._first + self._held[0].num_rows <= offset:
-            self._first += self._held.pop(0).num_rows
+        self._drop_before(offset)
         held = self._held[0] if len(self._held) == 1 else pa.concat_tables(self._held)
         return Rows(held.slice(offset - self._first, take))
 
-    def _fill(self, stop: int) -> None:
+    def _fill(self, offset: int, stop: int) -> None:
+        """Decode up to window row ``stop``; batches wholly before ``offset`` (the rows a resume
+        skips) are dropped as they come, so their memory is reused by the next batch."""
         if self._batches is None:
             self._batches = self._start()
         while self._end < stop:
@@ -253,8 +254,13 @@ class _StreamedPiece:
                 raise DataReadError(f"internal error: a streamed piece ended at row {self._end}, before row {stop}")
             self._held.append(table)
             self._end += table.num_rows
+            self._drop_before(offset)
         if stop == self._num_rows and next(self._batches, None) is not None:  # ends the decoding (and its checks)
             raise DataReadError(f"internal error: a streamed piece has more than its {self._num_rows} rows")
+
+    def _drop_before(self, offset: int) -> None:
+        while self._held and self._first + self._held[0].num_rows <= offset:
+            self._first += self._held.pop(0).num_rows
 
 
 def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
