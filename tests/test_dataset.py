@@ -1,7 +1,8 @@
-"""StructuredDataset's Chunk: what the DataLoader's pin_memory=True does with it."""
+"""StructuredDataset: argument checks, and what the DataLoader's pin_memory=True does with a Chunk."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
@@ -9,6 +10,25 @@ from torch_dataloader_utils.convert import Ragged, replace_leaves
 from torch_dataloader_utils.dataset import Chunk
 
 from datagen import write_dataset
+
+
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("batch_size", 0),
+        ("num_workers", -1),
+        ("shuffle_seed", -1),
+        ("shuffle_buffer_rows", 0),
+        ("chunk_rows", 0),
+        ("split_bytes", 0),
+        ("equalize", "even"),
+        ("on_error", "ignore"),
+    ],
+)
+def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):
+    """The path does not exist: a check that ran after discovery would raise FileNotFoundError."""
+    with pytest.raises(ValueError, match=rf"^{argument} must be .*got {value!r}"):
+        StructuredDataset(str(tmp_path / "missing"), **{argument: value})
 
 
 def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
-"""StructuredDataLoader's worker set-up."""
+"""StructuredDataLoader's worker set-up and error paths."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import traceback
 
 import pytest
 
@@ -25,3 +26,16 @@ def test_workers_start_without_transparent_huge_pages(tmp_path):
     if "THP_enabled:" not in status:
         pytest.skip("this kernel does not report THP_enabled")
     assert "THP_enabled:\t0" in status
+
+
+def test_an_error_read_in_the_main_process_keeps_its_traceback(tmp_path):
+    """With num_workers=0 nothing needs shutting down, so the user sees where the error arose."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, None, 3]}), tmp_path / "a.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), num_workers=0)
+    with pytest.raises(ValueError, match="null value") as error:
+        list(loader)
+    files = [frame.filename for frame in traceback.extract_tb(error.value.__traceback__)]
+    assert any(name.endswith("convert.py") for name in files), files

@@ -147,6 +147,10 @@ class StructuredDataset(IterableDataset):
             raise ValueError(f"shuffle_seed must be >= 0, got {shuffle_seed}")
         if shuffle_buffer_rows < 1:
             raise ValueError(f"shuffle_buffer_rows must be >= 1, got {shuffle_buffer_rows}")
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        if split_bytes < 1:
+            raise ValueError(f"split_bytes must be >= 1, got {split_bytes}")
         if equalize not in EQUALIZE_POLICIES:
             raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
         if on_error not in ON_ERROR_POLICIES:

@@ -158,11 +158,14 @@ class StructuredDataLoader:
             chunks = iter(self._loader)
             yield from chunks
         except Exception as error:  # noqa: BLE001 - re-raised below
+            if not self.dataset.num_workers:
+                raise
             # Drop every reference to torch's iterator now, so that its worker processes shut down
             # here and not in some later garbage collection: the traceback pins its frames too.
+            # (An error raised in a worker carries the worker's traceback in its message.)
             chunks = None
             error.__traceback__ = None
-            if not self.dataset.num_workers or not _is_worker_death(error):
+            if not _is_worker_death(error):
                 raise error
             self._loader = DataLoader(self._source(), **self._loader_kwargs)
             raise RuntimeError(
