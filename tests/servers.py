@@ -79,6 +79,7 @@ class Faults:
     times: int = 0  # fail the first `times` reads of each matching object
     match: str = ""  # substring of the object key; "" matches every object
     stall_seconds: float = 3.0
+    after: int = 0  # reads of each object that pass before the failures start
     seen: dict = field(default_factory=dict)  # key -> object reads seen since inject()
     injected: int = 0
     object_bytes: int = 0  # body bytes of object reads (GET of a key), all time
@@ -90,11 +91,12 @@ class Faults:
 
     CONTROL = ("inject", "clear", "counters", "injected_count", "record", "take_log", "reset_peak", "peak_in_flight")
 
-    def inject(self, mode: str | None, times: int = 0, match: str = "", stall_seconds: float = 3.0) -> None:
-        """Fail the first ``times`` reads (-1: all) of each object whose key contains ``match``."""
+    def inject(self, mode: str | None, times: int = 0, match: str = "", stall_seconds: float = 3.0, after: int = 0) -> None:
+        """Fail the first ``times`` reads (-1: all) of each object whose key contains ``match``,
+        counted from its read number ``after`` (the reads before it pass)."""
         with self.lock:
             self.mode, self.times, self.match, self.seen, self.injected = mode, times, match, {}, 0
-            self.stall_seconds = stall_seconds
+            self.stall_seconds, self.after = stall_seconds, after
 
     def clear(self) -> None:
         self.inject(None)
@@ -141,9 +143,9 @@ class Faults:
             self.object_reads += 1
             if self.mode is None or self.match not in key:
                 return None
-            count = self.seen.get(key, 0)
-            self.seen[key] = count + 1
-            if self.times < 0 or count < self.times:
+            count = self.seen.get(key, 0) - self.after
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if count >= 0 and (self.times < 0 or count < self.times):
                 self.injected += 1
                 return self.mode
             return None

@@ -285,3 +285,19 @@ def test_cache_serves_later_epochs_and_keeps_its_limit(s3, uploaded, tmp_path):
         assert_exactly_once(run_epoch(loader, dataset), ROWS)
     held = sum(p.stat().st_size for p in small.iterdir())
     assert 0 < held <= limit
+
+
+def test_a_failed_request_for_a_large_footer_is_a_storage_error_not_a_corrupt_file(s3, tmp_path, no_client_retries):
+    """A footer larger than the tail fetched with all the others needs a request of its own;
+    when that request fails, planning raises the storage error naming the object (not "is it a
+    complete parquet file?")."""
+    table = pa.table({f"column_{i:04d}": np.arange(3, dtype=np.int64) for i in range(1500)})
+    pq.write_table(table, tmp_path / "wide.parquet")
+    assert pq.read_metadata(tmp_path / "wide.parquet").serialized_size > 64 * 1024
+    s3.upload(str(tmp_path), "big-footer")
+    url = s3.url("big-footer")
+    s3.server.faults.inject("503", -1, match="big-footer", after=1)  # the tail passes, the rest fails
+    with pytest.raises(OSError, match=r"s3://bucket-a/big-footer/wide\.parquet .*failed after 1 attempt"):
+        StructuredDataset(url, storage_options=no_client_retries, download_retry=0, num_workers=0)
+    s3.server.faults.clear()
+    assert len(StructuredDataset(url, storage_options=no_client_retries, num_workers=0).files) == 1

@@ -19,7 +19,7 @@ import pyarrow as pa
 from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, infer_format
 from .formats import FileFormat, get_format
 from .planner import FileLayout, Split, plan_splits
-from .remote import IOOptions, open_store, prefetched_tails
+from .remote import IOOptions, RemoteReadError, open_store, prefetched_tails
 from .progress import progress
 from .schema import file_schema, missing_columns, unify
 from .streams import SplitRows, unit_offsets
@@ -57,6 +57,8 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
         layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.tag, entry.url)
         return layout, footer, file_schema(fmt, fs, entry.fs_path, footer)
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
+        if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
+            raise  # the storage failed, not the file (a permission, a request): the error names it
         raise ValueError(
             f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. "
             f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
