@@ -159,6 +159,24 @@ def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     assert code == 2 and "--key" in err
 
 
+@pytest.mark.parametrize(
+    "key, value, scope",
+    [("rows_delivered", ["x"], "rank"), ("rows_total", "many", "rank"), ("in_progress", [{"splits": [7]}], "rank"),
+     ("_world_size", 1.5, "rank"), ("rows_delivered", None, "worker")],
+)
+def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, tmp_path, key, value, scope):
+    state, _ = saved_state(data, tmp_path / "state.json")
+    if scope == "worker":  # what a StatefulDataLoader worker saves
+        state = {**{k: v for k, v in state.items() if k.startswith("_")}, "format_version": 1, "scope": "worker",
+                 "epoch": 0, "worker": 0, "rows_delivered": 8, "files_digest": "d"}
+    torch.save({"dataset": {**state, key: value}}, tmp_path / "ckpt.pt")
+    for argv in (["--json"], [data]):
+        code, out, err = run(capsys, "inspect", tmp_path / "ckpt.pt", *argv)
+        assert code == 2 and out == ""
+        assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1
+        assert "ckpt.pt at key 'dataset'" in err and f"state key {key!r} is damaged" in err
+
+
 # --------------------------------------------------------------- bench
 def test_bench_reports_throughput_with_its_config_and_a_resume(capsys, data):
     code, out, _ = run(capsys, "bench", data, "--batch-size", 8, "--num-workers", 1, "--split-bytes", SPLIT_BYTES,
@@ -168,6 +186,36 @@ def test_bench_reports_throughput_with_its_config_and_a_resume(capsys, data):
     assert result["batches"] == 6 and result["rows"] == 48
     assert result["config"]["columns"] == ["id", "x"] and result["config"]["num_workers"] == 1
     assert result["rows_per_s"] > 0 and result["resume"]["got_batch"] and result["resume"]["at_batch"] == 3
+
+
+def test_bench_resumes_from_the_middle_of_what_it_read_when_time_runs_out(capsys, data):
+    # the worker process takes far longer than 1 ms to start, so the time budget ends the loop after its first batch
+    code, out, _ = run(capsys, "bench", data, "--batch-size", 8, "--num-workers", 1, "--split-bytes", SPLIT_BYTES,
+                       "--seconds", 0.001, "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["batches"] < result["batches_in_epoch"] // 2  # stopped before the planned midpoint
+    resume = result["resume"]
+    assert resume["got_batch"] and 1 <= resume["at_batch"] <= max(1, result["batches"] // 2 + 1)
+    code, out, _ = run(capsys, "bench", data, "--batch-size", 8, "--num-workers", 1, "--split-bytes", SPLIT_BYTES,
+                       "--seconds", 0.001)
+    assert code == 0 and "resume       at batch" in out
+
+
+def test_bench_keeps_the_state_nearest_the_middle_of_any_stop(data):
+    from torch_dataloader_utils.cli import _MidpointStates
+
+    loader, dataset = StructuredDataset.create_dataloader(data, batch_size=8, num_workers=1, split_bytes=SPLIT_BYTES)
+    states = _MidpointStates(dataset.state_dict, planned_midpoint=10_000)  # never reached
+    middles = {}
+    for index, _ in enumerate(loader, start=1):
+        states.after_batch(index)
+        middles[index] = states.middle()
+    assert index >= 24
+    for read, (at, state) in middles.items():
+        assert abs(at - read / 2) <= max(1, 0.15 * read), (read, at)
+        assert sum(state["rows_delivered"]) == 8 * at  # the state was taken after batch `at`
+    assert middles[20][0] == 10 and middles[13][0] == 6
 
 
 # ------------------------------------------------------ entry points

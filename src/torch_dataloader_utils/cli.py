@@ -237,8 +237,8 @@ def _rank_parts(state: dict, key: str) -> list[tuple[str, dict]]:
     from .distributed import local_state
 
     ranks = state.get("ranks")
-    if not isinstance(ranks, list) or not ranks:
-        raise UsageError(f"the global state at {key or 'the top level'!r} has no 'ranks' list; it is damaged")
+    if not isinstance(ranks, list) or not ranks or not all(isinstance(part, dict) for part in ranks):
+        raise UsageError(f"the global state at {key or 'the top level'!r} has no 'ranks' list of rank states; it is damaged")
     label = f"{key} " if key else ""
     return [(f"{label}(global state) rank {rank}", local_state(state, rank)) for rank in range(len(ranks))]
 
@@ -315,17 +315,77 @@ def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, di
     return found
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_split(value: Any) -> bool:
+    """A split as states store it: a dict with, if cut from a file, an integer row range."""
+    if not isinstance(value, dict):
+        return False
+    offset = value.get("row_offset")
+    return (offset is None or _is_count(offset) and _is_count(value.get("row_length"))) and _is_count(value.get("rows_done", 0))
+
+
+def _are_worker_splits(value: Any) -> bool:
+    """'completed_shards' / 'in_progress': per worker, a dict whose 'splits' is a list of splits."""
+    return isinstance(value, list) and all(
+        isinstance(entry, dict) and isinstance(entry.get("splits", []), list) and all(map(_is_split, entry.get("splits", [])))
+        for entry in value
+    )
+
+
+_MISSING = object()
+_Field = tuple[Callable[[Any], bool], str]  # (check, what the value must be)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: value is _MISSING or value is None or check(value)
+
+
+_COUNTS = "a list of row counts (integers >= 0), one per worker"
+_WORKER_SPLITS = "a list of {'worker': N, 'splits': [...]} entries"
+# the configuration values that become dataset arguments (inspect with PATH) and must be integers
+_TOPOLOGY_FIELDS: dict[str, _Field] = {
+    key: (lambda v: v is _MISSING or _is_count(v), "an integer >= 0")
+    for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size")
+}
+# what describe_state and print_state read, by scope
+_RANK_FIELDS: dict[str, _Field] = {
+    "rows_delivered": (lambda v: isinstance(v, list) and all(map(_is_count, v)), _COUNTS),
+    "rows_total": (_optional(lambda v: isinstance(v, list) and all(map(_is_count, v))), _COUNTS),
+    "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
+    "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
+    "in_progress": (_optional(_are_worker_splits), _WORKER_SPLITS),
+    "skipped_splits": (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
+    **_TOPOLOGY_FIELDS,
+}
+_WORKER_FIELDS: dict[str, _Field] = {"rows_delivered": (_is_count, "a row count (an integer >= 0)"), **_TOPOLOGY_FIELDS}
+
+
+def check_state_fields(state: dict) -> None:
+    """Raise UsageError naming the first key that ``describe_state`` cannot read."""
+    fields = _WORKER_FIELDS if state.get("scope") == "worker" else _RANK_FIELDS
+    for key, (valid, expected) in fields.items():
+        value = state.get(key, _MISSING)
+        if not valid(value):
+            found = "it is missing" if value is _MISSING else f"found {value!r:.80}"
+            raise UsageError(f"state key {key!r} is damaged: expected {expected}, {found}. The state was altered or not "
+                             "saved from dataset.state_dict(); use an intact copy of the checkpoint or discard it")
+
+
 def describe_state(state: dict) -> dict:
     """Epoch, progress, rows remaining and topology of a state, from the state alone."""
     from .state import CONFIG_KEYS
 
+    check_state_fields(state)
     topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
     info: dict[str, Any] = {"scope": state.get("scope", "rank"), "format_version": state.get("format_version"),
                             "epoch": state.get("epoch"), "topology": topology}
     if info["scope"] == "worker":
         info.update(worker=state.get("worker"), rows_delivered=state.get("rows_delivered"), files_digest=state.get("files_digest"))
         return info
-    delivered = state.get("rows_delivered") or []
+    delivered = state["rows_delivered"]
     totals = state.get("rows_total")
     workers = []
     for index, done in enumerate(delivered):
@@ -400,9 +460,6 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
     options.update(format=args.format, storage_options=_storage_options(args))
-    for name in ("batch_size", "shuffle_buffer_rows", "chunk_rows"):  # the run's values, if the state lacks them
-        if getattr(args, name, None) and name not in options:
-            options[name] = getattr(args, name)
     try:
         dataset = StructuredDataset(list(path), **options)
     except (TypeError, ValueError) as error:
@@ -418,12 +475,20 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
 
 
+def _where(key: str) -> str:
+    """Where a state sits in its checkpoint, for messages: '', ' at key 'dataset'' or ' global (global state) rank 0'."""
+    return "" if not key else f" {key}" if "(global state)" in key else f" at key {key!r}"
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
     checkpoint = load_checkpoint(args.state)
     states = states_in(checkpoint, args.key, args.state)
     report, all_match = [], True
     for key, state in states:
-        info = describe_state(state)
+        try:
+            info = describe_state(state)
+        except UsageError as error:
+            raise UsageError(f"{args.state}{_where(key)}: {error}") from None
         if args.path:
             matches, why, remaining = check_against_data(state, args.path, args)
             info["matches_data"] = {"matches": matches, "explanation": why, "rows_remaining": remaining}
@@ -435,7 +500,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         for number, (key, info) in enumerate(report):
             if number:
                 print()
-            print_state(info, "" if not key else f" {key}" if "(global state)" in key else f" at key {key!r}")
+            print_state(info, _where(key))
             check = info.get("matches_data")
             if check:
                 verdict = "YES" if check["matches"] else "NO"
@@ -463,11 +528,11 @@ def run_bench(args: argparse.Namespace) -> dict:
     loader, dataset = StructuredDataset.create_dataloader(list(args.path), **config)
     constructed = time.perf_counter() - started
     total_batches = len(loader)
-    midpoint = max(1, min(total_batches, args.max_batches or total_batches) // 2)
-    state, deadline = None, time.perf_counter() + args.seconds
+    planned = min(total_batches, args.max_batches or total_batches)
+    states = _MidpointStates(dataset.state_dict, planned_midpoint=max(1, planned // 2))
+    deadline = time.perf_counter() + args.seconds
     for index, _ in enumerate(loader, start=1):
-        if index == midpoint:
-            state = dataset.state_dict()
+        states.after_batch(index)
         if time.perf_counter() >= deadline or (args.max_batches and index >= args.max_batches):
             break
     stats = loader.stats.last_pass
@@ -486,9 +551,43 @@ def run_bench(args: argparse.Namespace) -> dict:
         "steady_rows_per_s": (stats.rows - args.batch_size) / steady if steady >= max(0.5, stats.startup_s) else None,
         "bytes_per_s": _scanned_bytes(dataset, stats.rows) / stats.elapsed_s if stats.elapsed_s > 0 else None,
     }
-    if state is not None and not args.no_resume:
-        result["resume"] = _measure_resume(list(args.path), config, state, midpoint)
+    middle = states.middle()
+    if middle is not None and not args.no_resume:
+        result["resume"] = _measure_resume(list(args.path), config, middle[1], middle[0])
     return result
+
+
+class _MidpointStates:
+    """Dataset states saved during a loop, to resume from the middle of however much it read.
+
+    The loop can stop early (``--seconds``), so states are saved at the planned midpoint
+    and at batches about 25% apart (a few dozen saves, not one per batch); only those that
+    can still be nearest to the middle are kept.
+    """
+
+    def __init__(self, state_dict: Callable[[], dict], planned_midpoint: int) -> None:
+        self._state_dict = state_dict
+        self._planned = planned_midpoint
+        self._next = 1
+        self._read = 0
+        self._saved: list[tuple[int, dict]] = []  # (batches read, state), oldest first
+
+    def after_batch(self, index: int) -> None:
+        """Call with the number of batches read so far."""
+        self._read = index
+        if index not in (self._next, self._planned):
+            return
+        self._saved.append((index, self._state_dict()))
+        if index == self._next:
+            self._next = max(index + 1, int(index * 1.25))
+        while len(self._saved) > 1 and self._saved[1][0] <= index / 2:
+            self._saved.pop(0)  # a later state is already at or before the middle
+
+    def middle(self) -> tuple[int, dict] | None:
+        """(batch, state) nearest the middle of what was read; None if nothing was read."""
+        if not self._saved:
+            return None
+        return min(self._saved, key=lambda saved: abs(saved[0] - self._read / 2))
 
 
 def _scanned_bytes(dataset: Any, rows: int) -> float:
@@ -594,10 +693,6 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("state", metavar="STATE", help="JSON file or torch checkpoint")
     inspect.add_argument("path", nargs="*", metavar="PATH", help="the data the state should resume on")
     inspect.add_argument("--key", help="where the state sits in the checkpoint, dotted (e.g. dataset, dataset_states.1)")
-    inspect.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
-                         help="the run's batch_size, if the state does not record it")
-    inspect.add_argument("--shuffle-buffer-rows", type=_positive_int, default=None, metavar="N",
-                         help="the run's shuffle_buffer_rows, if not the default and not in the state")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(inspect, split_bytes=False)
     inspect.set_defaults(run=cmd_inspect)
