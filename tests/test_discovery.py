@@ -80,3 +80,54 @@ def test_null_error_names_the_file(tmp_path):
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "n"), num_workers=0)
     with pytest.raises(ValueError, match=r"column 'id' has 1 null value\(s\) in rows read from .*a.parquet"):
         list(loader)
+
+
+def hive_orc_table(root):
+    """A Hive-style ORC table: data files without extension, next to markers and a stray Parquet file."""
+    write_dataset(root, [[4], [3]], fmt="orc")
+    os.rename(root / "part-00000.orc", root / "000000_0")
+    os.rename(root / "part-00001.orc", root / "000001_0")
+    write_dataset(root / "other", [[2]])  # another format's extension: never taken for ORC
+    (root / "_SUCCESS").write_bytes(b"")
+    (root / ".000000_0.crc").write_bytes(b"x")
+    (root / "000000_0.crc").write_bytes(b"x")
+    (root / "README.md").write_bytes(b"# not data")
+    os.makedirs(root / "_temporary" / "0")
+    (root / "_temporary" / "0" / "000002_0").write_bytes(b"junk")
+    return root
+
+
+def test_files_without_extension_are_read_through_the_glob_the_error_suggests(tmp_path):
+    root = hive_orc_table(tmp_path / "t")
+    assert StructuredDataset(str(root), num_workers=0).files == [str(root / "other" / "part-00000.parquet")]
+    with pytest.raises(FileNotFoundError, match=r"no orc files found .*a directory keeps \*\.orc files.*Hive's 000000_0.*pass a glob that matches them"):
+        StructuredDataset(str(root), format="orc", num_workers=0)
+    dataset = StructuredDataset(str(root / "*_0"), format="orc", num_workers=0)
+    assert dataset.files == [str(root / "000000_0"), str(root / "000001_0")]
+    assert len(dataset) == 7
+
+
+def test_mixed_filesystems_are_refused_before_listing(tmp_path):
+    write_dataset(tmp_path / "d", [[4]])
+    local = str(tmp_path / "d" / "part-00000.parquet")
+    with pytest.raises(ValueError, match=r"path 's3://bucket/x.parquet' is on a different filesystem .*one filesystem"):
+        StructuredDataset([local, "s3://bucket/x.parquet"], num_workers=0)
+    assert len(StructuredDataset([local, "file://" + local], num_workers=0)) == 4
+
+
+def test_glob_skips_ignored_directories_below_its_prefix(tmp_path):
+    root = tmp_path / "_staging" / "data"  # an ignored-looking name above the glob is fine
+    write_dataset(root / "day=1", [[4]])
+    write_dataset(root / "_temporary" / "0", [[5]])
+    write_dataset(root / ".trash", [[6]])
+    by_recursive_glob = StructuredDataset(str(root / "**" / "*.parquet"), num_workers=0)
+    assert by_recursive_glob.files == [str(root / "day=1" / "part-00000.parquet")]
+    by_directory_glob = StructuredDataset(str(root / "*"), num_workers=0)
+    assert by_directory_glob.files == [str(root / "day=1" / "part-00000.parquet")]
+
+
+def test_bytes_paths_are_decoded(tmp_path):
+    write_dataset(tmp_path / "b", [[4]])
+    expected = [str(tmp_path / "b" / "part-00000.parquet")]
+    assert StructuredDataset(os.fsencode(tmp_path / "b"), num_workers=0).files == expected
+    assert StructuredDataset([os.fsencode(expected[0])], num_workers=0).files == expected

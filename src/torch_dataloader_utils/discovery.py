@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import posixpath
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import fsspec
+from fsspec.registry import known_implementations
+from fsspec.utils import get_protocol
 
 from .formats import format_for_path
 from .formats.io import is_local, is_remote
@@ -45,16 +48,37 @@ def _is_ignored(relative: str) -> bool:
     return relative.endswith(_MARKER_SUFFIXES)
 
 
-def as_path_list(path: str | Sequence[str]) -> list[str]:
+def _as_str(path: Any) -> str:
+    """A path as text: bytes are decoded as the OS does (``os.fsdecode``), not ``str(b"...")``."""
+    return os.fsdecode(path) if isinstance(path, bytes) else str(path)
+
+
+def as_path_list(path: str | bytes | Sequence[str]) -> list[str]:
+    """The user's path argument (one path or a list of them) as a list of strings."""
     if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
-        return [str(path)]
-    paths = [str(p) for p in path]
+        return [_as_str(path)]
+    paths = [_as_str(p) for p in path]
     if not paths:
         raise ValueError("path is an empty list: give at least one file, directory or glob")
     return paths
 
 
+def _filesystem_kind(path: str) -> str:
+    """The filesystem implementation a path's protocol selects (so ``s3``/``s3a`` are one kind)."""
+    protocol = get_protocol(path)
+    return known_implementations.get(protocol, {}).get("class", protocol)
+
+
 def filesystem_for(paths: list[str], storage_options: dict | None) -> Any:
+    """The one filesystem of all ``paths``; a ValueError if they are on different ones."""
+    first = _filesystem_kind(paths[0])
+    for path in paths[1:]:
+        if _filesystem_kind(path) != first:
+            raise ValueError(
+                f"path {path!r} is on a different filesystem ({get_protocol(path)}://) than the first "
+                f"path {paths[0]!r} ({get_protocol(paths[0])}://): all paths must be on one filesystem; "
+                "build one dataset per filesystem, or copy the files to one place"
+            )
     fs, _ = fsspec.core.url_to_fs(paths[0], **(storage_options or {}))
     return fs
 
@@ -66,26 +90,46 @@ def _url(fs: Any, path: str) -> str:
 
 
 def _wanted(name: str, format: str | None) -> bool:
+    """Whether a directory listing keeps a file: a Parquet or ORC extension (the format's, when
+    one is given). Files named by the user, or matched by their glob, are taken as they are."""
     found = format_for_path(name)
-    return found is not None and (format is None or found == format)
+    return found is not None and (format is None or found == format.lower())
+
+
+def _relative(path: str, root: str) -> str:
+    """``path`` below the directory ``root``; its base name if it is not below it."""
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else posixpath.basename(path)
+
+
+def _glob_root(pattern: str) -> str:
+    """The fixed directory part of a glob pattern: the components before the first wildcard."""
+    parts = pattern.split("/")
+    fixed = next((i for i, part in enumerate(parts) if any(c in part for c in _GLOB_CHARS)), len(parts))
+    return "/".join(parts[:fixed])
+
+
+def _walk(fs: Any, directory: str, format: str | None) -> Iterable[tuple[str, dict]]:
+    """The wanted files below a directory, skipping ignored names at every level."""
+    for path, info in fs.find(directory, detail=True).items():
+        if not _is_ignored(_relative(path, directory)) and _wanted(path, format):
+            yield path, info
 
 
 def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
     stripped = fs._strip_protocol(user_path)
     if any(c in user_path for c in _GLOB_CHARS):
-        matches = fs.glob(stripped, detail=True)
-        for path, info in matches.items():
+        root = _glob_root(stripped)
+        for path, info in fs.glob(stripped, detail=True).items():
+            if _is_ignored(_relative(path, root)):
+                continue
             if info.get("type") == "directory":
-                yield from _expand(fs, path, format)
-            elif not _is_ignored(posixpath.basename(path)):
+                yield from _walk(fs, path, format)
+            else:
                 yield path, info
         return
     if fs.isdir(stripped):
-        root = stripped.rstrip("/")
-        for path, info in fs.find(stripped, detail=True).items():
-            relative = path[len(root) :].lstrip("/")
-            if not _is_ignored(relative) and _wanted(path, format):
-                yield path, info
+        yield from _walk(fs, stripped, format)
         return
     yield stripped, fs.info(stripped)
 
@@ -114,14 +158,22 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             url = _url(fs, path)
             found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
     if not found:
-        raise FileNotFoundError(
-            f"no {format or 'Parquet or ORC'} files found under {paths!r} "
-            "(hidden files and _SUCCESS/_metadata markers are ignored; directories match *.parquet, *.pq, *.parq, *.orc)"
-        )
+        raise FileNotFoundError(_nothing_found(paths, format))
     entries = [found[url] for url in sorted(found)]
     if is_remote(fs):
         fs.register(entries)
     return entries
+
+
+def _nothing_found(paths: list[str], format: str | None) -> str:
+    """The message for paths that hold no data file: what was skipped and what to do."""
+    kind = format.lower() if format else None
+    patterns = {"parquet": "*.parquet, *.pq, *.parq", "orc": "*.orc"}.get(kind, "*.parquet, *.pq, *.parq, *.orc")
+    return (
+        f"no {kind or 'Parquet or ORC'} files found under {paths!r} (a directory keeps {patterns} files; hidden files, "
+        "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). For data files without these extensions (Hive's 000000_0), pass a glob that "
+        "matches them (e.g. 'table/*_0') or their paths, with format='parquet' or format='orc'"
+    )
 
 
 def infer_format(files: list[FileEntry]) -> str:
