@@ -54,7 +54,7 @@ class Catalog:
 
 def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
     try:
-        layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.tag, entry.url)
+        layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.url)
         return layout, footer, file_schema(fmt, fs, entry.fs_path, footer)
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
         if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):

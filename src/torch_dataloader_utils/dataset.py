@@ -382,11 +382,11 @@ class StructuredDataset(IterableDataset):
         schedule = lane_schedule(positions, lengths, next_lane, self.chunk_rows, keep_slots)
         target = self._batch_target()
         if target is not None and self.equalize == "drop":
-            schedule = cap_batches(schedule, self.batch_size, target - self._real_batches(positions, lengths))
+            schedule = cap_batches(schedule, self.batch_size, target - self._real_batches(positions))
         padding_rows = self._padding_rows()
         return schedule + padding_schedule(padding_delivered, padding_rows, self.chunk_rows)
 
-    def _real_batches(self, positions: Sequence[int], lengths: Sequence[int]) -> int:
+    def _real_batches(self, positions: Sequence[int]) -> int:
         """Batches already delivered from real rows (positions are batch-aligned except at lane ends)."""
         return sum(-(-p // self.batch_size) for p in positions)
 

@@ -41,7 +41,6 @@ class FileLayout:
     size: int
     unit_rows: tuple[int, ...]
     unit_bytes: tuple[int, ...]
-    tag: str | None = None
 
     @property
     def num_rows(self) -> int:

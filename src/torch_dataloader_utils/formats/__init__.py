@@ -19,9 +19,8 @@ class FileFormat(Protocol):
     """What every format module provides."""
 
     name: str
-    extensions: tuple[str, ...]
 
-    def read_footer(self, fs: Any, path: str, size: int, tag: str | None, url: str) -> tuple[FileLayout, Any]:
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         """Read a file's footer: its layout for the planner and an opaque footer for ``open``."""
         ...
 

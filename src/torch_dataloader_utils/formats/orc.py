@@ -54,15 +54,14 @@ def _remote_footer(source: RangeFile, size: int, stripes: list) -> tuple:
 
 class OrcFormat:
     name = "orc"
-    extensions = (".orc",)
 
-    def read_footer(self, fs: Any, path: str, size: int, tag: str | None, url: str) -> tuple[FileLayout, Any]:
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         footer = None
         with open_input(fs, path) as source:
             stripes = read_stripes(source, size)
             if is_remote(fs):
                 footer = _remote_footer(source, size, stripes)
-        layout = FileLayout(url, size, tuple(s.rows for s in stripes), tuple(s.length for s in stripes), tag)
+        layout = FileLayout(url, size, tuple(s.rows for s in stripes), tuple(s.length for s in stripes))
         return layout, footer
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> Any:

@@ -63,10 +63,9 @@ class _RemoteParquetReader:
 
 class ParquetFormat:
     name = "parquet"
-    extensions = (".parquet", ".pq", ".parq")
     streams_local_units = True  # local readers have iter_unit (row groups decoded in batches)
 
-    def read_footer(self, fs: Any, path: str, size: int, tag: str | None, url: str) -> tuple[FileLayout, Any]:
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         with open_input(fs, path) as source:
             footer = pq.ParquetFile(source).metadata
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
@@ -74,7 +73,7 @@ class ParquetFormat:
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (footer.row_group(i) for i in range(footer.num_row_groups))
         )
-        return FileLayout(url, size, rows, sizes, tag), footer
+        return FileLayout(url, size, rows, sizes), footer
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> Any:
         if is_remote(fs):
