@@ -23,6 +23,7 @@ from datagen import write_dataset
         ("split_bytes", 0),
         ("equalize", "even"),
         ("on_error", "ignore"),
+        ("world_size", 1.5),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -76,6 +77,16 @@ class Chunk:
             yield slice_columns(self.columns, offset, stop), end
 
 
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int (numpy and torch integers too); a ValueError naming ``name`` otherwise."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """(rank, world_size): the given values, else torch.distributed's when initialized, else (0, 1)."""
     if rank is None or world_size is None:
@@ -86,6 +97,7 @@ def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int
             rank = dist.get_rank() if initialized else 0
         if world_size is None:
             world_size = dist.get_world_size() if initialized else 1
+    rank, world_size = _integer("rank", rank), _integer("world_size", world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size): got rank={rank}, world_size={world_size}")
     return rank, world_size

@@ -103,6 +103,11 @@ def _save_atomic(path: str, write) -> None:
     os.replace(temporary, path)
 
 
+def _write_json(path: str, value: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -131,7 +136,7 @@ def run_train(workdir: str, fmt: str, checkpoint_at: float) -> None:
             _say(f"  step {step:4d}  loss {loss:.4f}")
         if step == checkpoint_step:
             state = dataset.state_dict()
-            _save_atomic(os.path.join(workdir, "dataset_state.json"), lambda p: open(p, "w").write(json.dumps(state)))
+            _save_atomic(os.path.join(workdir, "dataset_state.json"), lambda p: _write_json(p, state))
             payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                        "seen_ids": torch.cat(seen), "fresh_start_s": fresh_s}
             _save_atomic(os.path.join(workdir, "model.pt"), lambda p: torch.save(payload, p))
