@@ -316,7 +316,12 @@ def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, di
 
 
 def _is_count(value: Any) -> bool:
+    """state.is_count, written again here: importing state would import numpy for `tdu --help`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _are_counts(value: Any) -> bool:
+    return isinstance(value, list) and all(map(_is_count, value))
 
 
 def _is_split(value: Any) -> bool:
@@ -352,8 +357,8 @@ _TOPOLOGY_FIELDS: dict[str, _Field] = {
 }
 # what describe_state and print_state read, by scope
 _RANK_FIELDS: dict[str, _Field] = {
-    "rows_delivered": (lambda v: isinstance(v, list) and all(map(_is_count, v)), _COUNTS),
-    "rows_total": (_optional(lambda v: isinstance(v, list) and all(map(_is_count, v))), _COUNTS),
+    "rows_delivered": (_are_counts, _COUNTS),
+    "rows_total": (_optional(_are_counts), _COUNTS),
     "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
     "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
     "in_progress": (_optional(_are_worker_splits), _WORKER_SPLITS),

@@ -159,11 +159,15 @@ def tensor_nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return math.prod(shape) * dtype.itemsize
 
 
+def _is_named_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
 def leaves(value: Any, kind: type) -> list[Any]:
     """Each ``kind`` in ``value``: the value itself, or the fields of a named tuple."""
     if isinstance(value, kind):
         return [value]
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
+    if _is_named_tuple(value):
         return [field for field in value if isinstance(field, kind)]
     return []
 
@@ -172,7 +176,7 @@ def replace_leaves(value: Any, kind: type, replace: Callable[[Any], Any]) -> Any
     """``value`` with each ``kind`` (the value itself, or a field of a named tuple) mapped through ``replace``."""
     if isinstance(value, kind):
         return replace(value)
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
+    if _is_named_tuple(value):
         return value._replace(**{name: replace(field) for name, field in zip(value._fields, value) if isinstance(field, kind)})
     return value
 

@@ -79,12 +79,9 @@ class Chunk:
 
 def _integer(name: str, value: Any) -> int:
     """``value`` as an int (numpy and torch integers too); a ValueError naming ``name`` otherwise."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return operator.index(value)
 
 
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -127,6 +127,16 @@ def mismatch(headline: str, shard: Sequence[Any], causes: Sequence[str], advice:
     return CheckpointMismatchError("\n".join(lines))
 
 
+def is_integer(value: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, never a count in a state)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_count(value: Any) -> bool:
+    """An integer >= 0: a row count or position as states store it."""
+    return is_integer(value) and value >= 0
+
+
 def _require(state: Mapping[str, Any], key: str, kind: type | tuple[type, ...], what: str) -> Any:
     if key not in state:
         raise mismatch(f"Checkpoint state is missing key {key!r}.", [], [f"the state is damaged or not a torch_dataloader_utils {what} state"])
@@ -223,7 +233,7 @@ def _parse_lanes(saved: Any, epoch: int, book: StreamBook, workers: int) -> list
     for lane in saved:
         segments = []
         for entry in lane if isinstance(lane, list) else [None]:
-            if not isinstance(entry, list) or len(entry) != 7 or not all(isinstance(v, int) and not isinstance(v, bool) for v in entry):
+            if not isinstance(entry, list) or len(entry) != 7 or not all(map(is_integer, entry)):
                 raise damaged(f"a segment must be 7 integers, found {entry!r:.80}")
             key = StreamKey(*entry[:5])
             if key.epoch != epoch or not 0 <= key.rank < key.world_size or not 0 <= key.worker < max(1, key.num_workers) or key.num_workers < 0:
@@ -264,7 +274,7 @@ def validate_rank_state(
     positions = _require(state, "rows_delivered", list, "rank")
     next_lane = _require(state, "next_worker", int, "rank")
     padding = state.get("padding_delivered", 0)
-    if not isinstance(padding, int) or isinstance(padding, bool) or padding < 0:
+    if not is_count(padding):
         raise mismatch("Checkpoint state key 'padding_delivered' is damaged.", [], [f"found {padding!r:.40}"])
     workers = max(1, config["_num_workers"])
     saved_lanes = _parse_lanes(state.get("lanes"), epoch, book, workers)
@@ -280,7 +290,7 @@ def validate_rank_state(
     for worker, (position, lane) in enumerate(zip(positions, lanes)):
         length = lane_length(lane)
         entry = completed[worker] if isinstance(completed[worker], Mapping) else {}
-        if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= length:
+        if not is_integer(position) or not 0 <= position <= length:
             raise mismatch(
                 f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
                 entry.get("splits", []),
