@@ -171,11 +171,14 @@ def test_across_epochs_with_set_epoch(data, workers, persistent):
             seen.append(run(loader))
         return seen
 
-    k = 4
-    assert loop(states[1][k], 1) == [epochs[1][k + 1 :], epochs[2]]
+    # every interruption point of epoch 1: the first batches too, where persistent workers
+    # have not yet delivered anything of the new epoch
+    for k in range(len(epochs[1]) - 1):
+        assert loop(states[1][k], 1) == [epochs[1][k + 1 :], epochs[2]], f"resume after batch {k} of epoch 1"
     assert loop(states[1][-1], 1) == [[], epochs[2]]  # saved at the last batch of epoch 1
     assert loop(ends[0], 1) == [epochs[1], epochs[2]]  # saved after epoch 0 ended
     # without set_epoch the restored epoch is finished first
+    k = 4
     assert resume(data, states[2][k], workers, True, persistent=persistent) == epochs[2][k + 1 :]
 
 
@@ -186,6 +189,10 @@ def test_iterating_again_after_a_break(data, persistent):
     # a new pass without a loaded state starts the epoch again: nothing read ahead is lost
     assert run(loader, stop=3) == full[:3]
     assert run(loader) == full
+    # a state taken early in such a pass (before every worker delivered) resumes exactly
+    states: list = []
+    again = run(loader, states, stop=1)
+    assert again + resume(data, states[0], 3, False, persistent=persistent) == full
     # loading the state taken at the break continues exactly
     first = run(loader, stop=4)
     loader.load_state_dict(roundtrip(loader.state_dict(), "json"))
@@ -281,10 +288,13 @@ def test_changed_file_list_is_refused(data, saved, tmp_path):
     refused(loader, CheckpointMismatchError, "file list changed")
 
 
-def test_loader_workers_must_match_the_dataset(data, saved):
-    _, loader = make(data, 3, True, loader_workers=2)
+@pytest.mark.parametrize("loader_workers", [2, 4])
+def test_loader_workers_must_match_the_dataset(data, saved, loader_workers):
+    _, loader = make(data, 3, True, loader_workers=loader_workers)
     loader.load_state_dict(saved)  # dataset planned for 3 workers: its state fits, the loader does not
-    refused(loader, ValueError, "planned for num_workers=3 but runs in a DataLoader with 2 workers")
+    refused(loader, ValueError, f"planned for num_workers=3 but runs in a DataLoader with {loader_workers} workers")
+    _, fresh = make(data, 3, True, loader_workers=loader_workers)  # no state: a worker's first state_dict() checks too
+    refused(fresh, ValueError, f"planned for num_workers=3 but runs in a DataLoader with {loader_workers} workers")
 
 
 def test_main_process_state_is_validated_too(data):

@@ -251,6 +251,7 @@ class StructuredDataset(IterableDataset):
         """JSON-serializable progress: a rank state in the main process, a worker state inside a worker."""
         info = get_worker_info()
         if info is not None:
+            self._check_loader_workers(info.num_workers)
             return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id])
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
@@ -297,7 +298,9 @@ class StructuredDataset(IterableDataset):
             return self.deliver(tasks, (self.read_chunk(task) for task in tasks))
         restored, self._restored_epoch = self._restored_epoch, None
         self._worker_passes += 1
-        return self._iter_worker(info.id, info.num_workers, restored, first=self._worker_passes == 1)
+        # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
+        self._begin_worker_pass(info.id, info.num_workers, restored, first=self._worker_passes == 1)
+        return self._worker_batches(info.id)
 
     # ------------------------------------------------- used by the loader
     def begin_pass(self, keep_slots: bool) -> list[ChunkTask]:
@@ -598,11 +601,11 @@ class StructuredDataset(IterableDataset):
             self._digest = (self._catalog, self._catalog.files_digest)
         return self._digest[1]
 
-    def _iter_worker(self, worker: int, num_workers: int, restored: int | None, first: bool) -> Iterator[dict[str, Any]]:
-        """One worker's batches. The pass right after a worker state was loaded resumes that
-        state's epoch; the first pass of a fresh copy continues the progress it was copied with;
-        any later pass starts the selected epoch over, because rows this process read ahead in
-        an abandoned pass may never have reached the training loop."""
+    def _begin_worker_pass(self, worker: int, num_workers: int, restored: int | None, first: bool) -> None:
+        """Where a worker's pass starts. The pass right after a worker state was loaded resumes
+        that state's epoch; the first pass of a fresh copy continues the progress it was copied
+        with; any later pass starts the selected epoch over, because rows this process read
+        ahead in an abandoned pass may never have reached the training loop."""
         self._check_loader_workers(num_workers)
         epoch = int(self._epoch_cell[0]) if restored is None else restored
         if epoch != self._epoch:
@@ -610,6 +613,9 @@ class StructuredDataset(IterableDataset):
             self._reset_progress()
         elif restored is None and not first:
             self._positions[worker] = 0
+
+    def _worker_batches(self, worker: int) -> Iterator[dict[str, Any]]:
+        """One worker's batches, from its position in the epoch."""
         size, base = self.batch_size, 0
         for lane, length in self._worker_parts(worker):
             while self._positions[worker] < base + length:
