@@ -3,7 +3,7 @@
 import pytest
 
 from datagen import write_dataset
-from resume_helpers import assert_exactly_once, make, resume, run_epoch
+from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 
 # three files; row groups of odd sizes so batches and chunks straddle them
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
@@ -119,6 +119,22 @@ def test_across_epoch_boundary(data, persistent):
 def test_iterating_again_after_an_epoch_repeats_it(data):
     loader, dataset = make(data["parquet"], **_config(1, False, "parquet"))
     assert run_epoch(loader, dataset) == run_epoch(loader, dataset)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_that_stops_after_the_last_batch_still_repeats_the_epoch(data, workers):
+    """zip(range(len(loader)), loader) takes every batch but never reaches the loader's end."""
+    loader, dataset = make(data["parquet"], **_config(workers, False, "parquet"))
+    full = run_epoch(loader, dataset)
+    for _ in range(2):
+        taken = [batch_key(batch) for _, batch in zip(range(len(loader)), loader)]
+        assert taken == full
+    # a state restored as complete still delivers nothing until the next pass
+    state = dataset.state_dict()
+    loader, dataset = make(data["parquet"], **_config(workers, False, "parquet"))
+    dataset.load_state_dict(state)
+    assert run_epoch(loader, dataset) == []
+    assert run_epoch(loader, dataset) == full
 
 
 def test_breaking_out_and_iterating_again_continues(data):

@@ -306,12 +306,13 @@ class StructuredDataset(IterableDataset):
     def begin_pass(self, keep_slots: bool) -> list[ChunkTask]:
         """Start (or continue) the epoch: the chunk tasks still to deliver, in order.
 
-        A pass that ran to the end in this process starts the epoch again; an epoch
-        restored as complete by load_state_dict delivers nothing more.
+        An epoch whose every batch was delivered starts again (also when the loop stopped
+        after the last batch without running the loader to its end); an epoch restored as
+        complete by load_state_dict delivers nothing in the pass right after the load.
         """
-        if self._pass_done and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
+        restored, self._just_restored = self._just_restored, False
+        if not restored and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self._reset_progress()
-        self._pass_done = False
         lanes = self._lanes()
         padding = self._padding_lane()
         tasks = []
@@ -353,7 +354,6 @@ class StructuredDataset(IterableDataset):
                 self._advance(chunk, end, following[index])
                 self.last_batch_is_padding = padding
                 yield batch
-        self._pass_done = True
 
     @property
     def skipped_splits(self) -> list[tuple[Split, str]]:
@@ -480,7 +480,7 @@ class StructuredDataset(IterableDataset):
         self._lanes_override: list[Lane] | None = None
         self._target_override: int | None = None
         self._skipped: dict[int, str] = {}
-        self._pass_done = False
+        self._just_restored = False  # progress came from load_state_dict and no pass has started since
 
     def _config(self, **topology: int) -> dict:
         return {
@@ -533,7 +533,7 @@ class StructuredDataset(IterableDataset):
         self._padding_delivered = progress.padding_delivered
         self._lanes_override = progress.lanes
         self._target_override = target
-        self._pass_done = False
+        self._just_restored = True
         self._epoch_cell[0] = progress.epoch
 
     def _strict_part(self, state: Mapping[str, Any]) -> dict:
@@ -585,7 +585,7 @@ class StructuredDataset(IterableDataset):
             self._epoch = epoch
             self._reset_progress()
         self._positions[worker] = position
-        self._pass_done = False
+        self._just_restored = True
         self._restored_epoch = epoch
 
     def _check_loader_workers(self, num_workers: int) -> None:
