@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -24,11 +26,18 @@ from datagen import write_dataset
         ("equalize", "even"),
         ("on_error", "ignore"),
         ("world_size", 1.5),
+        ("batch_size", 2.5),
+        ("batch_size", "64"),
+        ("batch_size", True),
+        ("num_workers", 1.5),
+        ("chunk_rows", 1e4),
+        ("columns", "id"),
+        ("columns", []),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):
     """The path does not exist: a check that ran after discovery would raise FileNotFoundError."""
-    with pytest.raises(ValueError, match=rf"^{argument} must be .*got {value!r}"):
+    with pytest.raises(ValueError, match=rf"^{argument} must be .*got {re.escape(repr(value))}"):
         StructuredDataset(str(tmp_path / "missing"), **{argument: value})
 
 
@@ -59,3 +68,13 @@ def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):
             a, b = before[name], after[name]
             same = torch.equal(a, b) if isinstance(a, torch.Tensor) else (all(torch.equal(x, y) for x, y in zip(a, b)) if isinstance(a, Ragged) else a == b)
             assert same, name
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.5, 2**63])
+def test_set_epoch_refuses_what_is_not_an_epoch(tmp_path, epoch):
+    write_dataset(tmp_path, [[5]], "parquet")
+    dataset = StructuredDataset(str(tmp_path), num_workers=0)
+    dataset.set_epoch(3)
+    with pytest.raises(ValueError, match=r"^epoch must be"):
+        dataset.set_epoch(epoch)
+    assert dataset.epoch == 3

@@ -96,6 +96,7 @@ def test_progress_that_contradicts_the_plan(data):
         (lambda s: s.update(format_version=99), "format_version 99, newer than this library reads"),
         (lambda s: s.update(epoch="3"), "key 'epoch' has the wrong type"),
         (lambda s: s.update(epoch=-1), "'epoch' is negative"),
+        (lambda s: s.update(epoch=2**63), "'epoch' is out of range"),
         (lambda s: s["rows_delivered"].__setitem__(0, -5), r"rows_delivered\[0\]' is out of range"),
         (lambda s: s["rows_delivered"].__setitem__(1, 10**9), r"rows_delivered\[1\]' is out of range"),
         (lambda s: s["rows_delivered"].pop(), "one entry per worker"),
@@ -108,6 +109,16 @@ def test_damaged_states(data, damage, match):
     damage(state)
     with pytest.raises(CheckpointMismatchError, match=match):
         StructuredDataset(data, **BASE).load_state_dict(state)
+
+
+def test_a_damaged_skipped_splits_report_is_ignored(data):
+    """skipped_splits is informational: a damaged entry never refuses the state or breaks the load."""
+    good = _mid_epoch_state(data)
+    state = dict(good, skipped_splits=[{"path": ["x"], "row_offset": 0, "row_length": 1}, "junk", {"path": "/p", "row_offset": "0"}])
+    dataset = StructuredDataset(data, **BASE)
+    dataset.load_state_dict(state)
+    assert dataset.state_dict()["rows_delivered"] == good["rows_delivered"]
+    assert dataset.skipped_splits == []
 
 
 def test_not_a_dict(data):

@@ -18,11 +18,14 @@ from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, Split
 from .reader import StreamReader
 from .remote import IOOptions
+from .schema import check_missing_columns
 from .state import (
+    MAX_EPOCH,
     RankProgress,
     build_rank_state,
     build_worker_state,
     check_header,
+    is_integer,
     mismatch,
     validate_rank_state,
     validate_worker_state,
@@ -82,6 +85,14 @@ def _integer(name: str, value: Any) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return operator.index(value)
+
+
+def _at_least(name: str, value: Any, least: int) -> int:
+    """``value`` as an int >= ``least``; a ValueError naming ``name`` otherwise."""
+    value = _integer(name, value)
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return value
 
 
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -148,18 +159,16 @@ class StructuredDataset(IterableDataset):
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
     ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if shuffle_seed < 0:
-            raise ValueError(f"shuffle_seed must be >= 0, got {shuffle_seed}")
-        if shuffle_buffer_rows < 1:
-            raise ValueError(f"shuffle_buffer_rows must be >= 1, got {shuffle_buffer_rows}")
-        if chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-        if split_bytes < 1:
-            raise ValueError(f"split_bytes must be >= 1, got {split_bytes}")
+        batch_size = _at_least("batch_size", batch_size, 1)
+        num_workers = _at_least("num_workers", num_workers, 0)
+        shuffle_seed = _at_least("shuffle_seed", shuffle_seed, 0)
+        shuffle_buffer_rows = _at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1)
+        chunk_rows = _at_least("chunk_rows", chunk_rows, 1)
+        split_bytes = _at_least("split_bytes", split_bytes, 1)
+        if isinstance(columns, (str, bytes)):
+            raise ValueError(f"columns must be a list of column names, got {columns!r}; e.g. columns=[{columns!r}]")
+        if columns is not None and not list(columns):
+            raise ValueError(f"columns must be a non-empty list of column names, got {columns!r}; pass None for all columns")
         if equalize not in EQUALIZE_POLICIES:
             raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
         if on_error not in ON_ERROR_POLICIES:
@@ -230,8 +239,9 @@ class StructuredDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to read. The epoch just restored by load_state_dict keeps its progress."""
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        epoch = _integer("epoch", epoch)
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise ValueError(f"epoch must be in [0, {MAX_EPOCH}], got {epoch}")
         if epoch != self._epoch:
             self._epoch = epoch
             self._reset_progress()
@@ -362,12 +372,14 @@ class StructuredDataset(IterableDataset):
 
     # ------------------------------------------------------------ internals
     def _check_columns(self) -> None:
-        schema = self._catalog.schema
-        if self.columns is None or schema is None:
+        catalog = self._catalog
+        if catalog.schema is None:
             return
-        unknown = [c for c in self.columns if c not in schema.names]
+        unknown = [c for c in self.columns or () if c not in catalog.schema.names]
         if unknown:
-            raise ValueError(f"columns {unknown} are not in the data; its columns are {schema.names}")
+            raise ValueError(f"columns {unknown} are not in the data; its columns are {catalog.schema.names}")
+        files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
+        check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 
     def _describe_rows(self, task: ChunkTask) -> str:
         urls = [self._catalog.files[f].url for f in self._book.files_of(task.segments)]
@@ -510,8 +522,9 @@ class StructuredDataset(IterableDataset):
                 [],
                 [f"{progress.padding_delivered} rows, but this rank pads {padding_rows} rows in epoch {progress.epoch}"],
             )
+        skipped = self._restore_skipped(state.get("skipped_splits"))
         self._apply(progress, target)
-        self._skipped = self._restore_skipped(state.get("skipped_splits"))
+        self._skipped = skipped
         if progress.epoch < selected and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
 
@@ -520,13 +533,17 @@ class StructuredDataset(IterableDataset):
         index = {split: i for i, split in enumerate(self._catalog.splits)}
         restored = {}
         for entry in saved if isinstance(saved, list) else []:
-            if isinstance(entry, Mapping):
-                split = Split(entry.get("path"), entry.get("row_offset"), entry.get("row_length"))
+            if not isinstance(entry, Mapping):
+                continue
+            path, offset, length = entry.get("path"), entry.get("row_offset"), entry.get("row_length")
+            if isinstance(path, str) and all(v is None or is_integer(v) for v in (offset, length)):
+                split = Split(path, offset, length)
                 if split in index:
                     restored[index[split]] = str(entry.get("error", ""))
         return restored
 
     def _apply(self, progress: RankProgress, target: int | None) -> None:
+        self._epoch_cell[0] = progress.epoch
         self._epoch = progress.epoch
         self._positions = list(progress.positions)
         self._next_lane = progress.next_lane
@@ -534,7 +551,6 @@ class StructuredDataset(IterableDataset):
         self._lanes_override = progress.lanes
         self._target_override = target
         self._just_restored = True
-        self._epoch_cell[0] = progress.epoch
 
     def _strict_part(self, state: Mapping[str, Any]) -> dict:
         causes = topology_changed(state, self.num_workers)

@@ -2,7 +2,8 @@
 
 The rule (documented in docs/reliability.md):
 
-- A column missing from some files is read as nulls from those files.
+- A column missing from some files is read as nulls from those files; when its values become
+  tensors (anything but strings and binary), building the dataset raises instead, naming them.
 - Integers widen to the smallest integer type that holds both exactly (int32 + int64 -> int64,
   uint16 + int16 -> int32); uint64 with a signed type is an error.
 - Floats widen (float32 + float64 -> float64); an integer with a float gives float64. Values that
@@ -119,6 +120,23 @@ def missing_columns(schema: pa.Schema, unified: pa.Schema) -> tuple[str, ...]:
     """Columns of the unified schema that a file with ``schema`` lacks."""
     names = set(schema.names)
     return tuple(name for name in unified.names if name not in names)
+
+
+_NULLS_HAVE_BATCH_FORM = (pa.null(), pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+
+
+def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, missing: Sequence[tuple[str, ...]], files: Sequence[tuple[str, int]]) -> None:
+    """ValueError for a selected column that some non-empty files (``files``: (name, rows)) lack
+    when its nulls have no batch form: everything but strings and binary becomes a tensor."""
+    for name in unified.names if columns is None else columns:
+        kind = unified.field(name).type
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+        lacking = [file for (file, rows), lacks in zip(files, missing) if rows and name in lacks]
+        if lacking and kind not in _NULLS_HAVE_BATCH_FORM:
+            raise ValueError(
+                f"column {name!r} ({kind}) is missing from {_files_text(lacking)}: it would be read as nulls "
+                "there, which a tensor cannot hold. Leave the column out with columns=[...], or add it to those files."
+            )
 
 
 @lru_cache(maxsize=64)

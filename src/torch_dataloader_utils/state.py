@@ -127,6 +127,10 @@ def mismatch(headline: str, shard: Sequence[Any], causes: Sequence[str], advice:
     return CheckpointMismatchError("\n".join(lines))
 
 
+#: The largest epoch: workers read the selected epoch from a shared int64.
+MAX_EPOCH = 2**63 - 1
+
+
 def is_integer(value: Any) -> bool:
     """An int that is not a bool (True is an int to Python, never a count in a state)."""
     return isinstance(value, int) and not isinstance(value, bool)
@@ -271,6 +275,8 @@ def validate_rank_state(
         raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes, advice)
     if epoch < 0:
         raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
+    if epoch > MAX_EPOCH:
+        raise mismatch(f"Checkpoint state key 'epoch' is out of range ({epoch}).", [], [f"epochs go up to {MAX_EPOCH}; the state is damaged"])
     positions = _require(state, "rows_delivered", list, "rank")
     next_lane = _require(state, "next_worker", int, "rank")
     padding = state.get("padding_delivered", 0)
@@ -322,6 +328,6 @@ def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], f
         causes.append(f"file list changed: checkpoint digest={state.get('files_digest')}, current={files_digest}")
     if causes:
         raise mismatch(f"Checkpoint state of worker {worker} does not match the current plan.", [], causes)
-    if not 0 <= worker < num_workers or epoch < 0 or position < 0:
+    if not 0 <= worker < num_workers or not 0 <= epoch <= MAX_EPOCH or position < 0:
         raise mismatch(f"Checkpoint state of worker {worker} is out of range.", [], [f"epoch={epoch}, rows_delivered={position}: the state is damaged"])
     return epoch, worker, position
