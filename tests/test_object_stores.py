@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from datagen import write_dataset
 from resume_helpers import assert_exactly_once, make, resume, run_epoch
@@ -143,6 +144,36 @@ def test_one_column_read_fetches_its_chunks_and_the_footers_only(s3, wide):
     sent = faults.counters()[0] - before
     assert rows == 80_000
     assert needed <= sent <= 1.2 * needed, f"server sent {sent} bytes for {needed} needed"
+
+
+@pytest.fixture(scope="module")
+def wide_orc(s3, tmp_path_factory):
+    """Two uncompressed ORC files of 24 float64 columns, several stripes each: (url, table)."""
+    import pyarrow.orc as orc
+
+    root = tmp_path_factory.mktemp("wide-orc")
+    rng = np.random.default_rng(1)
+    tables = []
+    for index in range(2):
+        tables.append(pa.table({f"c{i}": rng.random(40_000) for i in range(WIDE_COLUMNS)}))
+        orc.write_table(tables[-1], root / f"part-{index}.orc", stripe_size=2 << 20, compression="uncompressed")
+        assert orc.ORCFile(root / f"part-{index}.orc").nstripes > 1
+    s3.upload(str(root), "wide-orc")
+    return s3.url("wide-orc"), pa.concat_tables(tables)
+
+
+def test_one_orc_column_read_fetches_its_streams_not_whole_stripes(s3, wide_orc):
+    url, table = wide_orc
+    faults = s3.server.faults
+    before, _ = faults.counters()
+    loader, _ = StructuredDataset.create_dataloader(url, format="orc", batch_size=5000, num_workers=2, columns=["c7"], storage_options=s3.options)
+    values = torch.cat([batch["c7"] for batch in loader])
+    sent = faults.counters()[0] - before
+    expected = torch.from_numpy(table.column("c7").to_numpy())
+    assert torch.equal(values.sort().values, expected.sort().values)  # workers interleave their batches
+    # the column's values (8 bytes a row), plus per stripe its index and footer, per file its tail
+    needed = 8 * table.num_rows
+    assert needed <= sent <= 1.2 * needed + 2 * 64 * 1024, f"server sent {sent} bytes for a column of {needed}"
 
 
 def test_footers_read_once_not_on_epochs_or_worker_start(s3, wide):

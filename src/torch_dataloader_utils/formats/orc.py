@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.orc as orc
 
 from ..planner import FileLayout
 from .io import RangeFile, is_remote, open_input
-from .orc_tail import _fields, read_stripes
+from .orc_tail import OrcTail, _fields, read_tail, stream_ranges
 
 _ORC_TAIL_MIN = 16 * 1024  # what the ORC reader fetches first when opening a file
 
@@ -22,34 +22,48 @@ class _OrcReader:
         return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
 
 
-class _RemoteOrcReader:
-    """Fetches one whole stripe per unit (one request); the file tail comes from planning."""
+class RemoteOrcFooter(NamedTuple):
+    """What a worker needs to read a remote ORC file without asking for its tail again."""
 
-    def __init__(self, store: Any, path: str, footer: tuple):
-        tail_start, tail, self._stripes = footer
-        self._tail_start = tail_start
+    tail_start: int
+    tail: bytes  # the file's last bytes: postscript, footer and metadata
+    layout: OrcTail
+
+
+class _RemoteOrcReader:
+    """Reads a stripe's columns with two rounds of requests: its footer, then the streams of the
+    columns asked for, concurrently (one request for the whole stripe when all are asked for)."""
+
+    def __init__(self, store: Any, path: str, footer: RemoteOrcFooter):
+        self._footer = footer
         self._source = RangeFile(store, path)
-        self._source.add(tail_start, tail)
+        self._source.add(footer.tail_start, footer.tail)
         self._file: orc.ORCFile | None = None
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        offset, length = self._stripes[unit]
-        self._source.fetch([(offset, offset + length)])
+        stripe = self._footer.layout.stripes[unit]
+        every = columns is None or set(self._footer.layout.column_ids) <= set(columns)
+        if every or not stripe.footer_length:
+            self._source.fetch([(stripe.offset, stripe.offset + stripe.length)])
+        else:
+            self._source.fetch([(stripe.footer_start, stripe.offset + stripe.length)])
+            footer = bytes(self._source.read_at(stripe.footer_start, stripe.offset + stripe.length))
+            self._source.fetch(stream_ranges(stripe, footer, self._footer.layout, columns))
         try:
             if self._file is None:
                 self._file = orc.ORCFile(self._source)
             return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
         finally:
-            self._source.keep_only([self._tail_start])  # decoded: drop the stripe's bytes
+            self._source.keep_only([self._footer.tail_start])  # decoded: drop the stripe's bytes
 
 
-def _remote_footer(source: RangeFile, size: int, stripes: list) -> tuple:
-    """(tail start, tail bytes, stripe ranges): what a worker needs to open the file without a request."""
+def _remote_footer(source: RangeFile, size: int, layout: OrcTail) -> RemoteOrcFooter:
+    """The file's tail as one block: a worker opens the file from it without a request."""
     last = source.read_at(size - 1, size)[0]
     postscript = dict(_fields(bytes(source.read_at(size - 1 - last, size - 1))))
     need = last + 1 + int(postscript.get(1, 0)) + int(postscript.get(5, 0))
     start = max(0, size - max(_ORC_TAIL_MIN, need))
-    return start, bytes(source.read_at(start, size)), tuple((s.offset, s.length) for s in stripes)
+    return RemoteOrcFooter(start, bytes(source.read_at(start, size)), layout)
 
 
 class OrcFormat:
@@ -58,9 +72,10 @@ class OrcFormat:
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         footer = None
         with open_input(fs, path) as source:
-            stripes = read_stripes(source, size)
+            tail = read_tail(source, size)
             if is_remote(fs):
-                footer = _remote_footer(source, size, stripes)
+                footer = _remote_footer(source, size, tail)
+        stripes = tail.stripes
         layout = FileLayout(url, size, tuple(s.rows for s in stripes), tuple(s.length for s in stripes))
         return layout, footer
 

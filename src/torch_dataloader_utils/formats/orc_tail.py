@@ -3,6 +3,8 @@
 pyarrow exposes only the stripe count, so we parse the two small protobuf
 messages at the end of the file ourselves: the PostScript (uncompressed) and
 the Footer (compressed with the file's codec, in ORC's 3-byte-header chunks).
+A stripe's own footer (same encoding) lists its streams, which locates a
+column's bytes for a remote read of a projection.
 """
 
 from __future__ import annotations
@@ -20,8 +22,25 @@ _TAIL_GUESS = 64 * 1024
 @dataclass(frozen=True)
 class Stripe:
     offset: int
-    length: int
+    length: int  # index, data and stripe footer
     rows: int
+    footer_length: int = 0
+
+    @property
+    def footer_start(self) -> int:
+        return self.offset + self.length - self.footer_length
+
+
+@dataclass(frozen=True)
+class OrcTail:
+    """What the file's tail says: stripes, the column-id range of each top-level column (ORC
+    numbers the type tree in pre-order, so a column's subtree is a contiguous range), and the
+    codec that stripe footers are compressed with."""
+
+    stripes: list[Stripe]
+    column_ids: dict[str, tuple[int, int]]  # top-level name -> [first, last] column ids
+    compression: int
+    block_size: int
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -92,8 +111,49 @@ def _decompress(data: bytes, kind: int, block_size: int) -> bytes:
     return b"".join(out)
 
 
-def read_stripes(source, file_size: int) -> list[Stripe]:
-    """The stripes of an ORC file, read from its tail through a seekable binary file."""
+def _varints(value: int | bytes) -> list[int]:
+    """A repeated varint field's values: one unpacked value, or a packed run."""
+    if isinstance(value, int):
+        return [value]
+    out, pos = [], 0
+    while pos < len(value):
+        number, pos = _varint(value, pos)
+        out.append(number)
+    return out
+
+
+def _top_level_column_ids(types: list[bytes]) -> dict[str, tuple[int, int]]:
+    if not types:
+        return {}
+    root = list(_fields(types[0]))
+    children = [i for number, value in root if number == 2 for i in _varints(value)]
+    names = [bytes(value).decode() for number, value in root if number == 3]
+    ends = children[1:] + [len(types)]
+    return {name: (first, end - 1) for name, first, end in zip(names, children, ends)}
+
+
+def stream_ranges(stripe: Stripe, footer: bytes, tail: OrcTail, columns: list[str]) -> list[tuple[int, int]]:
+    """Byte ranges of the streams (index and data) of ``columns`` in one stripe, adjacent ones
+    merged; ``footer`` is the stripe's footer as stored (compressed)."""
+    ranges = [tail.column_ids[name] for name in columns if name in tail.column_ids]
+    wanted: list[tuple[int, int]] = []
+    offset = stripe.offset
+    for number, value in _fields(_decompress(footer, tail.compression, tail.block_size)):
+        if number != 1:
+            continue
+        stream = dict(_fields(value))
+        length, column = int(stream.get(3, 0)), int(stream.get(2, 0))
+        if length and any(first <= column <= last for first, last in ranges):
+            if wanted and wanted[-1][1] == offset:
+                wanted[-1] = (wanted[-1][0], offset + length)
+            else:
+                wanted.append((offset, offset + length))
+        offset += length
+    return wanted
+
+
+def read_tail(source, file_size: int) -> OrcTail:
+    """The stripes and columns of an ORC file, read from its tail through a seekable binary file."""
     if file_size < 4:
         raise ValueError(f"the file has {file_size} bytes, too few for an ORC file")
     tail_len = min(file_size, _TAIL_GUESS)
@@ -109,11 +169,13 @@ def read_stripes(source, file_size: int) -> list[Stripe]:
         source.seek(file_size - need)
         tail = source.read(need)
     footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)), int(postscript.get(3, 256 * 1024)))
-    stripes = []
+    stripes, types = [], []
     for number, value in _fields(footer):
         if number == 3:
             info = dict(_fields(value))
-            stripes.append(
-                Stripe(int(info.get(1, 0)), int(info.get(2, 0)) + int(info.get(3, 0)) + int(info.get(4, 0)), int(info.get(5, 0)))
-            )
-    return stripes
+            footer_length = int(info.get(4, 0))
+            length = int(info.get(2, 0)) + int(info.get(3, 0)) + footer_length
+            stripes.append(Stripe(int(info.get(1, 0)), length, int(info.get(5, 0)), footer_length))
+        elif number == 4:
+            types.append(value)
+    return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)), int(postscript.get(3, 256 * 1024)))
