@@ -93,6 +93,27 @@ def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
     assert len(set(counts)) == 1 and counts[0][0] == counts[0][1]
 
 
+@pytest.mark.parametrize("before, after", [((2, 2), (3, 1)), ((3, 1), (2, 2)), ((2, 2), (1, 0))])
+def test_elastic_resume_with_drop_last_delivers_every_row_the_old_plan_owed(data, before, after):
+    """drop_last leaves out each old lane's partial batch once; the re-dealt lanes lose nothing more."""
+    (world0, workers0), (world1, workers1) = before, after
+    config = {**_config(True), "drop_last": True}
+    planned = collections.Counter()
+    for rank in range(world0):
+        planned.update(i for ids, pad in _run(data, rank, world0, workers0, config)[0] if not pad for i in ids)
+    seen = collections.Counter()
+    states = []
+    for rank in range(world0):
+        batches, state, _ = _run(data, rank, world0, workers0, config, stop=2 + rank)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        states.append(state)
+    for rank in range(world1):
+        batches, _, _ = _run(data, rank, world1, workers1, config, state=merge_states(states), elastic=True)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+    assert max(seen.values()) == 1, "a row was delivered twice"
+    assert sorted(seen) == sorted(planned), f"lost {sorted(set(planned) - set(seen))}"
+
+
 def test_checkpoint_after_an_elastic_resume_resumes_exactly(data):
     config = _config(True)
     states = [_run(data, rank, 2, 2, config, stop=4)[1] for rank in range(2)]

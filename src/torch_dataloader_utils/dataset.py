@@ -420,8 +420,10 @@ class StructuredDataset(IterableDataset):
         return self._book.canonical_lanes(self._epoch, self.rank, self.world_size, self.num_workers)
 
     def _lane_length(self, lane: Lane) -> int:
+        """Rows a lane delivers: with drop_last, the whole batches of a planned lane; every row of a
+        lane dealt by an elastic resume (the old plan already left out its partial batches)."""
         rows = lane.num_rows
-        return rows - rows % self.batch_size if self.drop_last else rows
+        return rows - rows % self.batch_size if self.drop_last and not lane.dealt else rows
 
     def _lane_batches(self, lanes: Sequence[Lane]) -> int:
         return sum(-(-self._lane_length(lane) // self.batch_size) for lane in lanes)

@@ -105,7 +105,7 @@ def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_worke
                 target = min(targets, key=lambda t: (loads[t], t[0], t[1]))
                 dealt[target].append(units[i])
                 loads[target] += units[i].num_rows
-    return [[Lane(tuple(_join(dealt[(rank, worker)]))) for worker in range(workers)] for rank in range(world_size)]
+    return [[Lane(tuple(_join(dealt[(rank, worker)])), dealt=True) for worker in range(workers)] for rank in range(world_size)]
 
 
 def _join(segments: list[Segment]) -> list[Segment]:

@@ -46,6 +46,7 @@ class Segment(NamedTuple):
 
 class Lane(NamedTuple):
     segments: tuple[Segment, ...]
+    dealt: bool = False  # dealt by an elastic resume: its rows were already cut to whole batches (drop_last)
 
     @property
     def num_rows(self) -> int:

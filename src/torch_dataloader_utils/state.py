@@ -245,7 +245,7 @@ def _parse_lanes(saved: Any, epoch: int, book: StreamBook, workers: int) -> list
             if not 0 <= entry[5] <= entry[6] <= book.stream_rows(key):
                 raise damaged(f"segment {entry} lies outside its stream of {book.stream_rows(key)} rows")
             segments.append(Segment(key, entry[5], entry[6]))
-        lanes.append(Lane(tuple(segments)))
+        lanes.append(Lane(tuple(segments), dealt=True))
     return lanes
 
 
