@@ -111,6 +111,24 @@ def test_rewritten_file_fails_resume_naming_it(object_store, tmp_path, rewrite):
     assert ("tag checkpoint=" if rewrite == "same-size" else "size checkpoint=") in str(caught.value)
 
 
+def test_file_rewritten_after_planning_is_refused_and_never_cached(object_store, tmp_path):
+    """The planned footer must not be applied to a new version, nor its bytes cached under the old one."""
+    write_dataset(tmp_path / "a", [[60]])
+    write_dataset(tmp_path / "b", [[60]], first_id=1000)  # same layout and size, other rows
+    (url_a,) = object_store.upload(str(tmp_path / "a"), "rewritten")
+    key = url_a.split("://", 1)[1]
+    url = object_store.url("rewritten")
+    options = dict(batch_size=20, num_workers=0, storage_options=object_store.options, cache_dir=str(tmp_path / "cache"))
+    dataset = StructuredDataset(url, **options)
+    object_store.fs.pipe_file(key, (tmp_path / "b" / "part-00000.parquet").read_bytes())
+    with pytest.raises(DataReadError, match=r"part-00000.parquet .*the file changed after planning"):
+        list(dataset)
+    object_store.fs.pipe_file(key, (tmp_path / "a" / "part-00000.parquet").read_bytes())  # rolled back
+    object_store.fs.invalidate_cache()
+    ids = [i for batch in StructuredDataset(url, **options) for i in batch["id"].tolist()]
+    assert ids == list(range(60))
+
+
 # ----------------------------------------------------------------------------- bytes and requests (S3)
 WIDE_COLUMNS = 24
 
