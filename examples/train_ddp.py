@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.distributed import gather_state
+from torch_dataloader_utils.distributed import check_same_plan, gather_state
 
 NUM_FEATURES = 8
 
@@ -94,6 +94,7 @@ def main() -> None:
         shuffle_seed=42,
         columns=["id", "features", "target"],
     )
+    check_same_plan(dataset)  # collective: every rank lists the same files with the same settings
     model = DistributedDataParallel(torch.nn.Linear(NUM_FEATURES, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
-from torch_dataloader_utils.distributed import gather_state, local_state
+from torch_dataloader_utils.distributed import check_same_plan, gather_state, local_state
 
 
 def _json(obj: Any) -> Any:
@@ -99,6 +99,16 @@ def resume(spec: dict, task: dict, rank: int) -> dict:
     return out
 
 
+def check_plan(spec: dict, task: dict, rank: int) -> dict:
+    """check_same_plan on datasets built from ``task["data"][rank]``: the error each rank got, if any."""
+    _, dataset = StructuredDataset.create_dataloader(task["data"][rank], **task["config"])
+    try:
+        check_same_plan(dataset)
+        return {"error": None}
+    except ValueError as error:
+        return {"error": str(error)}
+
+
 def main(spec_path: str, rank: int) -> None:
     spec = _read(spec_path)
     dist.init_process_group(
@@ -111,7 +121,7 @@ def main(spec_path: str, rank: int) -> None:
     try:
         results = {}
         for task in spec["tasks"]:
-            step = checkpoint if task["kind"] == "checkpoint" else resume
+            step = {"checkpoint": checkpoint, "resume": resume, "check_plan": check_plan}[task["kind"]]
             results[task["name"]] = step(spec, task, rank)
         dist.barrier()
         _write(os.path.join(spec["out"], f"result-{rank}.json"), results)

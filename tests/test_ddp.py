@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,6 +99,9 @@ def runs(tmp_path_factory):
     ckpt.mkdir()
     files = {n: dict(global_file=str(ckpt / f"{n}.json"), rank_file=str(ckpt / f"{n}-rank{{rank}}.json")) for n in CASES}
     lengths = _expected_lengths(data)
+    extra = str(tmp / "extra")
+    write_dataset(extra, [[5]], first_id=ROWS)
+    with_extra = sorted(os.path.join(data, f) for f in os.listdir(data)) + [os.path.join(extra, "part-00000.parquet")]
     results = {}
     for world in (2, 3):
         tasks = [
@@ -105,6 +109,9 @@ def runs(tmp_path_factory):
             for n, case in CASES.items()
             if case[0] == world
         ]
+        if world == 2:  # the last rank lists one file more than the others
+            tasks.append(dict(kind="check_plan", name="same-files", data=[data] * world, config=_config("w2n0")))
+            tasks.append(dict(kind="check_plan", name="extra-file", data=[data] * (world - 1) + [with_extra], config=_config("w2n0")))
         results[f"checkpoint-{world}"] = launch(tmp, f"checkpoint-{world}", data, world, tasks)
     for world in (2, 3):
         tasks = []
@@ -200,6 +207,13 @@ def test_elastic_resume_is_exactly_once_across_ranks(runs):
         for r in after:
             assert r["len"] == len(r["after"])
             assert r["strict_error"] is not None and "elastic=True" in r["strict_error"], n
+
+
+def test_check_same_plan_names_a_file_only_some_ranks_see(runs):
+    assert [r["same-files"]["error"] for r in runs["checkpoint-2"]] == [None, None]
+    errors = [r["extra-file"]["error"] for r in runs["checkpoint-2"]]
+    assert errors[0] == errors[1] and errors[0] is not None, "every rank must raise"
+    assert re.search(r"only rank 1 has .*extra.part-00000\.parquet", errors[0]), errors[0]
 
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "train_ddp.py")

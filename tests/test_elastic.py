@@ -12,6 +12,7 @@ from datagen import write_dataset
 from resume_helpers import batch_key
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import local_state, merge_states
+from torch_dataloader_utils.elastic import plan_differences
 
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
 ROWS = sum(map(sum, LAYOUT))
@@ -175,3 +176,20 @@ def test_merge_states_checks_its_input(data):
     merged = merge_states(states)
     assert "files" not in merged["ranks"][0] and merged["files"] == states[0]["files"]
     assert local_state(merged, 1) == states[1]
+
+
+def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path):
+    write_dataset(tmp_path, [[20], [30], [10]])
+    files = sorted(str(p) for p in tmp_path.iterdir())
+    rank0 = StructuredDataset(files[:2], rank=0, world_size=3, num_workers=0).state_dict()
+    same = StructuredDataset(files[:2], rank=1, world_size=3, num_workers=0).state_dict()
+    assert plan_differences([rank0, same]) == []
+    other = StructuredDataset(files[1:], rank=2, world_size=3, num_workers=0, batch_size=32).state_dict()
+    assert plan_differences([rank0, same, other]) == [
+        "batch_size: rank 0 has 1024, rank 2 32",
+        f"only rank 2 has {files[2]}",
+        f"only rank 0 has {files[0]}",
+    ]
+    newer = json.loads(json.dumps(same))
+    newer["files"][1][2] = "another-version"
+    assert plan_differences([rank0, newer]) == [f"rank 0 and rank 1 see other versions of {files[1]}"]

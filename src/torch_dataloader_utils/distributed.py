@@ -2,6 +2,7 @@
 
 The core package never calls torch.distributed; these helpers do, when you call them.
 
+    check_same_plan(dataset)                 # once, on every rank: same files and settings
     state = gather_state(dataset)            # on every rank (a collective)
     if dist.get_rank() == 0:
         torch.save({"dataset": state, ...}, path)
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .elastic import merge_states, rank_part
+from .elastic import merge_states, plan_differences, rank_part
 
 
 def gather_states(dataset: Any) -> list[dict]:
@@ -31,6 +32,19 @@ def gather_state(dataset: Any) -> dict:
     return merge_states(gather_states(dataset))
 
 
+def check_same_plan(dataset: Any) -> None:
+    """Raise ValueError on every rank unless all ranks planned the same epoch: the same files
+    (path, size and version) and the same settings. A collective: call it on every rank after
+    building the dataset. Ranks that plan differently deliver some rows twice and others never,
+    and equalize their batch counts to different targets, which hangs DDP."""
+    differences = plan_differences(gather_states(dataset))
+    if differences:
+        raise ValueError(
+            "ranks planned different epochs:\n  " + "\n  ".join(differences) + "\nEvery rank must build the dataset "
+            "from the same files and arguments; if a directory may change while the job starts, pass an explicit list of files."
+        )
+
+
 def local_state(global_state: Mapping[str, Any], rank: int | None = None) -> dict:
     """This rank's part of a global state (for one-file-per-rank checkpoints or inspection)."""
     if rank is None:
@@ -40,4 +54,4 @@ def local_state(global_state: Mapping[str, Any], rank: int | None = None) -> dic
     return rank_part(global_state, rank)
 
 
-__all__ = ["gather_state", "gather_states", "local_state", "merge_states"]
+__all__ = ["check_same_plan", "gather_state", "gather_states", "local_state", "merge_states"]

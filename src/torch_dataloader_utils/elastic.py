@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .lanes import Lane, Segment, StreamBook
-from .state import FORMAT_VERSION, mismatch
+from .state import CONFIG_KEYS, FORMAT_VERSION, mismatch
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
@@ -42,6 +42,27 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
         "files": files,
         "ranks": [{k: v for k, v in s.items() if k != "files"} for s in states],
     }
+
+
+def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
+    """How each rank's fresh ``state_dict()`` plans the epoch differently from rank 0's: one line
+    per setting or set of files that differs (empty when every rank plans the same epoch)."""
+    differences = []
+    first = states[0]
+    first_files = {entry[0]: entry for entry in first.get("files") or []}
+    for rank, state in enumerate(states[1:], start=1):
+        for key, name in CONFIG_KEYS.items():
+            if key != "_rank" and state.get(key) != first.get(key):
+                differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
+        files = {entry[0]: entry for entry in state.get("files") or []}
+        for what, urls in (
+            (f"only rank {rank} has", [url for url in files if url not in first_files]),
+            ("only rank 0 has", [url for url in first_files if url not in files]),
+            (f"rank 0 and rank {rank} see other versions of", [url for url in files if url in first_files and files[url] != first_files[url]]),
+        ):
+            if urls:
+                differences.append(f"{what} {', '.join(urls[:3])}" + (f" and {len(urls) - 3} more" if len(urls) > 3 else ""))
+    return differences
 
 
 def rank_part(state: Mapping[str, Any], rank: int) -> dict:
