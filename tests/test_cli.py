@@ -65,6 +65,14 @@ def test_plan_numbers_match_what_each_rank_delivers(capsys, data):
         assert lanes == padded.state_dict()["rows_total"]
 
 
+def test_plan_counts_the_files_cut_into_several_splits(capsys, data):
+    # one split per row group: every file but the one with a single row group is cut
+    code, out, _ = run(capsys, "plan", data, "--split-bytes", 1, "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["splits"] == sum(map(len, LAYOUT)) and plan["files_cut"] == sum(len(groups) > 1 for groups in LAYOUT)
+
+
 def test_plan_text_and_idle_worker_advice(capsys, data):
     code, out, _ = run(capsys, "plan", data, "--num-workers", 8, "-v")  # default split_bytes: one split per file
     assert code == 0
@@ -186,6 +194,12 @@ def test_bench_reports_throughput_with_its_config_and_a_resume(capsys, data):
     assert result["batches"] == 6 and result["rows"] == 48
     assert result["config"]["columns"] == ["id", "x"] and result["config"]["num_workers"] == 1
     assert result["rows_per_s"] > 0 and result["resume"]["got_batch"] and result["resume"]["at_batch"] == 3
+
+
+def test_bench_never_prints_storage_option_values(capsys, data):
+    for extra in ([], ["--json"]):
+        code, out, _ = run(capsys, "bench", data, "--num-workers", 0, "--max-batches", 2, "--storage-option", "secret=hunter2", *extra)
+        assert code == 0 and "secret" in out and "hunter2" not in out
 
 
 def test_bench_resumes_from_the_middle_of_what_it_read_when_time_runs_out(capsys, data):

@@ -13,6 +13,7 @@ files, not a dataset state).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import logging
 import os
@@ -120,7 +121,7 @@ def compute_plan(
             rows = sum(split_rows[i] for i in indices)
             workers.append({"rank": rank, "worker": worker, "splits": len(indices), "rows": rows,
                             "bytes": sum(split_bytes[i] for i in indices), "batches": -(-rows // batch_size)})
-    files_cut = len({s.path for s in catalog.splits if s.row_offset is not None})
+    files_cut = sum(1 for count in collections.Counter(s.path for s in catalog.splits).values() if count > 1)
     ranks = [
         {"rank": r, "rows": sum(w["rows"] for w in workers if w["rank"] == r),
          "batches": sum(w["batches"] for w in workers if w["rank"] == r)}
@@ -542,8 +543,9 @@ def run_bench(args: argparse.Namespace) -> dict:
             break
     stats = loader.stats.last_pass
     steady = stats.wait_s + stats.loop_s
+    shown = {k: sorted(v) if k == "storage_options" else v for k, v in config.items() if v is not None}  # names, never secrets
     result: dict[str, Any] = {
-        "config": {k: v for k, v in config.items() if v is not None},
+        "config": shown,
         "rows_in_epoch": len(dataset),
         "batches_in_epoch": total_batches,
         "batches": stats.batches,
