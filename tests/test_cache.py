@@ -160,3 +160,24 @@ def test_live_writers_temporaries_are_kept(tmp_path):
 def test_limit_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         RangeCache(str(tmp_path), 0)
+
+
+@pytest.mark.parametrize("limit", [None, 10**9])
+def test_writes_do_not_scan_the_directory_each_time(tmp_path, monkeypatch, limit):
+    """A scan stats every entry: once per write made filling a large cache quadratic."""
+    cache = RangeCache(str(tmp_path), limit_bytes=limit)
+    scans = []
+    scan = cache._scan
+    monkeypatch.setattr(cache, "_scan", lambda: scans.append(1) or scan())
+    for index in range(500):
+        cache.put(f"k{index}", b"0" * 1000)
+    assert len(_held(tmp_path)) == 500
+    assert len(scans) <= 3, f"{len(scans)} scans for 500 writes"
+
+
+def test_one_writer_never_leaves_more_than_the_limit(tmp_path):
+    cache = RangeCache(str(tmp_path), limit_bytes=50_000)
+    for index in range(300):
+        cache.put(f"k{index}", b"0" * (1000 + index))
+        assert cache.usage() <= 50_000
+    assert "k299.bin" in _held(tmp_path) and "k0.bin" not in _held(tmp_path)

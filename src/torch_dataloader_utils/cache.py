@@ -6,6 +6,11 @@ POSIX), so readers see a whole entry or none. A process killed mid-write
 leaves only a temporary file, which later sweeps remove. Recency is the
 entry's mtime, refreshed on every hit; eviction deletes the oldest entries
 until the directory holds at most ``limit_bytes``.
+
+A process does not scan the directory on every write: it adds what it writes
+to the total of its last scan and scans again when that passes the limit, when
+it has written a tenth of the limit since (other processes write too), or every
+``_RESCAN_PUTS`` writes (to sweep abandoned temporary files).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Iterable
 _TMP_SUFFIX = ".tmp"
 _ENTRY_SUFFIX = ".bin"
 _STALE_TMP_SECONDS = 3600.0
+_RESCAN_PUTS = 256
+_RESCAN_SHARE_OF_LIMIT = 0.1
 
 
 def entry_key(url: str, tag: str | None, size: int, start: int, end: int) -> str:
@@ -46,6 +53,9 @@ class RangeCache:
         self.root = os.path.abspath(os.path.expanduser(root))
         self.limit_bytes = limit_bytes
         os.makedirs(self.root, exist_ok=True)
+        self._scanned_bytes: int | None = None  # the directory's bytes at this process's last scan
+        self._written_since_scan = 0
+        self._puts_since_scan = 0
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key + _ENTRY_SUFFIX)
@@ -74,10 +84,11 @@ class RangeCache:
                 return
             data = [data]
         tmp = os.path.join(self.root, f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
+        written = 0
         try:
             with open(tmp, "wb") as handle:
                 for chunk in data:
-                    handle.write(chunk)
+                    written += handle.write(chunk)
         except BaseException:
             self._remove(tmp)
             raise
@@ -85,7 +96,20 @@ class RangeCache:
             os.replace(tmp, self._path(key))
         except FileNotFoundError:  # swept by another process: skip caching this entry
             return
-        self.evict()
+        self._written_since_scan += written
+        self._puts_since_scan += 1
+        if self._scan_due():
+            self.evict()
+
+    def _scan_due(self) -> bool:
+        if self._scanned_bytes is None or self._puts_since_scan >= _RESCAN_PUTS:
+            return True
+        if self.limit_bytes is None:
+            return False
+        return (
+            self._scanned_bytes + self._written_since_scan > self.limit_bytes
+            or self._written_since_scan > _RESCAN_SHARE_OF_LIMIT * self.limit_bytes
+        )
 
     def usage(self) -> int:
         """Bytes held by entries and temporary files."""
@@ -104,13 +128,13 @@ class RangeCache:
             else:
                 entries.append((mtime, path, size))
             total += size
-        if self.limit_bytes is None or total <= self.limit_bytes:
-            return
-        for _, path, size in sorted(entries):
-            if total <= self.limit_bytes:
-                break
-            self._remove(path)
-            total -= size
+        if self.limit_bytes is not None:
+            for _, path, size in sorted(entries):
+                if total <= self.limit_bytes:
+                    break
+                self._remove(path)
+                total -= size
+        self._scanned_bytes, self._written_since_scan, self._puts_since_scan = total, 0, 0
 
     def _abandoned(self, path: str, mtime: float, now: float) -> bool:
         try:
