@@ -167,3 +167,19 @@ def test_a_chunked_column_crosses_a_shared_buffer_intact():
     whole = table_to_columns(table.combine_chunks(), lambda: "test")
     for name in table.column_names:
         assert _same(slice_columns(received, 0, 15)[name], slice_columns(whole, 0, 15)[name]), name
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.binary()])
+def test_strings_of_arrow_chunks_over_32_bit_offsets_together_get_64_bit_offsets(monkeypatch, kind):
+    """Images or documents: each decoded batch under 2 GiB, a chunk of several over it. The
+    threshold is lowered here; the real one is 2**31 - 1 bytes."""
+    from torch_dataloader_utils import convert
+
+    monkeypatch.setattr(convert, "_INT32_OFFSET_MAX", 40)
+    values = [("x" * 9 + str(i)).encode() if kind == pa.binary() else "x" * 9 + str(i) for i in range(10)]
+    table = pa.table({"blob": pa.chunked_array([pa.array(values[:5], kind), pa.array(values[5:], kind)])})
+    columns = convert.table_to_columns(table, lambda: "test")
+    assert columns["blob"].offsets.dtype == torch.int64 and columns["blob"].type == convert.LARGE_TYPES[kind]
+    assert convert.slice_columns(columns, 3, 8)["blob"] == values[3:8]
+    monkeypatch.setattr(convert, "_INT32_OFFSET_MAX", 2**31 - 1)
+    assert convert.table_to_columns(table, lambda: "test")["blob"].offsets.dtype == torch.int32

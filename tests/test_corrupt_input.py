@@ -173,6 +173,24 @@ def test_compatible_schemas_are_unified(tmp_path, fmt):
         make(root, format=fmt, columns=["id", "label"], num_workers=0)
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_small_dictionary_indices_of_different_files_mix_in_a_shuffle_window(tmp_path, workers):
+    """pandas writes a categorical of under 128 categories with int8 indices; a window holding
+    rows of two files merges their dictionaries (200 categories here)."""
+    root = tmp_path / "categories"
+    os.makedirs(root)
+    for day in range(2):
+        ids = np.arange(day * 1000, (day + 1) * 1000)
+        city = pa.array([f"city{day}-{i % 100}" for i in ids]).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string()))
+        pq.write_table(pa.table({"id": ids, "city": city}), root / f"day{day}.parquet")
+    loader, dataset = make(str(root), batch_size=100, num_workers=workers, shuffle=True, shuffle_buffer_rows=4000)
+    rows = {}
+    for batch in loader:
+        rows.update(zip(batch["id"].tolist(), batch["city"]))
+    assert sorted(rows) == list(range(2000))
+    assert all(city == f"city{i // 1000}-{i % 100}" for i, city in rows.items())
+
+
 def test_incompatible_schemas_name_the_files_at_planning(tmp_path):
     root = str(tmp_path / "clash")
     os.makedirs(root)

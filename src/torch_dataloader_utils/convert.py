@@ -22,6 +22,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from .schema import LARGE_TYPES
+
+
+_INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets
 
 Where = Callable[[], str]  # describes a chunk's source; called only when there is an error to report
 
@@ -204,7 +208,10 @@ def _join(parts: list[Any]) -> Any:
         return _ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))
     if all(isinstance(part, _StringColumn) for part in parts):
         data = [part.data for part in parts]
-        return _StringColumn(parts[0].type, _join_offsets([part.offsets for part in parts], [len(d) for d in data]), _join_tensors(data))
+        kind, offsets = parts[0].type, [part.offsets for part in parts]
+        if sum(len(d) for d in data) > _INT32_OFFSET_MAX and kind in LARGE_TYPES:  # Arrow chunks each under 2 GiB, together over
+            kind, offsets = LARGE_TYPES[kind], [o.to(torch.int64) for o in offsets]
+        return _StringColumn(kind, _join_offsets(offsets, [len(d) for d in data]), _join_tensors(data))
     strings: list = []  # strings with nulls in some parts: Python lists
     for part in parts:
         strings.extend(part if isinstance(part, list) else _slice_strings(part, 0, len(part.offsets) - 1))

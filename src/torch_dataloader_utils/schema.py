@@ -9,7 +9,9 @@ The rule (documented in docs/reliability.md):
 - Floats widen (float32 + float64 -> float64); an integer with a float gives float64. Values that
   float64 cannot hold exactly raise when the piece is read (a safe cast).
 - string + large_string -> large_string, binary + large_binary -> large_binary; a dictionary-encoded
-  column unifies as its value type; a column of the null type takes the other file's type.
+  column unifies as its value type; a column of the null type takes the other file's type. A
+  column dictionary-encoded in every file stays so, with 32-bit indices (pandas writes 8-bit ones,
+  which a shuffle window mixing two dictionaries can overflow).
 - Anything else must be equal (nested types included). Otherwise planning raises a ValueError
   naming the column, both types and files on each side.
 
@@ -24,7 +26,7 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-_LARGE = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}
+LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
 
 
 def file_schema(fmt: Any, fs: Any, path: str, footer: Any) -> pa.Schema:
@@ -74,8 +76,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return a if a.bit_width >= b.bit_width else b
     if (pa.types.is_integer(a) and pa.types.is_floating(b)) or (pa.types.is_floating(a) and pa.types.is_integer(b)):
         return pa.float64()
-    if _LARGE.get(a, a) == _LARGE.get(b, b):
-        return _LARGE.get(a, a)
+    if LARGE_TYPES.get(a, a) == LARGE_TYPES.get(b, b):
+        return LARGE_TYPES.get(a, a)
     return None
 
 
@@ -90,7 +92,7 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
     for schema, name in zip(schemas, names):
         distinct.setdefault(schema.remove_metadata(), []).append(name)
     if len(distinct) == 1:
-        return schemas[0]
+        return _wide_dictionaries(schemas[0])
     fields: dict[str, pa.DataType] = {}
     seen_in: dict[str, dict[pa.DataType, list[str]]] = {}
     for schema, files in distinct.items():
@@ -101,7 +103,17 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
             if merged is None:
                 raise ValueError(_conflict(field.name, current, field.type, seen_in[field.name]))
             fields[field.name] = merged
-    return pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata)
+    return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
+
+
+def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
+    """Dictionary columns with 32-bit indices: a shuffle window takes rows of row groups (and
+    files) with different dictionaries, and merging them can overflow 8- or 16-bit indices."""
+    for index, field in enumerate(schema):
+        kind = field.type
+        if pa.types.is_dictionary(kind) and kind.index_type.bit_width < 32:
+            schema = schema.set(index, field.with_type(pa.dictionary(pa.int32(), kind.value_type, kind.ordered)))
+    return schema
 
 
 def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]]) -> str:
