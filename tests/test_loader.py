@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import traceback
 
 import pytest
+from torch.utils.data import get_worker_info
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.loader import _start_worker
 
 from datagen import write_dataset
+from resume_helpers import batch_key
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
@@ -39,3 +42,30 @@ def test_an_error_read_in_the_main_process_keeps_its_traceback(tmp_path):
         list(loader)
     files = [frame.filename for frame in traceback.extract_tb(error.value.__traceback__)]
     assert any(name.endswith("convert.py") for name in files), files
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, persistent):
+    """A worker stuck past `timeout` fails the pass; iterating again continues where the loop stopped."""
+    write_dataset(tmp_path / "data", [[300], [300]])
+    config = dict(batch_size=50, chunk_rows=100, num_workers=2, timeout=1, persistent_workers=persistent)
+    full = [batch_key(batch) for batch in StructuredDataset.create_dataloader(str(tmp_path / "data"), **config)[0]]
+    stuck = tmp_path / "stuck"
+    read_chunk = StructuredDataset.read_chunk
+
+    def slow_in_worker_1(self, task, joined=False):  # the real read, after a stall while `stuck` exists
+        info = get_worker_info()
+        if info is not None and info.id == 1 and stuck.exists():
+            time.sleep(3)
+        return read_chunk(self, task, joined)
+
+    monkeypatch.setattr(StructuredDataset, "read_chunk", slow_in_worker_1)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "data"), **config)
+    stuck.touch()
+    received = []
+    with pytest.raises(RuntimeError, match="timed out"):
+        for batch in loader:
+            received.append(batch_key(batch))
+    stuck.unlink()
+    received += [batch_key(batch) for batch in loader]
+    assert received == full

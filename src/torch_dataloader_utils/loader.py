@@ -152,7 +152,8 @@ class StructuredDataLoader:
 
     def _chunks(self) -> Iterator[Chunk]:
         """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
-        next pass starts new worker processes (persistent ones included)."""
+        next pass starts new worker processes (persistent ones included, after any error:
+        torch's persistent iterator does not recover from a timeout or a worker's exception)."""
         chunks = None
         try:
             chunks = iter(self._loader)
@@ -165,9 +166,11 @@ class StructuredDataLoader:
             # (An error raised in a worker carries the worker's traceback in its message.)
             chunks = None
             error.__traceback__ = None
-            if not _is_worker_death(error):
+            death = _is_worker_death(error)
+            if death or self._loader_kwargs["persistent_workers"]:
+                self._loader = DataLoader(self._source(), **self._loader_kwargs)
+            if not death:
                 raise error
-            self._loader = DataLoader(self._source(), **self._loader_kwargs)
             raise RuntimeError(
                 f"a DataLoader worker process died ({type(error).__name__}: {error}); was it killed or out of memory? "
                 "dataset.state_dict() still counts exactly the batches you received: iterate the loader "
