@@ -23,6 +23,8 @@ def test_types(tmp_path):
         {
             "i8": pa.array(range(n), pa.int8()),
             "u16": pa.array(range(n), pa.uint16()),
+            "u32": pa.array([0, 1, 2, 3, 4, 2**32 - 1], pa.uint32()),
+            "u64": pa.array([0, 1, 2, 3, 4, 2**63 - 1], pa.uint64()),
             "f16": pa.array(np.arange(n, dtype=np.float16)),
             "f32": pa.array(np.arange(n, dtype=np.float32)),
             "flag": pa.array([True, False] * 3),
@@ -39,7 +41,10 @@ def test_types(tmp_path):
     )
     (batch,) = _batches(tmp_path, table, batch_size=n)
     assert batch["i8"].dtype == torch.int8 and batch["i8"].tolist() == list(range(n))
-    assert batch["u16"].dtype == torch.uint16
+    # unsigned types torch cannot compute with arrive widened to a signed type that holds them
+    assert batch["u16"].dtype == torch.int32 and (batch["u16"] + 1).tolist() == list(range(1, n + 1))
+    assert batch["u32"].dtype == torch.int64 and batch["u32"][5] == 2**32 - 1
+    assert batch["u64"].dtype == torch.int64 and batch["u64"][5] == 2**63 - 1
     assert batch["f16"].dtype == torch.float16
     assert batch["flag"].dtype == torch.bool and batch["flag"].tolist() == [True, False] * 3
     assert batch["ts"].dtype == torch.int64 and batch["ts"][1] - batch["ts"][0] == 1000
@@ -68,12 +73,26 @@ def test_null_in_numeric_column_names_the_column(tmp_path):
         _batches(tmp_path, table)
 
 
-def test_unsupported_type_names_the_column(tmp_path):
-    table = pa.table({"id": [1, 2], "s": pa.array([{"a": 1}, {"a": 2}])})
-    with pytest.raises(TypeError, match="column 's' has type struct"):
-        _batches(tmp_path, table)
-    (batch,) = _batches(tmp_path, table, columns=["id"])
+@pytest.mark.parametrize(
+    "column, message",
+    [
+        (pa.array([{"a": 1}, {"a": 2}]), r"column 's' \(struct<a: int64>\): it has no tensor form"),
+        (pa.array([1, 2], pa.decimal128(10, 2)), r"column 's' \(decimal128\(10, 2\)\): it has no tensor form"),
+        (pa.array([[[1]], [[2]]]), r"column 's' \(list<.*\): lists of list<element: int64> are not supported"),
+        (pa.nulls(2), r"column 's' \(null\): it has no tensor form"),
+    ],
+)
+def test_unsupported_type_is_refused_when_the_dataset_is_built(tmp_path, column, message):
+    pq.write_table(pa.table({"id": [1, 2], "s": column}), tmp_path / "t.parquet")
+    with pytest.raises(TypeError, match=message):
+        StructuredDataset(str(tmp_path), num_workers=0)
+    (batch,) = _batches(tmp_path, pa.table({"id": [1, 2], "s": column}), columns=["id"])
     assert list(batch) == ["id"]
+
+
+def test_uint64_beyond_int64_names_the_column(tmp_path):
+    with pytest.raises(ValueError, match=r"column 'u' \(uint64\) has values above int64's range"):
+        _batches(tmp_path, pa.table({"u": pa.array([1, 2**64 - 1], pa.uint64())}))
 
 
 def test_strings_cross_as_arrow_buffers_and_slice_per_batch(tmp_path):

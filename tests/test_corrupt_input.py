@@ -173,6 +173,18 @@ def test_compatible_schemas_are_unified(tmp_path, fmt):
         make(root, format=fmt, columns=["id", "label"], num_workers=0)
 
 
+def test_a_column_of_the_null_type_counts_as_missing(tmp_path):
+    """A file whose column holds only nulls may store it as Arrow's null type: for a numeric column
+    that is refused when the dataset is built, as a missing one is; a string column reads None."""
+    pq.write_table(pa.table({"id": [0, 1], "x": pa.nulls(2), "s": pa.nulls(2)}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [2, 3], "x": [1.5, 2.5], "s": ["c", "d"]}), tmp_path / "b.parquet")
+    with pytest.raises(ValueError, match=r"column 'x' \(double\) is missing from .*a\.parquet"):
+        make(str(tmp_path), num_workers=0)
+    loader, _ = make(str(tmp_path), num_workers=0, columns=["id", "s"], batch_size=4)
+    (batch,) = list(loader)
+    assert batch["s"] == [None, None, "c", "d"]
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_small_dictionary_indices_of_different_files_mix_in_a_shuffle_window(tmp_path, workers):
     """pandas writes a categorical of under 128 categories with int8 indices; a window holding

@@ -2,7 +2,8 @@
 
 Batch values by Arrow type:
 - integers, floats, bool, timestamps, dates, durations: a 1-D tensor (temporal types as
-  int64/int32 counts of the column's unit); zero-copy where Arrow's layout allows;
+  int64/int32 counts of the column's unit; uint16/uint32/uint64 widened to int32/int64/int64,
+  which torch computes with); zero-copy where Arrow's layout allows;
 - fixed-size lists (nested too): an N-D tensor (rows first);
 - variable-length lists of numbers: a 2-D tensor when every row of the batch has the same
   length, else a ``Ragged(values, offsets)`` pair (``values[offsets[i]:offsets[i+1]]`` is row i);
@@ -77,6 +78,38 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return tensor
 
 
+def _is_number(kind: pa.DataType) -> bool:
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+
+
+def _innermost(kind: pa.DataType) -> pa.DataType:
+    while pa.types.is_fixed_size_list(kind):
+        kind = kind.value_type
+    return kind
+
+
+def batch_form_problem(kind: pa.DataType) -> str | None:
+    """Why a column of Arrow type ``kind`` has no batch value (None when it has one): the rules
+    of this module, checked on the schema before any row is read."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if any(check(kind) for check in _STRING_TYPES) or _is_number(kind) or pa.types.is_temporal(kind):
+        return None
+    if pa.types.is_fixed_size_list(kind):
+        inner = _innermost(kind)
+        return None if _is_number(inner) or pa.types.is_temporal(inner) else f"fixed-size lists of {inner} are not supported"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        values = kind.value_type
+        inner = _innermost(values)
+        supported = _is_number(inner) or (pa.types.is_temporal(inner) and values != inner)
+        return None if supported else f"lists of {values} are not supported"
+    return "it has no tensor form"
+
+
+# unsigned types torch can hold but hardly compute with: widened to the signed type holding them
+_WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64, np.dtype(np.uint64): np.int64}
+
+
 def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
     if array.null_count:
         raise ValueError(
@@ -88,7 +121,12 @@ def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
         array = array.view(pa.int64())
     elif pa.types.is_date32(kind) or pa.types.is_time32(kind):
         array = array.view(pa.int32())
-    return _tensor(array.to_numpy(zero_copy_only=False))
+    values = array.to_numpy(zero_copy_only=False)
+    if values.dtype in _WIDER:
+        if values.dtype == np.uint64 and len(values) and int(values.max()) > np.iinfo(np.int64).max:
+            raise ValueError(f"column {name!r} (uint64) has values above int64's range in {where()}; a tensor cannot hold them")
+        values = values.astype(_WIDER[values.dtype])
+    return _tensor(values)
 
 
 def _flatten_fixed(array: pa.Array, name: str, where: Where) -> torch.Tensor:
@@ -117,11 +155,11 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
         values = array.flatten()
         inner = _flatten_fixed(values, name, where) if pa.types.is_fixed_size_list(values.type) else None
         if inner is None:
-            if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)):
+            if not _is_number(values.type):
                 raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
             inner = _numeric(values, name, where)
         return _ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind):
+    if _is_number(kind) or pa.types.is_temporal(kind):
         return _numeric(array, name, where)
     raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
 

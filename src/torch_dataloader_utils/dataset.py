@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
-from .convert import replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import batch_form_problem, replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, Split
@@ -378,6 +378,11 @@ class StructuredDataset(IterableDataset):
         unknown = [c for c in self.columns or () if c not in catalog.schema.names]
         if unknown:
             raise ValueError(f"columns {unknown} are not in the data; its columns are {catalog.schema.names}")
+        for name in self.columns or catalog.schema.names:
+            kind = catalog.schema.field(name).type
+            problem = batch_form_problem(kind)
+            if problem is not None:
+                raise TypeError(f"column {name!r} ({kind}): {problem}; leave it out with columns=[...] or cast it in the data")
         files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
         check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 

@@ -129,8 +129,8 @@ def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa
 
 
 def missing_columns(schema: pa.Schema, unified: pa.Schema) -> tuple[str, ...]:
-    """Columns of the unified schema that a file with ``schema`` lacks."""
-    names = set(schema.names)
+    """Columns of the unified schema that a file with ``schema`` lacks (or has only as Arrow's null type)."""
+    names = {field.name for field in schema if not pa.types.is_null(field.type)}
     return tuple(name for name in unified.names if name not in names)
 
 
