@@ -26,6 +26,7 @@ from datagen import write_dataset
         ("equalize", "even"),
         ("on_error", "ignore"),
         ("world_size", 1.5),
+        ("shuffle_seed", 2**32),
         ("batch_size", 2.5),
         ("batch_size", "64"),
         ("batch_size", True),
@@ -70,7 +71,7 @@ def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):
             assert same, name
 
 
-@pytest.mark.parametrize("epoch", [-1, 1.5, 2**63])
+@pytest.mark.parametrize("epoch", [-1, 1.5, 2**32, 2**63])
 def test_set_epoch_refuses_what_is_not_an_epoch(tmp_path, epoch):
     write_dataset(tmp_path, [[5]], "parquet")
     dataset = StructuredDataset(str(tmp_path), num_workers=0)

@@ -96,7 +96,7 @@ def test_progress_that_contradicts_the_plan(data):
         (lambda s: s.update(format_version=99), "format_version 99, newer than this library reads"),
         (lambda s: s.update(epoch="3"), "key 'epoch' has the wrong type"),
         (lambda s: s.update(epoch=-1), "'epoch' is negative"),
-        (lambda s: s.update(epoch=2**63), "'epoch' is out of range"),
+        (lambda s: s.update(epoch=2**32), "'epoch' is out of range"),
         (lambda s: s["rows_delivered"].__setitem__(0, -5), r"rows_delivered\[0\]' is out of range"),
         (lambda s: s["rows_delivered"].__setitem__(1, 10**9), r"rows_delivered\[1\]' is out of range"),
         (lambda s: s["rows_delivered"].pop(), "one entry per worker"),

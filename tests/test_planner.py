@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,3 +88,14 @@ def test_stable_permutation_is_pinned():
 
     assert stable_permutation([1, 2], 10).tolist() == PINNED
     assert sorted(stable_permutation([7], 1000).tolist()) == list(range(1000))
+
+
+def test_seed_words_must_fit_32_bits():
+    """SeedSequence cuts larger ints into 32-bit words: (2**32 + 5, 0) would seed like (5, 1)."""
+    from torch_dataloader_utils.planner import stable_permutation
+
+    with pytest.raises(ValueError, match="seed words must be in"):
+        epoch_order(20, True, 2**32 + 5, 0)
+    with pytest.raises(ValueError, match="seed words must be in"):
+        stable_permutation([1, -1], 5)
+    assert not (epoch_order(20, True, 2**32 - 1, 0) == epoch_order(20, True, 2**32 - 1, 1)).all()

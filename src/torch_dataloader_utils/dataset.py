@@ -15,7 +15,7 @@ from .catalog import Catalog, build_catalog
 from .convert import batch_form_problem, replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
-from .planner import DEFAULT_SPLIT_BYTES, Split
+from .planner import DEFAULT_SPLIT_BYTES, MAX_SEED_WORD, Split
 from .reader import StreamReader
 from .remote import IOOptions
 from .schema import check_missing_columns
@@ -162,6 +162,8 @@ class StructuredDataset(IterableDataset):
         batch_size = _at_least("batch_size", batch_size, 1)
         num_workers = _at_least("num_workers", num_workers, 0)
         shuffle_seed = _at_least("shuffle_seed", shuffle_seed, 0)
+        if shuffle_seed > MAX_SEED_WORD:  # a larger seed would give the order of another (seed, epoch)
+            raise ValueError(f"shuffle_seed must be <= {MAX_SEED_WORD} (32 bits), got {shuffle_seed}; e.g. use seed % 2**32")
         shuffle_buffer_rows = _at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1)
         chunk_rows = _at_least("chunk_rows", chunk_rows, 1)
         split_bytes = _at_least("split_bytes", split_bytes, 1)

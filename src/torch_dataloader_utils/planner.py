@@ -75,6 +75,11 @@ def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BY
     return splits
 
 
+#: The largest value of a permutation's seed words (shuffle_seed, epoch, ...): SeedSequence cuts
+#: larger ints into 32-bit words and pads short entropy with zeros, so (2**32 + 5, 0) seeds like (5, 1).
+MAX_SEED_WORD = 2**32 - 1
+
+
 def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:
     """A random permutation of ``range(size)`` that is the same on every machine and NumPy version.
 
@@ -82,6 +87,8 @@ def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:
     and a checkpoint must outlive an upgrade. SeedSequence and PCG64's raw output are fixed
     by their specifications, so we sort by raw 64-bit draws instead.
     """
+    if not all(0 <= word <= MAX_SEED_WORD for word in seed_words):
+        raise ValueError(f"seed words must be in [0, {MAX_SEED_WORD}], got {list(seed_words)}")
     bits = np.random.PCG64(np.random.SeedSequence(list(seed_words)))
     return np.argsort(bits.random_raw(size), kind="stable").astype(np.int64)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from .errors import CheckpointMismatchError
 from .lanes import Lane, Segment, StreamBook, StreamKey
-from .planner import Split
+from .planner import MAX_SEED_WORD, Split
 
 FORMAT_VERSION = 1
 
@@ -127,8 +127,8 @@ def mismatch(headline: str, shard: Sequence[Any], causes: Sequence[str], advice:
     return CheckpointMismatchError("\n".join(lines))
 
 
-#: The largest epoch: workers read the selected epoch from a shared int64.
-MAX_EPOCH = 2**63 - 1
+#: The largest epoch: it seeds the epoch's permutations (planner.MAX_SEED_WORD).
+MAX_EPOCH = MAX_SEED_WORD
 
 
 def is_integer(value: Any) -> bool:
