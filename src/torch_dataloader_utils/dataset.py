@@ -380,12 +380,14 @@ class StructuredDataset(IterableDataset):
         unknown = [c for c in self.columns or () if c not in catalog.schema.names]
         if unknown:
             raise ValueError(f"columns {unknown} are not in the data; its columns are {catalog.schema.names}")
+        files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
+        if not any(rows for _, rows in files):
+            return  # nothing will be converted (files without rows may type a column as null)
         for name in self.columns or catalog.schema.names:
             kind = catalog.schema.field(name).type
             problem = batch_form_problem(kind)
             if problem is not None:
                 raise TypeError(f"column {name!r} ({kind}): {problem}; leave it out with columns=[...] or cast it in the data")
-        files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
         check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 
     def _describe_rows(self, task: ChunkTask) -> str:
