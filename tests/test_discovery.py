@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -131,3 +133,14 @@ def test_bytes_paths_are_decoded(tmp_path):
     expected = [str(tmp_path / "b" / "part-00000.parquet")]
     assert StructuredDataset(os.fsencode(tmp_path / "b"), num_workers=0).files == expected
     assert StructuredDataset([os.fsencode(expected[0])], num_workers=0).files == expected
+
+
+def test_a_missing_cloud_client_names_the_extra_to_install():
+    code = (
+        "import sys; sys.modules['gcsfs'] = None\n"  # as if the package were not installed
+        "from torch_dataloader_utils import StructuredDataset\n"
+        "try:\n    StructuredDataset('gs://bucket/data/')\n"
+        "except ImportError as error:\n    print(error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert 'pip install "torch_dataloader_utils[gcs]"' in out, out

@@ -61,6 +61,7 @@ def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(StructuredDataset, "read_chunk", slow_in_worker_1)
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "data"), **config)
+    assert (loader.num_workers, loader.batch_size) == (2, 50)
     stuck.touch()
     received = []
     with pytest.raises(RuntimeError, match="timed out"):

@@ -49,7 +49,10 @@ def test_configuration_changes(data, change, cause):
     assert "Checkpoint shard does not match any current split." in message
     assert f"Likely cause: {cause}" in message
     assert "Checkpoint shard:" in message and ".parquet" in message
-    assert "Reconstruct the dataset with matching parameters or discard this checkpoint." in message
+    if "world_size" in change or "num_workers" in change:  # the topology changed: an elastic resume can continue
+        assert "merge every rank's state (torch_dataloader_utils.distributed.merge_states) and load that with elastic=True" in message
+    else:
+        assert "Reconstruct the dataset with matching parameters or discard this checkpoint." in message
 
 
 def test_rank_change(data):
@@ -92,7 +95,8 @@ def test_progress_that_contradicts_the_plan(data):
     "damage, match",
     [
         (lambda s: s.pop("epoch"), "missing key 'epoch'"),
-        (lambda s: s.pop("format_version"), "missing key 'format_version'"),
+        (lambda s: s.pop("format_version"), "written by the upstream torch_dataloader_utils"),
+        (lambda s: [s.pop("format_version"), s.pop("completed_shards")], "missing key 'format_version'"),
         (lambda s: s.update(format_version=99), "format_version 99, newer than this library reads"),
         (lambda s: s.update(epoch="3"), "key 'epoch' has the wrong type"),
         (lambda s: s.update(epoch=-1), "'epoch' is negative"),
@@ -119,6 +123,18 @@ def test_a_damaged_skipped_splits_report_is_ignored(data):
     dataset.load_state_dict(state)
     assert dataset.state_dict()["rows_delivered"] == good["rows_delivered"]
     assert dataset.skipped_splits == []
+
+
+def test_an_upstream_state_is_refused_as_such(data):
+    """The state format of the upstream project's "Checkpoint and Resume" page."""
+    upstream = {
+        "epoch": 3,
+        "_num_workers": 8,
+        "_shuffle_seed": 42,
+        "completed_shards": [{"splits": [{"path": "s3://bucket/part-0001.parquet", "row_offset": 0, "row_length": 250000}]}],
+    }
+    with pytest.raises(CheckpointMismatchError, match=r"written by the upstream torch_dataloader_utils(.|\n)*Start epoch 3 from its beginning"):
+        StructuredDataset(data, **BASE).load_state_dict(upstream)
 
 
 def test_not_a_dict(data):

@@ -63,6 +63,9 @@ def as_path_list(path: str | bytes | Sequence[str]) -> list[str]:
     return paths
 
 
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}  # protocol -> extra
+
+
 def _filesystem_kind(path: str) -> str:
     """The filesystem implementation a path's protocol selects (so ``s3``/``s3a`` are one kind)."""
     protocol = get_protocol(path)
@@ -79,7 +82,13 @@ def filesystem_for(paths: list[str], storage_options: dict | None) -> Any:
                 f"path {paths[0]!r} ({get_protocol(paths[0])}://): all paths must be on one filesystem; "
                 "build one dataset per filesystem, or copy the files to one place"
             )
-    fs, _ = fsspec.core.url_to_fs(paths[0], **(storage_options or {}))
+    try:
+        fs, _ = fsspec.core.url_to_fs(paths[0], **(storage_options or {}))
+    except ImportError as error:
+        extra = _EXTRAS.get(get_protocol(paths[0]))
+        if extra is None:
+            raise
+        raise ImportError(f"{error}; for {get_protocol(paths[0])}:// paths, pip install \"torch_dataloader_utils[{extra}]\"") from error
     return fs
 
 

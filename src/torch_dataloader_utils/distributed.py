@@ -1,6 +1,7 @@
 """Helpers for torch.distributed jobs: one checkpoint for all ranks, and each rank's part of it.
 
-The core package never calls torch.distributed; these helpers do, when you call them.
+The core package calls no collective (it only reads the rank and world size when they are not
+passed); these helpers do, when you call them.
 
     check_same_plan(dataset)                 # once, on every rank: same files and settings
     state = gather_state(dataset)            # on every rank (a collective)

@@ -139,6 +139,10 @@ class StructuredDataLoader:
     def batch_size(self) -> int:
         return self.dataset.batch_size
 
+    @property
+    def num_workers(self) -> int:
+        return self.dataset.num_workers
+
     def __len__(self) -> int:
         """Batches this rank delivers in the current epoch."""
         return self.dataset.num_batches()

@@ -158,6 +158,13 @@ def check_header(state: Any) -> str:
     """Check the format version and return the state's scope ("rank", "global" or "worker")."""
     if not isinstance(state, Mapping):
         raise mismatch("Checkpoint state is not a dict.", [], [f"got {type(state).__name__}; pass dataset.state_dict() as saved"])
+    if "format_version" not in state and "completed_shards" in state and "_num_workers" in state:
+        raise mismatch(
+            "Checkpoint state was written by the upstream torch_dataloader_utils.",
+            [],
+            ["its progress is whole shards per worker, without the row positions an exact resume needs"],
+            f"Start epoch {state.get('epoch')!r} from its beginning (set_epoch) with this library, and save its states from now on.",
+        )
     version = _require(state, "format_version", int, "dataset")
     if version > FORMAT_VERSION:
         raise mismatch(
@@ -271,6 +278,11 @@ def validate_rank_state(
             advice = (
                 "The data changed since the checkpoint: resume on the files it was taken with, "
                 "or discard this checkpoint and start the epoch fresh."
+            )
+        elif any(cause.startswith(("world_size changed", "num_workers changed")) for cause in causes):
+            advice = (
+                "Resume with the checkpoint's world_size and num_workers, or continue on the new ones: merge every "
+                "rank's state (torch_dataloader_utils.distributed.merge_states) and load that with elastic=True."
             )
         raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes, advice)
     if epoch < 0:
