@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> None:
     for fmt in ["parquet", "orc"] if args.format == "both" else [args.format]:
         root = os.path.join(args.out, fmt) if args.format == "both" else args.out
         paths = ensure_dataset(root, args.files, rows, args.row_group_rows, fmt)
+        for name in os.listdir(root):  # files of an earlier, larger --files: the directory holds exactly these
+            if name.startswith("part-") and os.path.join(root, name) not in paths:
+                os.remove(os.path.join(root, name))
         disk = sum(os.path.getsize(p) for p in paths)
         print(f"{fmt}: {len(paths)} files x {rows} rows in {root} ({disk / 2**20:.0f} MiB on disk)", file=sys.stderr)
 

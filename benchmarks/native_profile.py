@@ -72,11 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.5)
     parser.add_argument("--columns", choices=list(COLUMN_SETS), default="numeric")
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--num-workers", type=int, default=2, help="worker processes, 1 or more (default 2)")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data"))
     args = parser.parse_args(argv)
+    if args.num_workers < 1:
+        parser.error("--num-workers must be 1 or more: the profile splits the time between workers and the main process")
 
     rows = rows_for(args.size_gb, FILES)
     files = ensure_dataset(os.path.join(args.data_dir, f"rows{rows}-rg65536"), FILES, rows, 65536)

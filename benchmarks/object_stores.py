@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for store in registry.values():
             store.server.stop()
+        shutil.rmtree(upload, ignore_errors=True)
     _print(report)
     out = os.path.join(HERE, "results", f"{args.name}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)

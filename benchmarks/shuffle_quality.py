@@ -14,7 +14,7 @@ an output order ``ids``:
 Memory per worker: the decoded Arrow bytes of the largest window (rows x bytes/row)
 and the peak RSS growth of each worker process (VmHWM minus its first sampled RSS).
 
-    python benchmarks/shuffle_quality.py [--data DIR] [--files 480] [--quick]
+    python benchmarks/shuffle_quality.py [--data DIR] [--files 384] [--buffers 1,16384,65536,262144] [--chunk-rows 65536] [--no-hf]
 
 Prints a Markdown table and writes benchmarks/results/shuffle_quality.json.
 """
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--buffers", default="1,16384,65536,262144", help="shuffle_buffer_rows settings (1 is the baseline)")
-    parser.add_argument("--chunk-rows", type=int, default=65536, help="the loader's chunk_rows (default: its default)")
+    parser.add_argument("--chunk-rows", type=int, default=65536, help="the loader's chunk_rows (default 65536, the loader's default when docs/shuffling.md's table was measured)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face datasets")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_quality.json"))
     args = parser.parse_args(argv)

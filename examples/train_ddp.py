@@ -32,6 +32,13 @@ from torch_dataloader_utils.distributed import check_same_plan, gather_state
 NUM_FEATURES = 8
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="directory of Parquet files (id, features, target)")
@@ -40,7 +47,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--num-workers", type=int, default=2)
-    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=_positive, default=10, help="steps between checkpoints")
     p.add_argument("--log-ids", help="directory: each rank appends the ids of every batch to ids-rank<R>.jsonl")
     p.add_argument("--die-after-steps", type=int, default=0, help="testing: every rank exits abruptly after this many steps of this run")
     return p.parse_args()

@@ -358,8 +358,9 @@ def _worker_states(value: Any, found: list) -> list:
 @pytest.fixture(scope="module")
 def worker_state(data) -> dict:
     """A genuine worker state, from torchdata's StatefulDataLoader after a few batches."""
-    stateful = pytest.importorskip("torchdata.stateful_dataloader")
-    loader = stateful.StatefulDataLoader(StructuredDataset(data, **TWO), batch_size=None, num_workers=2)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(StructuredDataset(data, **TWO), batch_size=None, num_workers=2)
     it = iter(loader)
     for _ in range(5):
         next(it)

@@ -118,7 +118,9 @@ def test_across_epoch_boundary(data, persistent):
 
 def test_iterating_again_after_an_epoch_repeats_it(data):
     loader, dataset = make(data["parquet"], **_config(1, False, "parquet"))
-    assert run_epoch(loader, dataset) == run_epoch(loader, dataset)
+    first = run_epoch(loader, dataset)
+    assert_exactly_once(first, ROWS)
+    assert run_epoch(loader, dataset) == first
 
 
 @pytest.mark.parametrize("workers", [0, 2])

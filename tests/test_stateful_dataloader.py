@@ -3,10 +3,8 @@ resume in a fresh process-like setup (new dataset, new loader, state through JSO
 
 from __future__ import annotations
 
-import ast
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,11 +14,10 @@ import pyarrow.compute  # noqa: F401  imported before workers fork (its first us
 import pytest
 import torch
 
+from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # installed by .[dev]: a missing one fails, never skips
+
 from datagen import write_dataset
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
-
-stateful = pytest.importorskip("torchdata.stateful_dataloader")
-StatefulDataLoader = stateful.StatefulDataLoader
 
 # three files; row groups of odd sizes so batches, chunks and splits do not line up
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
@@ -252,7 +249,7 @@ def test_worker_state_is_small_and_plain(data):
     worker = state["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"]
     assert worker["scope"] == "worker" and worker["worker"] == 1
     assert len(json.dumps(worker)) < 1024
-    assert isinstance(dataset, stateful.Stateful)  # so torchdata saves our state instead of fast-forwarding
+    assert isinstance(dataset, Stateful)  # so torchdata saves our state instead of fast-forwarding
 
 
 @pytest.fixture(scope="module")
@@ -307,18 +304,22 @@ def test_main_process_state_is_validated_too(data):
         run(loader)
 
 
-def test_no_module_imports_torchdata_at_top_level():
-    import torch_dataloader_utils
-
-    root = os.path.dirname(torch_dataloader_utils.__file__)
-    for folder, _, files in os.walk(root):
-        for name in (f for f in files if f.endswith(".py")):
-            path = os.path.join(folder, name)
-            tree = ast.parse(open(path, encoding="utf-8").read(), path)
-            for node in tree.body:  # module level only: lazy imports inside functions are fine
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-                assert not any(n.split(".")[0] == "torchdata" for n in names), f"{path}:{node.lineno} imports torchdata"
+def test_optional_dependencies_are_not_imported_by_local_use(data):
+    """torchdata and the cloud clients load only when used: importing the package, building a
+    dataset on local files and reading an epoch with workers, then a state, import none of them."""
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import torch_dataloader_utils
+        loader, dataset = torch_dataloader_utils.StructuredDataset.create_dataloader({data!r}, num_workers=2)
+        sum(1 for _ in loader)
+        dataset.state_dict()
+        print(sorted(m for m in ("torchdata", "s3fs", "gcsfs", "adlfs") if m in sys.modules))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_package_works_without_torchdata(data):
