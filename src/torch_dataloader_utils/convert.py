@@ -106,6 +106,15 @@ def batch_form_problem(kind: pa.DataType) -> str | None:
     return "it has no tensor form"
 
 
+def check_batch_forms(schema: pa.Schema, columns: list[str] | None) -> None:
+    """TypeError naming the first selected column of ``schema`` whose type has no batch value."""
+    for name in schema.names if columns is None else columns:
+        kind = schema.field(name).type
+        problem = batch_form_problem(kind)
+        if problem is not None:
+            raise TypeError(f"column {name!r} ({kind}): {problem}; leave it out with columns=[...] or cast it in the data")
+
+
 # unsigned types torch can hold but hardly compute with: widened to the signed type holding them
 _WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64, np.dtype(np.uint64): np.int64}
 

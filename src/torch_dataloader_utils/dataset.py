@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
-from .convert import batch_form_problem, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_SEED_WORD, Split
@@ -383,11 +383,7 @@ class StructuredDataset(IterableDataset):
         files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
         if not any(rows for _, rows in files):
             return  # nothing will be converted (files without rows may type a column as null)
-        for name in self.columns or catalog.schema.names:
-            kind = catalog.schema.field(name).type
-            problem = batch_form_problem(kind)
-            if problem is not None:
-                raise TypeError(f"column {name!r} ({kind}): {problem}; leave it out with columns=[...] or cast it in the data")
+        check_batch_forms(catalog.schema, self.columns)
         check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 
     def _describe_rows(self, task: ChunkTask) -> str:
