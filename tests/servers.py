@@ -84,12 +84,13 @@ class Faults:
     injected: int = 0
     object_bytes: int = 0  # body bytes of object reads (GET of a key), all time
     object_reads: int = 0
+    head_requests: int = 0  # HEAD requests (object metadata), all time
     in_flight: int = 0
     peak: int = 0
     recording: bool = False
     log: list = field(default_factory=list)  # (key, (start, end)) of object reads while recording
 
-    CONTROL = ("inject", "clear", "counters", "injected_count", "record", "take_log", "reset_peak", "peak_in_flight")
+    CONTROL = ("inject", "clear", "counters", "head_count", "injected_count", "record", "take_log", "reset_peak", "peak_in_flight")
 
     def inject(self, mode: str | None, times: int = 0, match: str = "", stall_seconds: float = 3.0, after: int = 0) -> None:
         """Fail the first ``times`` reads (-1: all) of each object whose key contains ``match``,
@@ -105,6 +106,15 @@ class Faults:
         """(object body bytes sent, object reads) since the server started."""
         with self.lock:
             return self.object_bytes, self.object_reads
+
+    def head_count(self) -> int:
+        """HEAD requests (object metadata) since the server started."""
+        with self.lock:
+            return self.head_requests
+
+    def note_head(self) -> None:
+        with self.lock:
+            self.head_requests += 1
 
     def injected_count(self) -> int:
         with self.lock:
@@ -196,6 +206,8 @@ class FaultyApp:
             return self._control(environ, start_response)
         key = _object_key(environ)
         if key is None:
+            if environ["REQUEST_METHOD"] == "HEAD":
+                self.faults.note_head()
             return self.app(environ, start_response)
         self.faults.begin(key, environ.get("HTTP_RANGE"))
         try:

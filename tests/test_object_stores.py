@@ -319,12 +319,15 @@ def test_cache_serves_later_epochs_and_keeps_its_limit(s3, uploaded, tmp_path):
     before, _ = faults.counters()
     first = run_epoch(loader, dataset)
     fetched = faults.counters()[0] - before
+    heads = faults.head_count()
     dataset.set_epoch(1)
     second = run_epoch(loader, dataset)
     again = faults.counters()[0] - before - fetched
     assert_exactly_once(first, ROWS)
     assert_exactly_once(second, ROWS)
     assert fetched > 0 and again == 0, f"epoch 2 fetched {again} bytes despite the cache"
+    # new workers read every range from the cache: no version check (HEAD) is needed either
+    assert faults.head_count() == heads, "a cached epoch asked the store for object metadata"
 
     limit = fetched // 3
     small = tmp_path / "small"

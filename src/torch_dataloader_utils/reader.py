@@ -203,14 +203,12 @@ class StreamReader:
 
 
 def _check_unchanged(fs: Any, entry: Any) -> None:
-    """A file must still be the one planned (size, and mtime or the store's ETag/generation) when
-    a reader opens it: the footer read at planning time would otherwise be applied to other
-    bytes, and the range cache would keep them under the planned version."""
-    if is_local(fs):
-        info = fs.info(entry.fs_path)
-    else:
-        fs.invalidate_cache(entry.fs_path)  # fsspec may answer from the listing made at planning
-        info = fs.call(lambda client: client.info(entry.fs_path), f"info {entry.url}")
+    """A local file must still be the one planned (size and mtime) when a reader opens it: the
+    footer read at planning time would otherwise be applied to other bytes. (A remote file is
+    checked by the store before the first range fetched from it: remote.RemoteStore.read_many.)"""
+    if not is_local(fs):
+        return
+    info = fs.info(entry.fs_path)
     now = (int(info.get("size") or 0), content_tag(info))
     if now != (entry.size, entry.tag):
         raise OSError(f"the file changed after planning (size/tag {entry.size}/{entry.tag} -> {now[0]}/{now[1]}); create the loader again")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .cache import RangeCache, entry_key
+from .discovery import content_tag
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -165,6 +166,7 @@ class RemoteStore:
         self._cache: RangeCache | None = None
         self._tails: dict[str, tuple[int, bytes]] = {}
         self._files: dict[str, tuple[str, str | None, int]] = {}
+        self._verified: set[str] = set()  # files whose version this process checked before fetching from them
         self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0}
 
     # ----------------------------------------------------------- plumbing
@@ -175,6 +177,7 @@ class RemoteStore:
             self._fs = self._fs_class(**self._storage_options)
             self._pid = os.getpid()
             self._cache = None
+            self._verified = set()
         return self._fs
 
     @property
@@ -186,13 +189,13 @@ class RemoteStore:
         return self._cache
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "options"):
+        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "_verified", "options"):
             raise AttributeError(name)
         return getattr(self.fs, name)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _cache=None, _tails={})
+        state.update(_fs=None, _cache=None, _tails={}, _verified=set())
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -207,8 +210,13 @@ class RemoteStore:
         """Bytes of each [start, end) of one file; ``ident`` = (url, tag, size) keys the cache."""
         return self.read_many([(path, start, end) for start, end in ranges], [ident] * len(ranges))
 
-    def read_many(self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]]) -> list[bytes]:
-        """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached."""
+    def read_many(self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True) -> list[bytes]:
+        """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached.
+
+        With ``verify``, the first fetch from a file in this process first checks that the file is
+        still the planned version (size and ETag/generation): otherwise the planned footer would be
+        applied to other bytes, and the cache would keep them under the planned version's key.
+        Ranges served from the cache need no check: they are the planned version's bytes."""
         cache = self.cache
         keys = [entry_key(url, tag, size, s, e) for (_, s, e), (url, tag, size) in zip(requests, idents)] if cache else []
         results: list[bytes | None] = [None] * len(requests)
@@ -221,6 +229,8 @@ class RemoteStore:
                 results[i] = hit
                 self.stats["cache_hits"] += 1
                 self.stats["cache_bytes"] += len(hit)
+        if verify and pending:
+            self._verify_versions({requests[i][0]: idents[i] for i in pending})
         attempt = 0
         while pending:
             try:
@@ -259,6 +269,17 @@ class RemoteStore:
             attempt += 1
             pending = [i for i, _ in failed]
         return results  # type: ignore[return-value]
+
+    def _verify_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
+        for path, (url, tag, size) in files.items():
+            if path in self._verified or tag is None:
+                continue
+            self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
+            info = self.call(lambda fs: fs.info(path), f"info of {url}")
+            now = (int(info.get("size") or 0), content_tag(info))
+            if now != (size, tag):
+                raise OSError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
+            self._verified.add(path)
 
     @staticmethod
     def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
@@ -302,7 +323,7 @@ class RemoteStore:
         """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there)."""
         self.register(entries)
         requests = [(e.fs_path, max(0, e.size - TAIL_BYTES), e.size) for e in entries if e.size > 0]
-        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0])
+        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False)  # just listed
         self._tails = {path: (start, blob) for (path, start, _), blob in zip(requests, data)}
 
     def take_tail(self, path: str) -> tuple[int, bytes] | None:
