@@ -135,6 +135,23 @@ def test_inspect_a_list_of_rank_states_and_a_global_state(capsys, data, tmp_path
     assert out.count("YES") == 4
 
 
+def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
+    """The state does not record `columns`; a column the job never read needs no batch form."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"id": list(range(40)), "meta": [{"a": i} for i in range(40)]}), tmp_path / "d" / "a.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=8, num_workers=0, columns=["id"])
+    next(iter(loader))
+    with open(tmp_path / "state.json", "w") as file:
+        json.dump(dataset.state_dict(), file)
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "d", "--json")
+    (info,) = json.loads(out)
+    assert code == 0 and info["matches_data"]["matches"], info["matches_data"]
+    assert info["matches_data"]["rows_remaining"] == 32
+
+
 def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):
     saved_state(data, tmp_path / "state.json", shuffle=True, shuffle_seed=9)
     write_dataset(data, [[5]], first_id=10_000)  # overwrites part-00000 with another size
