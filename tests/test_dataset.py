@@ -26,7 +26,6 @@ from datagen import write_dataset
         ("equalize", "even"),
         ("on_error", "ignore"),
         ("world_size", 1.5),
-        ("shuffle_seed", 2**32),
         ("batch_size", 2.5),
         ("batch_size", "64"),
         ("batch_size", True),
@@ -79,3 +78,12 @@ def test_set_epoch_refuses_what_is_not_an_epoch(tmp_path, epoch):
     with pytest.raises(ValueError, match=r"^epoch must be"):
         dataset.set_epoch(epoch)
     assert dataset.epoch == 3
+
+
+def test_a_shuffle_seed_beyond_32_bits_is_refused_only_when_shuffling(tmp_path):
+    """SeedSequence cuts larger seeds into 32-bit words: (2**32 + 5, epoch 0) would order like (5, epoch 1)."""
+    write_dataset(tmp_path, [[5]], "parquet")
+    with pytest.raises(ValueError, match=r"^shuffle_seed must be <= 4294967295 \(32 bits\) with shuffle=True, got 4294967296"):
+        StructuredDataset(str(tmp_path), num_workers=0, shuffle=True, shuffle_seed=2**32)
+    unshuffled = StructuredDataset(str(tmp_path), num_workers=0, shuffle_seed=2**40)  # the seed is never used
+    assert [len(batch["id"]) for batch in unshuffled] == [5]

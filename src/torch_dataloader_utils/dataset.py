@@ -162,8 +162,11 @@ class StructuredDataset(IterableDataset):
         batch_size = _at_least("batch_size", batch_size, 1)
         num_workers = _at_least("num_workers", num_workers, 0)
         shuffle_seed = _at_least("shuffle_seed", shuffle_seed, 0)
-        if shuffle_seed > MAX_SEED_WORD:  # a larger seed would give the order of another (seed, epoch)
-            raise ValueError(f"shuffle_seed must be <= {MAX_SEED_WORD} (32 bits), got {shuffle_seed}; e.g. use seed % 2**32")
+        if shuffle and shuffle_seed > MAX_SEED_WORD:  # a larger seed would give the order of another (seed, epoch)
+            raise ValueError(
+                f"shuffle_seed must be <= {MAX_SEED_WORD} (32 bits) with shuffle=True, got {shuffle_seed}; e.g. use seed % 2**32 "
+                "(a checkpoint an earlier version saved with a larger seed cannot be resumed exactly: start its epoch fresh)"
+            )
         shuffle_buffer_rows = _at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1)
         chunk_rows = _at_least("chunk_rows", chunk_rows, 1)
         split_bytes = _at_least("split_bytes", split_bytes, 1)
