@@ -12,7 +12,7 @@ from datagen import write_dataset
 from resume_helpers import batch_key
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import local_state, merge_states
-from torch_dataloader_utils.elastic import plan_differences
+from torch_dataloader_utils.elastic import plan_differences, plan_summary
 
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
 ROWS = sum(map(sum, LAYOUT))
@@ -184,6 +184,7 @@ def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path
     rank0 = StructuredDataset(files[:2], rank=0, world_size=3, num_workers=0).state_dict()
     same = StructuredDataset(files[:2], rank=1, world_size=3, num_workers=0).state_dict()
     assert plan_differences([rank0, same]) == []
+    assert plan_summary(rank0) == plan_summary(same) and len(json.dumps(plan_summary(rank0))) < 600
     other = StructuredDataset(files[1:], rank=2, world_size=3, num_workers=0, batch_size=32).state_dict()
     assert plan_differences([rank0, same, other]) == [
         "batch_size: rank 0 has 1024, rank 2 32",
@@ -193,3 +194,4 @@ def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path
     newer = json.loads(json.dumps(same))
     newer["files"][1][2] = "another-version"
     assert plan_differences([rank0, newer]) == [f"rank 0 and rank 1 see other versions of {files[1]}"]
+    assert plan_summary(newer) != plan_summary(rank0) and plan_summary(other) != plan_summary(rank0)

@@ -326,12 +326,14 @@ class StructuredDataset(IterableDataset):
         complete by load_state_dict delivers nothing in the pass right after the load.
         """
         restored, self._just_restored = self._just_restored, False
-        if not restored and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
+        schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
+        if not restored and not schedule:  # (empty slots come only while some lane has rows left)
             self._reset_progress()
+            schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         lanes = self._lanes()
         padding = self._padding_lane()
         tasks = []
-        for lane, start, stop in self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots):
+        for lane, start, stop in schedule:
             source = padding if lane == PADDING_LANE else lanes[lane]
             tasks.append(ChunkTask(lane, start, stop, tuple(source.slice(start, stop))))
         return tasks

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .elastic import merge_states, plan_differences, rank_part
+from .elastic import merge_states, plan_differences, plan_summary, rank_part
 
 
 def gather_states(dataset: Any) -> list[dict]:
@@ -37,8 +37,17 @@ def check_same_plan(dataset: Any) -> None:
     """Raise ValueError on every rank unless all ranks planned the same epoch: the same files
     (path, size and version) and the same settings. A collective: call it on every rank after
     building the dataset. Ranks that plan differently deliver some rows twice and others never,
-    and equalize their batch counts to different targets, which hangs DDP."""
-    differences = plan_differences(gather_states(dataset))
+    and equalize their batch counts to different targets, which hangs DDP.
+
+    Ranks first exchange a few hundred bytes each (their settings and a digest of their file
+    list); the file lists themselves are gathered only when those differ, to name the files."""
+    import torch.distributed as dist
+
+    summaries: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(summaries, plan_summary(dataset.state_dict()))
+    if all(summary == summaries[0] for summary in summaries):
+        return
+    differences = plan_differences(gather_states(dataset))  # every rank takes this branch: the summaries agree
     if differences:
         raise ValueError(
             "ranks planned different epochs:\n  " + "\n  ".join(differences) + "\nEvery rank must build the dataset "

@@ -7,6 +7,8 @@ same global state, without talking to the others.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Mapping, Sequence
 
 from .lanes import Lane, Segment, StreamBook
@@ -42,6 +44,14 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
         "files": files,
         "ranks": [{k: v for k, v in s.items() if k != "files"} for s in states],
     }
+
+
+def plan_summary(state: Mapping[str, Any]) -> dict:
+    """What must agree across ranks, in a few hundred bytes: a rank state's settings (all but the
+    rank) and a digest of its file list."""
+    summary = {key: state.get(key) for key in CONFIG_KEYS if key != "_rank"}
+    summary["files_digest"] = hashlib.sha256(json.dumps(state.get("files")).encode()).hexdigest()
+    return summary
 
 
 def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
