@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import pytest
 from torch.utils.data import get_worker_info
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.loader import _start_worker
+from torch_dataloader_utils.loader import _WorkerStart
 
 from datagen import write_dataset
 from resume_helpers import batch_key
@@ -21,14 +22,29 @@ from resume_helpers import batch_key
 def test_workers_start_without_transparent_huge_pages(tmp_path):
     write_dataset(tmp_path, [[10]])
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=1)
-    assert loader._loader.worker_init_fn is _start_worker
+    assert isinstance(loader._loader.worker_init_fn, _WorkerStart)
     status = subprocess.run(
-        [sys.executable, "-c", "from torch_dataloader_utils.loader import _start_worker; _start_worker(0); print(open('/proc/self/status').read())"],
+        [sys.executable, "-c", "from torch_dataloader_utils.loader import _WorkerStart; _WorkerStart(None)(0); print(open('/proc/self/status').read())"],
         capture_output=True, text=True, check=True,
     ).stdout
     if "THP_enabled:" not in status:
         pytest.skip("this kernel does not report THP_enabled")
     assert "THP_enabled:\t0" in status
+
+
+def test_a_forked_worker_whose_process_is_gone_exits_at_once(tmp_path):
+    """torch's worker would wait forever for a parent that died before it read its pid."""
+    write_dataset(tmp_path, [[10]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=1, multiprocessing_context="fork")
+    assert loader._loader.worker_init_fn.parent == os.getpid()
+    gone = subprocess.run(  # a process whose parent is not the one recorded, as after that parent died
+        [sys.executable, "-c", "from torch_dataloader_utils.loader import _WorkerStart; _WorkerStart(1)(0); print('still running')"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert gone.returncode == 0 and "still running" not in gone.stdout
+    spawned, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=1, multiprocessing_context="spawn")
+    assert spawned._loader.worker_init_fn.parent is None  # a spawned worker is checked by torch alone
+    assert [len(batch["id"]) for batch in spawned] == [5, 5]
 
 
 def test_an_error_read_in_the_main_process_keeps_its_traceback(tmp_path):

@@ -10,6 +10,8 @@ pass, which is how a resumed run continues exactly where the saved one was.
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
+import os
 import sys
 from typing import Any, Iterator
 
@@ -81,19 +83,39 @@ def _preload_worker_imports() -> None:
 PR_SET_THP_DISABLE = 41  # linux/prctl.h
 
 
-def _start_worker(worker_id: int) -> None:
-    """Runs first in every worker process: no transparent huge pages for it (Linux).
+class _WorkerStart:
+    """The ``worker_init_fn``: runs first in every worker process.
 
-    pyarrow's allocator asks for huge pages; with the kernel's usual ``defrag=madvise`` a fault
-    in such a region compacts and zeroes 2 MiB at once, and the workers' many short-lived
-    decode buffers paid that over and over. Measured (0.5 GiB, 5 interleaved epochs): numeric
-    1.36M -> 1.62M rows/s (CPU 1.51 -> 1.36 s), text 0.82M -> 1.09M (CPU 2.39 -> 1.97 s)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
-    except (AttributeError, OSError):  # no prctl here: keep the kernel's default
-        pass
+    - No transparent huge pages for the worker (Linux). pyarrow's allocator asks for huge pages;
+      with the kernel's usual ``defrag=madvise`` a fault in such a region compacts and zeroes
+      2 MiB at once, and the workers' many short-lived decode buffers paid that over and over.
+      Measured (0.5 GiB, 5 interleaved epochs): numeric 1.36M -> 1.62M rows/s (CPU 1.51 ->
+      1.36 s), text 0.82M -> 1.09M (CPU 2.39 -> 1.97 s).
+    - A forked worker whose process is already gone exits. torch's worker notices its parent's
+      death by comparing ``os.getppid()`` with the parent pid it reads only after this function,
+      so a worker whose process died (``kill -9``, ``os._exit``) while it started waited forever,
+      and its inherited stdout kept a launcher such as torchrun's caller waiting too.
+    """
+
+    def __init__(self, parent: int | None):
+        self.parent = parent  # the loader's process when workers are forked from it, else None
+
+    def __call__(self, worker_id: int) -> None:
+        if self.parent is not None and os.getppid() != self.parent:
+            os._exit(0)
+        if not sys.platform.startswith("linux"):
+            return
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0)
+        except (AttributeError, OSError):  # no prctl here: keep the kernel's default
+            pass
+
+
+def _forks(context: Any) -> bool:
+    """Whether DataLoader workers start by fork (then their parent is this process)."""
+    if context is None:  # the default, read without fixing it
+        return (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) == "fork"
+    return (context if isinstance(context, str) else context.get_start_method()) == "fork"
 
 
 class StructuredDataLoader:
@@ -126,7 +148,7 @@ class StructuredDataLoader:
             persistent_workers=persistent_workers and workers > 0,
             timeout=timeout,
             multiprocessing_context=multiprocessing_context if workers else None,
-            worker_init_fn=_start_worker if workers else None,
+            worker_init_fn=_WorkerStart(os.getpid() if _forks(multiprocessing_context) else None) if workers else None,
         )
         self._loader = DataLoader(self._source(), **self._loader_kwargs)
 
