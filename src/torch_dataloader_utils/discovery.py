@@ -41,6 +41,13 @@ def content_tag(info: dict) -> str | None:
     return None
 
 
+def check_version(info: dict, size: int, tag: str | None) -> None:
+    """OSError unless ``info`` (fsspec's info of a file) still describes the planned size and tag."""
+    now = (int(info.get("size") or 0), content_tag(info))
+    if now != (size, tag):
+        raise OSError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
+
+
 def _is_ignored(relative: str) -> bool:
     parts = [p for p in relative.split("/") if p]
     if any(p.startswith((".", "_")) for p in parts):

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .catalog import Catalog
-from .discovery import content_tag
+from .discovery import check_version
 from .errors import DataReadError
 from .formats.io import is_local
 from .lanes import Segment, StreamBook
@@ -208,10 +208,7 @@ def _check_unchanged(fs: Any, entry: Any) -> None:
     checked by the store before the first range fetched from it: remote.RemoteStore.read_many.)"""
     if not is_local(fs):
         return
-    info = fs.info(entry.fs_path)
-    now = (int(info.get("size") or 0), content_tag(info))
-    if now != (entry.size, entry.tag):
-        raise OSError(f"the file changed after planning (size/tag {entry.size}/{entry.tag} -> {now[0]}/{now[1]}); create the loader again")
+    check_version(fs.info(entry.fs_path), entry.size, entry.tag)
 
 
 class _StreamedPiece:

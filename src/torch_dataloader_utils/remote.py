@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .cache import RangeCache, entry_key
-from .discovery import content_tag
+from .discovery import check_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -275,10 +275,7 @@ class RemoteStore:
             if path in self._verified or tag is None:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
-            info = self.call(lambda fs: fs.info(path), f"info of {url}")
-            now = (int(info.get("size") or 0), content_tag(info))
-            if now != (size, tag):
-                raise OSError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
+            check_version(self.call(lambda fs: fs.info(path), f"info of {url}"), size, tag)
             self._verified.add(path)
 
     @staticmethod

@@ -134,7 +134,7 @@ def missing_columns(schema: pa.Schema, unified: pa.Schema) -> tuple[str, ...]:
     return tuple(name for name in unified.names if name not in names)
 
 
-_NULLS_HAVE_BATCH_FORM = (pa.null(), pa.string(), pa.large_string(), pa.binary(), pa.large_binary())
+_NULLS_HAVE_BATCH_FORM = (pa.null(), *LARGE_TYPES, *LARGE_TYPES.values())  # strings and binary hold None
 
 
 def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, missing: Sequence[tuple[str, ...]], files: Sequence[tuple[str, int]]) -> None:
