@@ -143,4 +143,4 @@ def test_a_missing_cloud_client_names_the_extra_to_install():
         "except ImportError as error:\n    print(error)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
-    assert 'pip install "torch_dataloader_utils[gcs]"' in out, out
+    assert 'for gs:// paths, pip install gcsfs (or, in a checkout of this library: pip install -e ".[gcs]")' in out, out

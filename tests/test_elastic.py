@@ -171,8 +171,11 @@ def test_merge_states_checks_its_input(data):
     with pytest.raises(ValueError, match="empty"):
         merge_states([])
     other = dict(states[1], files=states[1]["files"][:-1])
-    with pytest.raises(ValueError, match="rank 1 planned a different file list"):
+    with pytest.raises(ValueError, match="do not plan the same epoch: only rank 0 has .*same files"):
         merge_states([states[0], other])
+    other_settings = dict(states[1], _batch_size=states[1]["_batch_size"] * 2, _shuffle=True)
+    with pytest.raises(ValueError, match=r"shuffle: rank 0 has False, rank 1 True; batch_size: rank 0 has \d+, rank 1 \d+"):
+        merge_states([states[0], other_settings])
     merged = merge_states(states)
     assert "files" not in merged["ranks"][0] and merged["files"] == states[0]["files"]
     assert local_state(merged, 1) == states[1]

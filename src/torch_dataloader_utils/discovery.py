@@ -70,6 +70,7 @@ def as_path_list(path: str | bytes | Sequence[str]) -> list[str]:
     return paths
 
 
+_CLIENTS = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}  # our extra -> the fsspec client it installs
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}  # protocol -> extra
 
 
@@ -95,7 +96,10 @@ def filesystem_for(paths: list[str], storage_options: dict | None) -> Any:
         extra = _EXTRAS.get(get_protocol(paths[0]))
         if extra is None:
             raise
-        raise ImportError(f"{error}; for {get_protocol(paths[0])}:// paths, pip install \"torch_dataloader_utils[{extra}]\"") from error
+        raise ImportError(
+            f"{error}; for {get_protocol(paths[0])}:// paths, pip install {_CLIENTS[extra]} "
+            f"(or, in a checkout of this library: pip install -e \".[{extra}]\")"
+        ) from error
     return fs
 
 

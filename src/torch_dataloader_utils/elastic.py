@@ -29,13 +29,14 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
             )
         if state.get("epoch") != states[0].get("epoch"):
             raise ValueError(f"states[{rank}] is from epoch {state.get('epoch')} but states[0] from epoch {states[0].get('epoch')}")
+    differences = plan_differences(states)
+    if differences:
+        raise ValueError(
+            "the ranks' states do not plan the same epoch: " + "; ".join(differences[:6])
+            + ". Every rank must build the dataset with the same arguments and see the same files "
+            "(pass an explicit list of files, or make sure no files are added while the job starts)"
+        )
     files = states[0].get("files")
-    for rank, state in enumerate(states):
-        if state.get("files") != files:
-            raise ValueError(
-                f"rank {rank} planned a different file list than rank 0; every rank must see the same files "
-                "(pass an explicit list of files, or make sure no files are added while the job starts)"
-            )
     return {
         "format_version": FORMAT_VERSION,
         "scope": "global",
@@ -59,12 +60,14 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
     per setting or set of files that differs (empty when every rank plans the same epoch)."""
     differences = []
     first = states[0]
-    first_files = {entry[0]: entry for entry in first.get("files") or []}
+    first_files = _by_url(first.get("files"))
     for rank, state in enumerate(states[1:], start=1):
         for key, name in CONFIG_KEYS.items():
             if key != "_rank" and state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
-        files = {entry[0]: entry for entry in state.get("files") or []}
+        files = _by_url(state.get("files"))
+        if files == first_files and state.get("files") != first.get("files"):
+            differences.append(f"rank 0 and rank {rank} list the same files in another order, or a damaged list")
         for what, urls in (
             (f"only rank {rank} has", [url for url in files if url not in first_files]),
             ("only rank 0 has", [url for url in first_files if url not in files]),
@@ -73,6 +76,13 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
             if urls:
                 differences.append(f"{what} {', '.join(urls[:3])}" + (f" and {len(urls) - 3} more" if len(urls) > 3 else ""))
     return differences
+
+
+def _by_url(files: Any) -> dict[Any, Any]:
+    """A state's file entries by URL (malformed entries left out)."""
+    if not isinstance(files, list):
+        return {}
+    return {entry[0]: entry for entry in files if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], str)}
 
 
 def rank_part(state: Mapping[str, Any], rank: int) -> dict:

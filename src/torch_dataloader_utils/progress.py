@@ -36,7 +36,7 @@ def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | Non
         return
     try:
         from tqdm import tqdm
-    except ImportError:  # optional: pip install "torch_dataloader_utils[progress]"
+    except ImportError:  # optional: pip install tqdm (the [progress] extra)
         yield from iterable
         return
     with tqdm(total=total, desc=desc, unit="file", delay=PROGRESS_DELAY_S, file=stream, leave=False) as bar:
