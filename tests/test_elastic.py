@@ -5,6 +5,7 @@
 
 import collections
 import json
+import random
 
 import pytest
 
@@ -12,7 +13,8 @@ from datagen import write_dataset
 from resume_helpers import batch_key
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import local_state, merge_states
-from torch_dataloader_utils.elastic import plan_differences, plan_summary
+from torch_dataloader_utils.elastic import deal, plan_differences, plan_summary
+from torch_dataloader_utils.lanes import Segment
 
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
 ROWS = sum(map(sum, LAYOUT))
@@ -84,14 +86,36 @@ def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
         seen.update(i for ids, pad in batches if not pad for i in ids)
         states.append(state)
     merged = merge_states(states)
-    counts = []
+    counts, real_rows = [], []
     for rank in range(world1):
         batches, _, length = _run(data, rank, world1, workers1, config, state=merged, elastic=True)
         seen.update(i for ids, pad in batches if not pad for i in ids)
         counts.append((len(batches), length))
+        real_rows.append(sum(len(ids) for ids, pad in batches if not pad))
     assert max(seen.values()) == 1, "a row was delivered twice"
     assert sorted(seen) == list(range(ROWS)), "rows were lost"
     assert len(set(counts)) == 1 and counts[0][0] == counts[0][1]
+    # the rest is dealt evenly: each new lane gets within one dealt unit (a split's rows, or a
+    # shuffle window of at most one split) of the others, so no new rank trains on padding while
+    # another holds the rows
+    largest_unit = max(split.row_length for split in StructuredDataset(data, num_workers=0, **config).splits)
+    assert max(real_rows) - min(real_rows) <= max(1, workers1) * largest_unit, real_rows
+
+
+def test_deal_gives_every_unit_once_to_the_least_loaded_lane():
+    rng = random.Random(7)
+    for _ in range(200):
+        units = [[Segment((0, 0, lane, 0), i * 100, i * 100 + rng.randint(1, 30)) for i in range(rng.randint(0, 6))] for lane in range(rng.randint(1, 5))]
+        world, workers = rng.randint(1, 4), rng.randint(0, 3)
+        dealt = deal(units, world, workers)
+        assert len(dealt) == world and all(len(lanes) == max(1, workers) for lanes in dealt)
+        given = sorted((s.key, s.start, s.stop) for lanes in units for s in lanes)
+        # _join may merge neighbouring units of one stream, so compare rows, not segments
+        rows = lambda segments: sorted((s.key, r) for s in segments for r in range(s.start, s.stop))  # noqa: E731
+        assert rows(s for lanes in dealt for lane in lanes for s in lane.segments) == rows(Segment(*g) for g in given)
+        loads = [sum(s.num_rows for s in lane.segments) for lanes in dealt for lane in lanes]
+        largest = max((s.num_rows for lanes in units for s in lanes), default=0)
+        assert max(loads) - min(loads) <= largest, (loads, largest)
 
 
 @pytest.mark.parametrize("before, after", [((2, 2), (3, 1)), ((3, 1), (2, 2)), ((2, 2), (1, 0))])

@@ -164,6 +164,23 @@ def test_batches_full_except_one_per_worker(data, drop_last):
         assert_exactly_once(batches, ROWS)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_drop_last_leaves_out_exactly_each_lanes_partial_batch_and_resumes(data, shuffle):
+    """drop_last delivers the run without drop_last minus its short batches (one per lane, the
+    lane's tail), in the same order, and resumes that exactly at every interruption point."""
+    config = _config(3, shuffle, "parquet")
+    whole = run_epoch(*make(data["parquet"], **config))
+    assert 0 < sum(len(b) != 13 for b in whole) <= 3
+    config["drop_last"] = True
+    loader, dataset = make(data["parquet"], **config)
+    states: list = []
+    cut = run_epoch(loader, dataset, states)
+    assert cut == [b for b in whole if len(b) == 13]
+    assert len(cut) == len(loader) and sum(map(len, cut)) == len(dataset)
+    for k in range(len(cut)):
+        assert resume(data["parquet"], states[k], **config) == cut[k + 1 :], f"resume after batch {k} differs"
+
+
 def test_prefetched_batches_are_not_counted(data):
     # with workers reading ahead, the state still counts only what the loop received
     config = {**_config(2, False, "parquet"), "prefetch_factor": 4}
