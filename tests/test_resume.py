@@ -1,5 +1,7 @@
 """Exactly-once and resume equivalence with real DataLoader worker processes."""
 
+import json
+
 import pytest
 
 from datagen import write_dataset
@@ -179,6 +181,40 @@ def test_drop_last_leaves_out_exactly_each_lanes_partial_batch_and_resumes(data,
     assert len(cut) == len(loader) and sum(map(len, cut)) == len(dataset)
     for k in range(len(cut)):
         assert resume(data["parquet"], states[k], **config) == cut[k + 1 :], f"resume after batch {k} differs"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("change", ["a newer iter\\(loader\\)", "load_state_dict", "set_epoch"])
+def test_a_superseded_iterator_stops_instead_of_delivering_rows_twice(data, workers, change):
+    """One progress, one live pass: an iterator older than the last iter(loader), load_state_dict
+    or set_epoch raises at its next batch, and the loop that follows delivers exactly."""
+    config = _config(workers, True, "parquet")
+    loader, dataset = make(data["parquet"], **config)
+    full = run_epoch(loader, dataset)
+    dataset.set_epoch(1)
+    next_epoch = run_epoch(loader, dataset)
+    loader, dataset = make(data["parquet"], **config)
+    old = iter(loader)
+    got = [batch_key(next(old)), batch_key(next(old))]
+    saved = json.loads(json.dumps(dataset.state_dict()))
+    got.append(batch_key(next(old)))
+    if change == "set_epoch":
+        dataset.set_epoch(1)
+        expected = next_epoch
+    elif change == "load_state_dict":
+        dataset.load_state_dict(saved)
+        expected = full[2:]
+    else:
+        newer = iter(loader)
+        got.append(batch_key(next(newer)))
+        expected = full[4:]
+    with pytest.raises(RuntimeError, match=f"superseded by {change} on the same dataset"):
+        next(old)
+    rest = run_epoch(loader, dataset)
+    if change == "a newer iter\\(loader\\)":
+        assert got + rest == full
+    else:
+        assert got[:3] == full[:3] and rest == expected
 
 
 def test_prefetched_batches_are_not_counted(data):

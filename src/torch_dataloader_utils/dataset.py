@@ -200,6 +200,7 @@ class StructuredDataset(IterableDataset):
         self._check_columns()
         self._book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, shuffle, shuffle_seed, shuffle_buffer_rows)
         self._epoch = 0
+        self._pass = (0, "")  # (number, what started it): an iterator delivers only while its pass is current
         self._reset_progress()
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._reader: StreamReader | None = None
@@ -330,6 +331,7 @@ class StructuredDataset(IterableDataset):
         if not restored and not schedule:  # (empty slots come only while some lane has rows left)
             self._reset_progress()
             schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
+        self._supersede("a newer iter(loader)")
         lanes = self._lanes()
         padding = self._padding_lane()
         tasks = []
@@ -352,9 +354,17 @@ class StructuredDataset(IterableDataset):
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
-        """Slice chunks into batches and count each batch as delivered just before yielding it."""
+        """Slice chunks into batches and count each batch as delivered just before yielding it.
+
+        Only the newest pass delivers: once a newer ``iter(loader)``, ``load_state_dict`` or
+        ``set_epoch`` changed the progress, this iterator raises instead of booking its rows there.
+        """
+        return self._delivered(tasks, chunks, self._pass[0])  # the pass is taken now, not at the first next()
+
+    def _delivered(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], current: int) -> Iterator[dict[str, Any]]:
         following = self._following_lanes(tasks)
         for index, chunk in enumerate(chunks):
+            self._check_pass(current)
             if chunk.stop <= chunk.start:
                 continue
             padding = chunk.lane == PADDING_LANE
@@ -368,6 +378,7 @@ class StructuredDataset(IterableDataset):
                 self._advance(chunk, chunk.stop, following[index])
                 continue
             for batch, end in chunk.batches(self.batch_size):
+                self._check_pass(current)
                 self._advance(chunk, end, following[index])
                 self.last_batch_is_padding = padding
                 yield batch
@@ -395,6 +406,19 @@ class StructuredDataset(IterableDataset):
         urls = [self._catalog.files[f].url for f in self._book.files_of(task.segments)]
         shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
         return f"rows read from {shown} (epoch {task.segments[0].key.epoch})"
+
+    def _supersede(self, cause: str) -> None:
+        """Start a new pass: iterators of earlier passes stop delivering (see deliver)."""
+        self._pass = (self._pass[0] + 1, cause)
+
+    def _check_pass(self, current: int) -> None:
+        if self._pass[0] != current:
+            raise RuntimeError(
+                f"this iterator was superseded by {self._pass[1]} on the same dataset, which changed the progress "
+                "it counts batches against; going on would deliver rows twice or book them to the wrong rows, so it "
+                "stops. Use one iterator at a time, and iterate the loader anew (for batch in loader) after "
+                "set_epoch or load_state_dict"
+            )
 
     def _advance(self, chunk: Chunk, end: int, following: int) -> None:
         if chunk.lane == PADDING_LANE:
@@ -498,6 +522,7 @@ class StructuredDataset(IterableDataset):
         return following
 
     def _reset_progress(self) -> None:
+        self._supersede("set_epoch")
         self._positions = [0] * self.logical_workers
         self._next_lane = 0
         self._padding_delivered = 0
@@ -563,6 +588,7 @@ class StructuredDataset(IterableDataset):
         self._lanes_override = progress.lanes
         self._target_override = target
         self._just_restored = True
+        self._supersede("load_state_dict")
 
     def _strict_part(self, state: Mapping[str, Any]) -> dict:
         causes = topology_changed(state, self.num_workers)
@@ -614,6 +640,7 @@ class StructuredDataset(IterableDataset):
             self._reset_progress()
         self._positions[worker] = position
         self._just_restored = True
+        self._supersede("load_state_dict")
         self._restored_epoch = epoch
 
     def _check_loader_workers(self, num_workers: int) -> None:
