@@ -56,3 +56,11 @@ def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt:
             writer.close()
         next_id += total
     return next_id - first_id
+
+
+def corrupt_data_pages(path) -> None:
+    """Overwrite a Parquet file's data pages with garbage, keeping its size and footer."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(4)
+        f.write(b"\xff" * (size // 2))

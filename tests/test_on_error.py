@@ -6,20 +6,12 @@ import os
 
 import pytest
 
-from datagen import write_dataset
+from datagen import corrupt_data_pages, write_dataset
 from resume_helpers import batch_key
 from torch_dataloader_utils import DataReadError, StructuredDataset
 
 LAYOUT = [[20, 20], [30], [15, 15, 15], [25]]
 CONFIG = dict(batch_size=8, split_bytes=2500, chunk_rows=16, shuffle_buffer_rows=40, shuffle_seed=2)
-
-
-def _corrupt_data_pages(path):
-    """Overwrite the file's data pages with garbage, keeping its size and footer."""
-    size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.seek(4)
-        f.write(b"\xff" * (size // 2))
 
 
 def _dataset_with_a_lost_file(tmp_path, **kwargs):
@@ -41,7 +33,7 @@ def test_raise_names_the_file_and_split(tmp_path):
 def test_skip_delivers_everything_else_exactly_once_and_resumes_exactly(tmp_path, workers, shuffle):
     write_dataset(tmp_path, LAYOUT)
     lost = os.path.join(str(tmp_path), "part-00002.parquet")
-    _corrupt_data_pages(lost)
+    corrupt_data_pages(lost)
     loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), num_workers=workers, on_error="skip", shuffle=shuffle, **CONFIG)
     states, full = [], []
     for batch in loader:

@@ -16,7 +16,7 @@ import torch
 
 from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # installed by .[dev]: a missing one fails, never skips
 
-from datagen import write_dataset
+from datagen import corrupt_data_pages, write_dataset
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 # three files; row groups of odd sizes so batches, chunks and splits do not line up
@@ -131,6 +131,43 @@ def test_resume_at_every_interruption_point(data, workers, shuffle):
     assert len(full) == dataset.num_batches()
     for k in range(len(full)):
         assert resume(data, states[k], workers, shuffle, via=via) == full[k + 1 :], f"resume after batch {k}"
+
+
+@pytest.mark.parametrize("workers", [0, 3])
+def test_drop_last_leaves_out_each_workers_short_batch_and_resumes(data, workers):
+    """Workers read their own path here (dataset._worker_batches): drop_last must cut each
+    worker's stream to whole batches there too, in the order the run without it has."""
+    whole = run(make(data, workers, True)[1])
+    assert 0 < sum(len(b) != 13 for b in whole) <= max(1, workers)
+    dataset, loader = make(data, workers, True, drop_last=True)
+    states: list = []
+    full = run(loader, states)
+    assert full == [b for b in whole if len(b) == 13]
+    assert len(full) == dataset.num_batches()
+    for k in range(len(full)):
+        assert resume(data, states[k], workers, True, drop_last=True) == full[k + 1 :], f"resume after batch {k}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_on_error_skip_delivers_the_readable_rows_once_and_resumes(tmp_path, workers):
+    write_dataset(tmp_path, LAYOUT, "parquet")
+    corrupt_data_pages(tmp_path / "part-00001.parquet")  # rows 71-119
+    dataset, loader = make(str(tmp_path), workers, True, on_error="skip")
+    states: list = []
+    full = run(loader, states)
+    assert sorted(i for b in full for i in b) == [i for i in range(ROWS) if not 71 <= i < 120]
+    for k in range(0, len(full), 2):
+        assert resume(str(tmp_path), states[k], workers, True, on_error="skip") == full[k + 1 :], f"resume after batch {k}"
+
+
+def test_orc_resumes_at_every_interruption_point(tmp_path):
+    write_dataset(tmp_path, LAYOUT, "orc")
+    dataset, loader = make(str(tmp_path), 2, True, format="orc", split_bytes=2000)
+    states: list = []
+    full = run(loader, states)
+    assert_exactly_once(full)
+    for k in range(0, len(full), 2):
+        assert resume(str(tmp_path), states[k], 2, True, format="orc", split_bytes=2000) == full[k + 1 :], f"resume after batch {k}"
 
 
 def test_several_interruptions_in_one_epoch_with_persistent_workers(data):

@@ -675,7 +675,9 @@ class StructuredDataset(IterableDataset):
         for lane, length in self._worker_parts(worker):
             while self._positions[worker] < base + length:
                 start = self._positions[worker] - base
-                stop = min(length, start + self.chunk_rows)
+                # chunks aligned to the part's start, as in the uninterrupted run: a chunk's last
+                # batch may be short when on_error="skip" left rows out, so a resume must cut the same chunks
+                stop = min(length, (start // self.chunk_rows + 1) * self.chunk_rows)
                 chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
                 self._note_skipped(chunk.skipped)
                 if chunk.num_read == 0:
