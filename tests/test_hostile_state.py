@@ -8,6 +8,7 @@ loader reads back verbatim and resumes from exactly: the rest of the epoch, each
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import json
@@ -267,33 +268,48 @@ def test_mutated_states_refuse_or_resume_exactly(one, data):
     event(outcome)
 
 
-def test_nudged_multi_worker_positions(data):
-    """Two workers, rows_delivered nudged: refused, or resumed from exactly what the state says
-    (no row twice, as many rows as the state leaves, the exact suffix when it is a genuine state)."""
+def test_multi_worker_states_mixed_or_nudged_refuse_or_resume_exactly(data):
+    """Two workers. A worker's progress taken from another genuine state (a mix no run saved) is
+    accepted and delivers exactly the rows neither worker had delivered; rows_delivered nudged off
+    what the state's splits say is refused."""
     reference = Reference(data, TWO)
-    genuine_states = (reference.epoch(0), reference.states[0])[1]
+    reference.epoch(0)
+    genuine, batches = reference.states[0], reference.batches[0]
+    # which worker delivered each batch of the reference run, so each worker's rows at a position are known
+    owners = [int(np.flatnonzero(np.subtract(after["rows_delivered"], before["rows_delivered"]))[0])
+              for before, after in zip([{"rows_delivered": [0, 0]}] + genuine, genuine)]
+
+    def delivered_by(worker: int, position: int) -> list[int]:
+        rows = [i for b, owner in zip(batches, owners) if owner == worker for i in b]
+        return rows[:position]
+
     rng = np.random.default_rng(7)
-    outcomes = {"refused": 0, "accepted": 0}
+    outcomes = collections.Counter()
     for trial in range(30):
-        mutated = copy.deepcopy(genuine_states[int(rng.integers(0, len(genuine_states) - 1))])
-        worker, step = int(rng.integers(0, 2)), int(rng.choice([-10, -5, -1, 1, 5, 10]))
-        mutated["rows_delivered"][worker] += step
-        if trial % 2:
-            mutated["next_worker"] = 1 - mutated["next_worker"]
+        first, second = (int(k) for k in rng.integers(0, len(genuine) - 1, 2))
+        mutated = copy.deepcopy(genuine[first])
+        worker = trial % 2
         loader, dataset = make(data, **TWO)
-        try:
-            dataset.load_state_dict(mutated)
-        except ValueError:
+        if trial % 3 == 0:
+            step = int(rng.choice([-10, -5, -1, 1, 5, 10]))
+            mutated["rows_delivered"][worker] += step
+            with pytest.raises(ValueError, match="Checkpoint"):
+                dataset.load_state_dict(mutated)
             outcomes["refused"] += 1
             continue
+        for key in ("rows_delivered", "completed_shards", "in_progress"):
+            mutated[key][worker] = copy.deepcopy(genuine[second][key][worker])
+        dataset.load_state_dict(mutated)
         outcomes["accepted"] += 1
         loaded = dataset.state_dict()
-        assert _as_loaded(mutated, loaded) == _as_loaded(loaded, loaded), f"rows_delivered[{worker}] {step:+d}: not resumed as written"
+        assert _as_loaded(mutated, loaded) == _as_loaded(loaded, loaded), "not resumed as written"
         resumed = [i for b in run_epoch(loader, dataset) for i in b]
-        assert len(resumed) == len(set(resumed)) == ROWS - sum(mutated["rows_delivered"])
-        if loaded in genuine_states:
-            assert resumed == [i for b in reference.batches[0][genuine_states.index(loaded) + 1 :] for i in b]
-    assert outcomes["refused"] > 0
+        before = delivered_by(0, mutated["rows_delivered"][0]) + delivered_by(1, mutated["rows_delivered"][1])
+        assert len(resumed) == len(set(resumed)), "a row was delivered twice after the resume"
+        assert sorted(resumed) == sorted(set(range(ROWS)) - set(before)), f"states {first} and {second} mixed: wrong rows"
+        if loaded in genuine:
+            assert resumed == [i for b in batches[genuine.index(loaded) + 1 :] for i in b]
+    assert outcomes["refused"] and outcomes["accepted"] >= 15, outcomes
 
 
 # ------------------------------------------------------------------ gaps found by this campaign, now fixed
