@@ -372,13 +372,14 @@ def test_package_works_without_torchdata(data):
 
         sys.meta_path.insert(0, NoTorchdata())
         from torch_dataloader_utils import StructuredDataset
+        whole = [b["id"].tolist() for b in StructuredDataset.create_dataloader({data!r}, batch_size=13, num_workers=1)[0]]
         loader, dataset = StructuredDataset.create_dataloader({data!r}, batch_size=13, num_workers=1)
         first = [b["id"].tolist() for _, b in zip(range(3), loader)]
         state = dataset.state_dict()
         loader, dataset = StructuredDataset.create_dataloader({data!r}, batch_size=13, num_workers=1)
         dataset.load_state_dict(state)
         rest = [b["id"].tolist() for b in loader]
-        assert sorted(i for b in first + rest for i in b) == list(range({ROWS}))
+        assert first + rest == whole and sorted(i for b in whole for i in b) == list(range({ROWS}))
         assert not any(name.split(".")[0] == "torchdata" for name in sys.modules)
         print("ok")
         """

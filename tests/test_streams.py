@@ -1,0 +1,70 @@
+"""A worker's stream (streams.py): pure functions, checked against a row-by-row expansion."""
+
+import collections
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_dataloader_utils.streams import SplitRows, build_stream, rows_done_per_split, unit_offsets
+from torch_dataloader_utils.planner import FileLayout
+
+# files of row groups; each split is a row range of one file
+layouts = st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=4), min_size=1, max_size=4)
+
+
+@st.composite
+def streams(draw):
+    files = draw(layouts)
+    offsets = [np.concatenate([[0], np.cumsum(units)]).astype(np.int64) for units in files]
+    split_rows = []
+    for index, units in enumerate(files):
+        total = sum(units)
+        cuts = sorted(set(draw(st.lists(st.integers(0, total), max_size=3))) | {0, total})
+        split_rows += [SplitRows(index, a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    if not split_rows:
+        split_rows = [SplitRows(0, 0, 0)]
+    splits = draw(st.permutations(range(len(split_rows))))
+    shuffle = draw(st.booleans())
+    key = (draw(st.integers(0, 2**32 - 1)), draw(st.integers(0, 5)), 0, draw(st.integers(0, 3)))
+    return build_stream(key, splits, split_rows, offsets, shuffle, draw(st.integers(1, 60))), split_rows, offsets
+
+
+def _rows_in_order(stream):
+    """(split, file, row) of every stream row in delivery order, expanded one by one."""
+    rows = []
+    for window in range(stream.num_windows):
+        pieces = stream.pieces[int(stream.window_pieces[window]) : int(stream.window_pieces[window + 1])]
+        inside = [(p.split, p.file, p.unit, r) for p in pieces for r in range(p.start, p.stop)]
+        permutation = stream.window_permutation(window)
+        rows += [inside[i] for i in permutation] if permutation is not None else inside
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams())
+def test_a_stream_holds_each_row_of_its_splits_once(case):
+    stream, split_rows, offsets = case
+    rows = _rows_in_order(stream)
+    assert len(rows) == stream.num_rows
+    absolute = sorted((file, int(offsets[file][unit]) + r) for _, file, unit, r in rows)
+    expected = sorted((split_rows[s].file, r) for s in stream.splits for r in range(split_rows[s].start, split_rows[s].stop))
+    assert absolute == expected
+    if not stream.shuffle:
+        order = [(stream.splits.index(split), file, int(offsets[file][unit]) + r) for split, file, unit, r in rows]
+        assert order == sorted(order), "unshuffled: splits in the given order, rows in file order"
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.data())
+def test_rows_done_per_split_counts_the_rows_before_a_position(case, data):
+    stream, _, _ = case
+    rows = _rows_in_order(stream)
+    position = data.draw(st.integers(0, stream.num_rows))
+    counted = collections.Counter(split for split, _, _, _ in rows[:position])
+    assert rows_done_per_split(stream, position) == {s: counted.get(s, 0) for s in stream.splits}
+
+
+def test_unit_offsets_are_the_first_row_of_each_unit():
+    layout = FileLayout("f.parquet", 100, (3, 0, 5), (10, 0, 20))
+    assert unit_offsets(layout).tolist() == [0, 3, 3, 8]

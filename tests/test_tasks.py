@@ -1,0 +1,80 @@
+"""The delivery order of a rank's lanes (tasks.py): pure functions, checked against their definitions."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_dataloader_utils.tasks import PADDING_LANE, cap_batches, lane_schedule, padding_schedule
+
+lane_states = st.integers(1, 5).flatmap(
+    lambda lanes: st.tuples(
+        st.lists(st.integers(0, 120), min_size=lanes, max_size=lanes),  # lengths
+        st.lists(st.integers(0, 120), min_size=lanes, max_size=lanes),  # positions (clipped below)
+        st.integers(0, lanes - 1),  # next lane
+        st.integers(1, 40),  # chunk rows
+    )
+)
+
+
+def _ranges_by_lane(schedule, lanes):
+    out = {lane: [] for lane in range(lanes)}
+    for lane, start, stop in schedule:
+        out[lane].append((start, stop))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(lane_states)
+def test_lane_schedule_delivers_each_lanes_rest_in_aligned_chunks_round_robin(case):
+    lengths, positions, next_lane, chunk = case
+    positions = [min(p, n) for p, n in zip(positions, lengths)]
+    lanes = len(lengths)
+    schedule = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=False)
+    by_lane = _ranges_by_lane(schedule, lanes)
+    for lane in range(lanes):
+        rows = [r for start, stop in by_lane[lane] for r in range(start, stop)]
+        assert rows == list(range(positions[lane], lengths[lane])), "each lane's rest, once, in order"
+        for start, stop in by_lane[lane]:
+            assert start < stop == min(lengths[lane], (start // chunk + 1) * chunk), "chunks end on multiples of chunk_rows"
+    # cycle c holds chunk c of every lane that has more than c chunks, from next_lane on
+    counts = {lane: len(by_lane[lane]) for lane in range(lanes)}
+    expected = [
+        lane
+        for cycle in range(max(counts.values(), default=0))
+        for lane in [(next_lane + i) % lanes for i in range(lanes)]
+        if counts[lane] > cycle
+    ]
+    assert [lane for lane, _, _ in schedule] == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(lane_states)
+def test_lane_schedule_with_slots_keeps_each_entry_on_its_process(case):
+    lengths, positions, next_lane, chunk = case
+    positions = [min(p, n) for p, n in zip(positions, lengths)]
+    lanes = len(lengths)
+    slotted = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=True)
+    assert [lane for lane, _, _ in slotted] == [(next_lane + i) % lanes for i in range(len(slotted))]
+    assert [e for e in slotted if e[1] < e[2]] == lane_schedule(positions, lengths, next_lane, chunk, keep_slots=False)
+    assert all(start == stop == lengths[lane] for lane, start, stop in slotted if start == stop), "empty slots only for finished lanes"
+
+
+@settings(max_examples=300, deadline=None)
+@given(lane_states, st.integers(1, 13), st.integers(0, 40))
+def test_cap_batches_keeps_the_first_budget_batches(case, batch_size, budget):
+    lengths, positions, next_lane, chunk = case
+    positions = [min(p, n) for p, n in zip(positions, lengths)]
+    schedule = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=False)
+
+    def batches(entries):
+        return [(lane, b, min(b + batch_size, stop)) for lane, start, stop in entries for b in range(start, stop, batch_size)]
+
+    assert batches(cap_batches(schedule, batch_size, budget)) == batches(schedule)[:budget]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 200), st.integers(0, 200), st.integers(1, 40))
+def test_padding_schedule_covers_the_rest_in_aligned_chunks(position, rows, chunk):
+    schedule = padding_schedule(position, rows, chunk)
+    assert all(lane == PADDING_LANE for lane, _, _ in schedule)
+    assert [r for _, start, stop in schedule for r in range(start, stop)] == list(range(position, rows))
+    assert all(stop == min(rows, (start // chunk + 1) * chunk) for _, start, stop in schedule)
