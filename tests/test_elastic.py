@@ -200,6 +200,9 @@ def test_merge_states_checks_its_input(data):
     other_settings = dict(states[1], _batch_size=states[1]["_batch_size"] * 2, _shuffle=True)
     with pytest.raises(ValueError, match=r"shuffle: rank 0 has False, rank 1 True; batch_size: rank 0 has \d+, rank 1 \d+"):
         merge_states([states[0], other_settings])
+    unused_seeds = [dict(state, _shuffle_seed=100 + rank, _shuffle_buffer_rows=7 + rank) for rank, state in enumerate(states)]
+    assert not states[0]["_shuffle"] and merge_states(unused_seeds)["scope"] == "global"  # settings unused without shuffling
+    assert plan_summary(unused_seeds[0]) == plan_summary(unused_seeds[1])
     merged = merge_states(states)
     assert "files" not in merged["ranks"][0] and merged["files"] == states[0]["files"]
     assert local_state(merged, 1) == states[1]

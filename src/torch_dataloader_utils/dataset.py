@@ -363,8 +363,7 @@ class StructuredDataset(IterableDataset):
 
     def _delivered(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], current: int) -> Iterator[dict[str, Any]]:
         following = self._following_lanes(tasks)
-        for index, chunk in enumerate(chunks):
-            self._check_pass(current)
+        for index, chunk in enumerate(self._pulled(chunks, len(tasks), current)):
             if chunk.stop <= chunk.start:
                 continue
             padding = chunk.lane == PADDING_LANE
@@ -406,6 +405,16 @@ class StructuredDataset(IterableDataset):
         urls = [self._catalog.files[f].url for f in self._book.files_of(task.segments)]
         shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
         return f"rows read from {shown} (epoch {task.segments[0].key.epoch})"
+
+    def _pulled(self, chunks: Iterable[Chunk], count: int, current: int) -> Iterator[Chunk]:
+        """The ``count`` chunks of a pass, each taken only while the pass is current (persistent
+        workers serve every iterator of a loader from one stream, so a superseded iterator must not
+        take the newer one's chunk), then the source run to its end."""
+        source = iter(chunks)
+        for _ in range(count):
+            self._check_pass(current)
+            yield next(source)
+        yield from source
 
     def _supersede(self, cause: str) -> None:
         """Start a new pass: iterators of earlier passes stop delivering (see deliver)."""

@@ -12,7 +12,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from .lanes import Lane, Segment, StreamBook
-from .state import CONFIG_KEYS, FORMAT_VERSION, mismatch
+from .state import CONFIG_KEYS, FORMAT_VERSION, SHUFFLE_ONLY_KEYS, mismatch
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
@@ -51,6 +51,8 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     """What must agree across ranks, in a few hundred bytes: a rank state's settings (all but the
     rank) and a digest of its file list."""
     summary = {key: state.get(key) for key in CONFIG_KEYS if key != "_rank"}
+    if not state.get("_shuffle"):
+        summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
     summary["files_digest"] = hashlib.sha256(json.dumps(state.get("files")).encode()).hexdigest()
     return summary
 
@@ -63,7 +65,9 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
     first_files = _by_url(first.get("files"))
     for rank, state in enumerate(states[1:], start=1):
         for key, name in CONFIG_KEYS.items():
-            if key != "_rank" and state.get(key) != first.get(key):
+            if key == "_rank" or (key in SHUFFLE_ONLY_KEYS and not (state.get("_shuffle") or first.get("_shuffle"))):
+                continue
+            if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
         files = _by_url(state.get("files"))
         if files == first_files and state.get("files") != first.get("files"):

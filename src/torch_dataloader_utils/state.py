@@ -32,6 +32,8 @@ CONFIG_KEYS = {
     "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
 
+SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
+
 
 class RankProgress(NamedTuple):
     """A validated rank state: lanes (None for the canonical ones) and positions."""
@@ -186,7 +188,7 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
     causes = []
     for key, name in CONFIG_KEYS.items():
         saved = state.get(key)
-        if key in ("_shuffle_seed", "_shuffle_buffer_rows") and not (state.get("_shuffle") or config["_shuffle"]):
+        if key in SHUFFLE_ONLY_KEYS and not (state.get("_shuffle") or config["_shuffle"]):
             continue
         if saved != config[key]:
             causes.append(f"{name} changed: checkpoint={saved}, current={config[key]}")
