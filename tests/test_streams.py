@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from stream_helpers import rows_in_order
 from torch_dataloader_utils.streams import SplitRows, build_stream, rows_done_per_split, unit_offsets
 from torch_dataloader_utils.planner import FileLayout
 
@@ -30,22 +31,11 @@ def streams(draw):
     return build_stream(key, splits, split_rows, offsets, shuffle, draw(st.integers(1, 60))), split_rows, offsets
 
 
-def _rows_in_order(stream):
-    """(split, file, row) of every stream row in delivery order, expanded one by one."""
-    rows = []
-    for window in range(stream.num_windows):
-        pieces = stream.pieces[int(stream.window_pieces[window]) : int(stream.window_pieces[window + 1])]
-        inside = [(p.split, p.file, p.unit, r) for p in pieces for r in range(p.start, p.stop)]
-        permutation = stream.window_permutation(window)
-        rows += [inside[i] for i in permutation] if permutation is not None else inside
-    return rows
-
-
 @settings(max_examples=300, deadline=None)
 @given(streams())
 def test_a_stream_holds_each_row_of_its_splits_once(case):
     stream, split_rows, offsets = case
-    rows = _rows_in_order(stream)
+    rows = rows_in_order(stream)
     assert len(rows) == stream.num_rows
     absolute = sorted((file, int(offsets[file][unit]) + r) for _, file, unit, r in rows)
     expected = sorted((split_rows[s].file, r) for s in stream.splits for r in range(split_rows[s].start, split_rows[s].stop))
@@ -59,7 +49,7 @@ def test_a_stream_holds_each_row_of_its_splits_once(case):
 @given(streams(), st.data())
 def test_rows_done_per_split_counts_the_rows_before_a_position(case, data):
     stream, _, _ = case
-    rows = _rows_in_order(stream)
+    rows = rows_in_order(stream)
     position = data.draw(st.integers(0, stream.num_rows))
     counted = collections.Counter(split for split, _, _, _ in rows[:position])
     assert rows_done_per_split(stream, position) == {s: counted.get(s, 0) for s in stream.splits}
