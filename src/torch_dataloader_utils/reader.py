@@ -108,7 +108,7 @@ class StreamReader:
             return window
         for old in [k for k in self._windows if k[:2] == key[:2]]:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
-        pieces = stream.pieces[int(stream.window_pieces[index]) : int(stream.window_pieces[index + 1])]
+        pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
             streamed = _StreamedPiece(lambda: self._piece_batches(pieces[0]), pieces[0].num_rows)
             self._remember(key, streamed)
