@@ -79,6 +79,7 @@ class Stream:
         return stable_permutation([*self.key, 2, window], size)
 
     def window_pieces_of(self, window: int) -> tuple[Piece, ...]:
+        """The pieces of window ``window``, in their order."""
         return self.pieces[int(self.window_pieces[window]) : int(self.window_pieces[window + 1])]
 
     def window_owners(self, window: int) -> np.ndarray:
