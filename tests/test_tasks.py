@@ -8,11 +8,11 @@ from torch_dataloader_utils.tasks import PADDING_LANE, cap_batches, lane_schedul
 lane_states = st.integers(1, 5).flatmap(
     lambda lanes: st.tuples(
         st.lists(st.integers(0, 120), min_size=lanes, max_size=lanes),  # lengths
-        st.lists(st.integers(0, 120), min_size=lanes, max_size=lanes),  # positions (clipped below)
+        st.lists(st.integers(0, 120), min_size=lanes, max_size=lanes),  # positions (clipped to the lengths)
         st.integers(0, lanes - 1),  # next lane
         st.integers(1, 40),  # chunk rows
     )
-)
+).map(lambda case: (case[0], [min(p, n) for p, n in zip(case[1], case[0])], *case[2:]))
 
 
 def _ranges_by_lane(schedule, lanes):
@@ -26,7 +26,6 @@ def _ranges_by_lane(schedule, lanes):
 @given(lane_states)
 def test_lane_schedule_delivers_each_lanes_rest_in_aligned_chunks_round_robin(case):
     lengths, positions, next_lane, chunk = case
-    positions = [min(p, n) for p, n in zip(positions, lengths)]
     lanes = len(lengths)
     schedule = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=False)
     by_lane = _ranges_by_lane(schedule, lanes)
@@ -50,7 +49,6 @@ def test_lane_schedule_delivers_each_lanes_rest_in_aligned_chunks_round_robin(ca
 @given(lane_states)
 def test_lane_schedule_with_slots_keeps_each_entry_on_its_process(case):
     lengths, positions, next_lane, chunk = case
-    positions = [min(p, n) for p, n in zip(positions, lengths)]
     lanes = len(lengths)
     slotted = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=True)
     assert [lane for lane, _, _ in slotted] == [(next_lane + i) % lanes for i in range(len(slotted))]
@@ -62,7 +60,6 @@ def test_lane_schedule_with_slots_keeps_each_entry_on_its_process(case):
 @given(lane_states, st.integers(1, 13), st.integers(0, 40))
 def test_cap_batches_keeps_the_first_budget_batches(case, batch_size, budget):
     lengths, positions, next_lane, chunk = case
-    positions = [min(p, n) for p, n in zip(positions, lengths)]
     schedule = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=False)
 
     def batches(entries):
