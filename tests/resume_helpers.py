@@ -45,3 +45,18 @@ def assert_exactly_once(batches: list[tuple], total_rows: int) -> None:
     ids = [i for b in batches for i in b]
     assert len(ids) == len(set(ids)), "a row was delivered twice"
     assert sorted(ids) == list(range(total_rows)), "rows were lost"
+
+
+def stop_failed_workers(error: BaseException) -> None:
+    """Shut down the workers of an iterator that failed while starting.
+
+    torchdata leaves them to the garbage collector, which may close their queues
+    first and then wait 5 s per worker; a job that exits on the error is unaffected.
+    """
+    frame = error.__traceback__
+    while frame is not None:
+        owner = frame.tb_frame.f_locals.get("self")
+        if type(owner).__name__ == "_StatefulMultiProcessingDataLoaderIter":
+            owner._shutdown_workers()
+            return
+        frame = frame.tb_next

@@ -123,6 +123,25 @@ def test_inspect_finds_the_state_in_a_torch_checkpoint(capsys, data, tmp_path):
     assert code == 2 and "available" in err and "dataset" in err
 
 
+def test_inspect_a_worker_state_checks_it_without_loading_it(capsys, data, tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    dataset = StructuredDataset(data, batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES)
+    loader = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    worker = loader.state_dict()["_snapshot"]["_worker_snapshots"]["worker_1"]["dataset_state"]
+    del it, loader
+    with open(tmp_path / "worker.json", "w") as file:
+        json.dump(worker, file)
+    code, out, _ = run(capsys, "inspect", tmp_path / "worker.json", data)
+    assert code == 0 and "YES" in out and "loader.load_state_dict" in out
+    write_dataset(tmp_path / "other", [[5]], first_id=ROWS)
+    code, out, _ = run(capsys, "inspect", tmp_path / "worker.json", str(tmp_path / "other"))
+    assert code == 1 and "NO" in out and "file list changed" in out
+
+
 def test_inspect_a_list_of_rank_states_and_a_global_state(capsys, data, tmp_path):
     from torch_dataloader_utils.distributed import merge_states
 
@@ -182,6 +201,9 @@ def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     (tmp_path / "other.json").write_text('{"model": 1}')
     code, _, err = run(capsys, "inspect", tmp_path / "other.json")
     assert code == 2 and "--key" in err
+    (tmp_path / "table.csv").write_text("id,x\n1,2\n")
+    code, _, err = run(capsys, "inspect", tmp_path / "table.csv")
+    assert code == 2 and "it is neither JSON nor the zip archive torch.save writes" in err
 
 
 @pytest.mark.parametrize(
@@ -231,6 +253,20 @@ def test_bench_resumes_from_the_middle_of_what_it_read_when_time_runs_out(capsys
     code, out, _ = run(capsys, "bench", data, "--batch-size", 8, "--num-workers", 1, "--split-bytes", SPLIT_BYTES,
                        "--seconds", 0.001)
     assert code == 0 and "resume       at batch" in out
+
+
+def test_bench_of_a_one_batch_epoch_says_there_is_no_resume_to_time(capsys, tmp_path):
+    write_dataset(tmp_path / "tiny", [[5]])
+    code, out, _ = run(capsys, "bench", tmp_path / "tiny", "--batch-size", 8, "--num-workers", 0)
+    assert code == 0 and "no batch comes after it (the epoch ends there), nothing to time" in out
+    assert "load_state_dict -> first batch" not in out
+
+
+def test_plan_advice_for_idle_workers_fits_what_can_be_cut(capsys, tmp_path):
+    write_dataset(tmp_path / "one", [[50]])  # one row group: no smaller split exists
+    code, out, _ = run(capsys, "plan", tmp_path / "one", "--num-workers", 4, "--split-bytes", 100)
+    assert code == 0 and "3 of 4 workers get no split" in out
+    assert "already a split of its own: use fewer workers" in out and "Lower --split-bytes" not in out
 
 
 def test_bench_keeps_the_state_nearest_the_middle_of_any_stop(data):

@@ -77,8 +77,19 @@ def test_corrupt_data_pages_raise_data_read_error_naming_file_and_split(tmp_path
     root = _dataset(tmp_path)
     loader, dataset = make(root, batch_size=10, num_workers=workers, split_bytes=1 << 30)
     _corrupt_pages(_victim(root))
-    with pytest.raises(DataReadError, match=r"cannot read .*part-00001\.parquet \(split .*part-00001\.parquet +full file, unit 0\)"):
+    with pytest.raises(DataReadError, match=r"cannot read .*part-00001\.parquet \(split .*part-00001\.parquet +full file, unit 0\)") as error:
         run_epoch(loader, dataset)
+    assert str(error.value).rstrip().endswith("create the loader again")  # changed after planning: no advice about damage
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_data_pages_corrupt_before_planning_say_what_to_do(tmp_path, workers):
+    root = _dataset(tmp_path)
+    _corrupt_pages(_victim(root))
+    loader, dataset = make(root, batch_size=10, num_workers=workers, split_bytes=1 << 30)
+    with pytest.raises(DataReadError, match=r"cannot read .*part-00001\.parquet \(split .*unit 0\): ") as error:
+        run_epoch(loader, dataset)
+    assert "If the file is damaged, replace or remove it, or pass on_error='skip'" in str(error.value)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "orc"])

@@ -87,3 +87,76 @@ def test_a_shuffle_seed_beyond_32_bits_is_refused_only_when_shuffling(tmp_path):
         StructuredDataset(str(tmp_path), num_workers=0, shuffle=True, shuffle_seed=2**32)
     unshuffled = StructuredDataset(str(tmp_path), num_workers=0, shuffle_seed=2**40)  # the seed is never used
     assert [len(batch["id"]) for batch in unshuffled] == [5]
+
+
+def _ids(loader) -> list[list[int]]:
+    return [batch["id"].tolist() for batch in loader]
+
+
+def test_set_epoch_after_a_resume_warns_only_when_it_drops_the_restored_epoch(tmp_path, caplog):
+    write_dataset(tmp_path / "d", [[30], [25]])
+    make = lambda: StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0)  # noqa: E731
+    loader, dataset = make()
+    dataset.set_epoch(1)
+    it = iter(loader)
+    next(it), next(it)
+    state = dataset.state_dict()
+    rest = list(it)
+
+    loader, dataset = make()
+    dataset.load_state_dict(state)
+    dataset.set_epoch(dataset.epoch)  # the loop of the README, started at dataset.epoch
+    assert not [r for r in caplog.records if "set_epoch" in r.message]
+    assert _ids(loader) == [b["id"].tolist() for b in rest]
+
+    loader, dataset = make()
+    dataset.load_state_dict(state)
+    dataset.set_epoch(0)  # a loop started at 0: epoch 1's remaining rows would never come
+    (warning,) = [r for r in caplog.records if "set_epoch" in r.message]
+    assert "set_epoch(0) drops the progress load_state_dict restored for epoch 1" in warning.message
+    assert "range(dataset.epoch, num_epochs)" in warning.message
+
+
+def test_a_finished_epoch_restored_then_the_next_one_selected_does_not_warn(tmp_path, caplog):
+    write_dataset(tmp_path / "d", [[12]])
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0)
+    list(loader)
+    state = dataset.state_dict()
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0)
+    dataset.load_state_dict(state)
+    dataset.set_epoch(1)
+    assert not caplog.records
+    assert sum(len(b) for b in _ids(loader)) == 12
+
+
+def test_a_shuffled_epoch_run_again_without_set_epoch_warns_once(tmp_path, caplog):
+    write_dataset(tmp_path / "d", [[20], [20]])
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0, shuffle=True)
+    first = _ids(loader)
+    assert not caplog.records
+    assert _ids(loader) == first and _ids(loader) == first  # the same order: the reason for the warning
+    (warning,) = caplog.records
+    assert "epoch 0 starts again without set_epoch" in warning.message and "dataset.set_epoch(epoch)" in warning.message
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0)
+    _ids(loader), _ids(loader)
+    assert len(caplog.records) == 1  # unshuffled, a repeat is just a repeat
+
+
+def test_a_launcher_without_a_process_group_warns_that_every_process_reads_everything(tmp_path, monkeypatch, caplog):
+    write_dataset(tmp_path / "d", [[10]])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    dataset = StructuredDataset(str(tmp_path / "d"), num_workers=0)
+    assert (dataset.rank, dataset.world_size) == (0, 1)
+    (warning,) = caplog.records
+    assert "WORLD_SIZE=2 is set but torch.distributed is not initialized" in warning.message
+    assert "init_process_group" in warning.message
+    StructuredDataset(str(tmp_path / "d"), num_workers=0, rank=1, world_size=2)  # explicit: no warning
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    StructuredDataset(str(tmp_path / "d"), num_workers=0)
+    assert len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("option", ["collate_fn", "sampler", "worker_init_fn", "generator"])
+def test_create_dataloader_names_a_dataloader_option_it_sets_itself(tmp_path, option):
+    with pytest.raises(TypeError, match=rf"does not take the DataLoader option\(s\) \['{option}'\].*pin_memory"):
+        StructuredDataset.create_dataloader(str(tmp_path / "missing"), **{option: None})

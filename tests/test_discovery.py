@@ -58,6 +58,13 @@ def test_missing_path_and_empty_directory(tmp_path):
         StructuredDataset(str(tmp_path / "empty"), num_workers=0)
 
 
+@pytest.mark.parametrize("fmt, other", [("parquet", "orc"), ("orc", "parquet")])
+def test_a_directory_of_the_other_format_is_named_in_the_error(tmp_path, fmt, other):
+    write_dataset(tmp_path / "d", [[4]], other)
+    with pytest.raises(FileNotFoundError, match=rf"no {fmt} files found under .*; {other} files are there: to read those, pass format='{other}'"):
+        StructuredDataset(str(tmp_path / "d"), format=fmt, num_workers=0)
+
+
 def test_garbage_file_names_the_file(tmp_path):
     write_dataset(tmp_path / "g", [[4]])
     (tmp_path / "g" / "part-zzz.parquet").write_bytes(b"not parquet at all")

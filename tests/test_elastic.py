@@ -102,7 +102,7 @@ def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
     assert max(real_rows) - min(real_rows) <= max(1, workers1) * largest_unit, real_rows
 
 
-def test_deal_gives_every_unit_once_to_the_least_loaded_lane():
+def test_deal_gives_every_unit_once_balancing_ranks_then_their_workers():
     rng = random.Random(7)
     for _ in range(200):
         units = [[Segment((0, 0, lane, 0), i * 100, i * 100 + rng.randint(1, 30)) for i in range(rng.randint(0, 6))] for lane in range(rng.randint(1, 5))]
@@ -113,9 +113,11 @@ def test_deal_gives_every_unit_once_to_the_least_loaded_lane():
         # _join may merge neighbouring units of one stream, so compare rows, not segments
         rows = lambda segments: sorted((s.key, r) for s in segments for r in range(s.start, s.stop))  # noqa: E731
         assert rows(s for lanes in dealt for lane in lanes for s in lane.segments) == rows(Segment(*g) for g in given)
-        loads = [sum(s.num_rows for s in lane.segments) for lanes in dealt for lane in lanes]
+        loads = [[sum(s.num_rows for s in lane.segments) for lane in lanes] for lanes in dealt]
         largest = max((s.num_rows for lanes in units for s in lanes), default=0)
-        assert max(loads) - min(loads) <= largest, (loads, largest)
+        ranks = [sum(lanes) for lanes in loads]
+        assert max(ranks) - min(ranks) <= largest, (loads, largest)  # equal batch counts cost little padding
+        assert all(max(lanes) - min(lanes) <= largest for lanes in loads), (loads, largest)
 
 
 @pytest.mark.parametrize("before, after", [((2, 2), (3, 1)), ((3, 1), (2, 2)), ((2, 2), (1, 0))])
@@ -137,6 +139,36 @@ def test_elastic_resume_with_drop_last_delivers_every_row_the_old_plan_owed(data
         seen.update(i for ids, pad in batches if not pad for i in ids)
     assert max(seen.values()) == 1, "a row was delivered twice"
     assert sorted(seen) == sorted(planned), f"lost {sorted(set(planned) - set(seen))}"
+
+
+@pytest.mark.parametrize("stop", [None, 1, 2])
+@pytest.mark.parametrize("before, after", [((3, 2), (2, 1)), ((2, 2), (3, 1)), ((3, 1), (3, 2))])
+def test_elastic_resume_under_drop_delivers_only_rows_the_old_plan_would_have(data, before, after, stop):
+    """equalize="drop" cuts every rank to the smallest batch count: the rows past the cut are not
+    owed this epoch, so an elastic resume must not deal them out (stop=None: saved after the last batch)."""
+    (world0, workers0), (world1, workers1) = before, after
+    config = _config(False, "drop")
+    planned = collections.Counter()
+    for rank in range(world0):
+        planned.update(i for ids, _ in _run(data, rank, world0, workers0, config)[0] for i in ids)
+    assert len(planned) < ROWS, "this layout must make drop leave rows out"
+    seen = collections.Counter()
+    states = []
+    for rank in range(world0):
+        batches, state, _ = _run(data, rank, world0, workers0, config, stop=stop)
+        seen.update(i for ids, _ in batches for i in ids)
+        states.append(state)
+    before_resume = sum(seen.values())
+    counts = set()
+    for rank in range(world1):
+        batches, _, _ = _run(data, rank, world1, workers1, config, state=merge_states(states), elastic=True)
+        seen.update(i for ids, _ in batches for i in ids)
+        counts.add(len(batches))
+    assert max(seen.values()) == 1, "a row was delivered twice"
+    assert set(seen) <= set(planned), f"delivered rows the old plan dropped: {sorted(set(seen) - set(planned))}"
+    assert len(counts) == 1, counts
+    if stop is None:
+        assert sum(seen.values()) == before_resume, "a finished epoch delivered more after the resume"
 
 
 def test_checkpoint_after_an_elastic_resume_resumes_exactly(data):
@@ -192,6 +224,10 @@ def test_merge_states_checks_its_input(data):
     states = [_run(data, rank, 2, 0, config, stop=1)[1] for rank in range(2)]
     with pytest.raises(ValueError, match="rank order"):
         merge_states(states[::-1])
+    with pytest.raises(ValueError, match=r"saved by rank 0 of 2; pass the list of all 2 ranks' states"):
+        merge_states(states[:1])
+    with pytest.raises(ValueError, match="from epoch 1 but states\[0\] from epoch 0; take every rank's state at the same step"):
+        merge_states([states[0], dict(states[1], epoch=1)])
     with pytest.raises(ValueError, match="empty"):
         merge_states([])
     other = dict(states[1], files=states[1]["files"][:-1])
@@ -206,6 +242,20 @@ def test_merge_states_checks_its_input(data):
     merged = merge_states(states)
     assert "files" not in merged["ranks"][0] and merged["files"] == states[0]["files"]
     assert local_state(merged, 1) == states[1]
+
+
+def test_merge_states_refuses_ranks_that_resumed_from_different_checkpoints(data):
+    """One rank resumed elastically, the other started the epoch afresh: their batch counts differ
+    (a DDP job would hang), and a global state of the two would lose rows."""
+    config = _config(False)
+    old = merge_states([_run(data, rank, 3, 1, config, stop=1)[1] for rank in range(3)])
+    resumed = _run(data, 1, 2, 1, config, state=old, elastic=True, stop=1)[1]
+    fresh = _run(data, 0, 2, 1, config, stop=1)[1]
+    assert resumed["lanes"] is not None and fresh["lanes"] is None
+    with pytest.raises(ValueError, match="come from different plans of epoch 0.*Every rank must load the same checkpoint"):
+        merge_states([fresh, resumed])
+    other = _run(data, 0, 2, 1, config, state=old, elastic=True, stop=1)[1]
+    assert merge_states([other, resumed])["scope"] == "global"  # both resumed from one checkpoint
 
 
 def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path):
@@ -225,3 +275,30 @@ def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path
     newer["files"][1][2] = "another-version"
     assert plan_differences([rank0, newer]) == [f"rank 0 and rank 1 see other versions of {files[1]}"]
     assert plan_summary(newer) != plan_summary(rank0) and plan_summary(other) != plan_summary(rank0)
+
+
+def test_drop_warns_once_when_it_leaves_out_most_of_a_ranks_batches(tmp_path, caplog):
+    write_dataset(tmp_path, [[50], [5]])  # rank 0: 5 batches of 10 rows; rank 1: 1 batch
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), rank=0, world_size=2, num_workers=0, batch_size=10, equalize="drop")
+    assert len(list(loader)) == 1
+    (warning,) = caplog.records
+    assert "equalize='drop': rank 0 delivers 1 of its 5 batches in epoch 0" in warning.message and "equalize='pad'" in warning.message
+    dataset.set_epoch(1)
+    list(loader)
+    assert len(caplog.records) == 1
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), rank=1, world_size=2, num_workers=0, batch_size=10, equalize="drop")
+    list(loader)
+    assert len(caplog.records) == 1  # rank 1 loses nothing
+
+
+def test_a_one_rank_jobs_state_resumes_elastically_without_merging(data):
+    config = _config(True)
+    batches, state, _ = _run(data, 0, 1, 2, config, stop=4)
+    seen = collections.Counter(i for ids, _ in batches for i in ids)
+    for rank in range(2):
+        rest, _, _ = _run(data, rank, 2, 1, config, state=state, elastic=True)
+        seen.update(i for ids, pad in rest if not pad for i in ids)
+    assert max(seen.values()) == 1 and sorted(seen) == list(range(ROWS))
+    two_rank_state = _run(data, 0, 2, 2, config, stop=1)[1]
+    with pytest.raises(CheckpointMismatchError, match="needs every rank's progress"):
+        _run(data, 0, 3, 2, config, state=two_rank_state, elastic=True)

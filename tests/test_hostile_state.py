@@ -24,8 +24,10 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from torchdata.stateful_dataloader import StatefulDataLoader  # installed by .[dev]
+
 from datagen import write_dataset
-from resume_helpers import batch_key, make, run_epoch
+from resume_helpers import batch_key, make, run_epoch, stop_failed_workers
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 LAYOUT = [[30, 30], [25], [40, 20], [17]]
@@ -372,15 +374,13 @@ def _worker_states(value: Any, found: list) -> list:
 
 
 @pytest.fixture(scope="module")
-def worker_state(data) -> dict:
-    """A genuine worker state, from torchdata's StatefulDataLoader after a few batches."""
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
+def loader_state(data) -> dict:
+    """A genuine StatefulDataLoader state after a few batches: worker states inside."""
     loader = StatefulDataLoader(StructuredDataset(data, **TWO), batch_size=None, num_workers=2)
     it = iter(loader)
     for _ in range(5):
         next(it)
-    (state, *_) = _worker_states(json.loads(json.dumps(loader.state_dict())), [])
+    state = json.loads(json.dumps(loader.state_dict()))
     del it, loader
     return state
 
@@ -392,6 +392,7 @@ WORKER_DAMAGE = {
     "rows_delivered negative": lambda s: s.update(rows_delivered=-1),
     "rows_delivered past the end": lambda s: s.update(rows_delivered=10**6),
     "worker out of range": lambda s: s.update(worker=2),
+    "another worker's state": lambda s: s.update(worker=0),
     "worker negative": lambda s: s.update(worker=-1),
     "epoch negative": lambda s: s.update(epoch=-1),
     "other files": lambda s: s.update(files_digest="0" * 16),
@@ -405,13 +406,31 @@ WORKER_DAMAGE = {
     [*WORKER_DAMAGE.values(), lambda s: s.update(epoch=1, rows_delivered=10**6)],
     ids=[*WORKER_DAMAGE, "past the end in another epoch"],
 )
-def test_damaged_worker_state_is_refused_and_progress_kept(data, worker_state, damage):
-    dataset = StructuredDataset(data, **TWO)
-    dataset.load_state_dict(copy.deepcopy(worker_state))  # the genuine one loads: progress to keep
-    before = dataset.state_dict()
-    state = copy.deepcopy(worker_state)
-    damage(state)
+def test_damaged_worker_state_is_refused_by_its_worker(data, loader_state, damage):
+    state = copy.deepcopy(loader_state)
+    worker_states = _worker_states(state, [])
+    assert len(worker_states) == 2
+    damage(worker_states[1])
+    loader = StatefulDataLoader(StructuredDataset(data, **TWO), batch_size=None, num_workers=2)
+    loader.load_state_dict(state)
     with pytest.raises(ValueError) as error:
-        dataset.load_state_dict(state)
-    assert str(error.value).strip()
-    assert dataset.state_dict() == before, "a refused worker state changed the progress"
+        for _ in loader:
+            pass
+    stop_failed_workers(error.value)
+    assert "in DataLoader worker process 1" in str(error.value)
+
+
+def test_worker_state_is_refused_in_the_main_process_and_progress_kept(data, loader_state):
+    """Only a worker can load its state: in the main process it would restore one worker's rows and
+    deliver the other workers' rows again."""
+    loader, dataset = StructuredDataset.create_dataloader(data, **TWO)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    before = dataset.state_dict()
+    for state in _worker_states(copy.deepcopy(loader_state), []):
+        with pytest.raises(CheckpointMismatchError, match="one DataLoader worker's state") as error:
+            dataset.load_state_dict(state)
+        assert "loader.load_state_dict" in str(error.value)
+        assert dataset.state_dict() == before, "a refused worker state changed the progress"
+    assert next(it) is not None  # the open pass goes on

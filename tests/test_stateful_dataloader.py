@@ -17,6 +17,7 @@ import torch
 from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # installed by .[dev]: a missing one fails, never skips
 
 from datagen import corrupt_data_pages, write_dataset
+from resume_helpers import stop_failed_workers
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 # three files; row groups of odd sizes so batches, chunks and splits do not line up
@@ -96,21 +97,6 @@ def refused(loader, error: type, match: str) -> str:
         run(loader)
     stop_failed_workers(info.value)
     return str(info.value)
-
-
-def stop_failed_workers(error: BaseException) -> None:
-    """Shut down the workers of an iterator that failed while starting.
-
-    torchdata leaves them to the garbage collector, which may close their queues
-    first and then wait 5 s per worker; a job that exits on the error is unaffected.
-    """
-    frame = error.__traceback__
-    while frame is not None:
-        owner = frame.tb_frame.f_locals.get("self")
-        if type(owner).__name__ == "_StatefulMultiProcessingDataLoaderIter":
-            owner._shutdown_workers()
-            return
-        frame = frame.tb_next
 
 
 def assert_exactly_once(batches: list[tuple]) -> None:

@@ -21,6 +21,7 @@ import re
 import statistics
 import sys
 import time
+import zipfile
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger("torch_dataloader_utils.cli")
@@ -170,7 +171,12 @@ def plan_advice(plan: dict) -> list[str]:
     if idle:
         advice.append(
             f"{idle} of {slots} workers get no split and idle: there are {plan['splits']} splits for {slots} "
-            f"(rank, worker) slots. Lower --split-bytes (now {human_bytes(plan['split_bytes'])}) or use fewer workers."
+            f"(rank, worker) slots. "
+            + (
+                f"Lower --split-bytes (now {human_bytes(plan['split_bytes'])}) or use fewer workers."
+                if plan["splits"] < plan["units"]
+                else "Every row group (ORC: stripe) is already a split of its own: use fewer workers, or write smaller row groups."
+            )
         )
     rows = [w["rows"] for w in plan["workers"]]
     mean = sum(rows) / len(rows) if rows else 0
@@ -294,6 +300,8 @@ def load_checkpoint(path: str) -> Any:
     except Exception as error:  # noqa: BLE001 - any failure means we cannot read it safely
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         reason = next((line for line in lines if "Unsupported global" in line), lines[0] if lines else type(error).__name__)
+        if not zipfile.is_zipfile(path):
+            reason = "it is neither JSON nor the zip archive torch.save writes"
         raise UsageError(
             f"cannot read {path} as JSON or as a torch checkpoint with weights_only=True ({reason}). "
             "tdu never unpickles arbitrary objects; save dataset.state_dict() as plain data (it is JSON-able)."
@@ -470,14 +478,23 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         def _check_columns(self) -> None:
             """Nothing is read: the job's columns (not in the state) need no batch form here."""
 
+        def check(self, state: dict) -> None:
+            """load_state_dict's checks; a worker state loads only in its worker, so it is checked, not loaded."""
+            if state.get("scope") == "worker":
+                self._check_worker_state(state)
+            else:
+                self.load_state_dict(state)
+
     try:
         dataset = PlanOnly(list(path), **options)
     except (TypeError, ValueError) as error:
         return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
     try:
-        dataset.load_state_dict(state)
+        dataset.check(state)
     except CheckpointMismatchError as error:
         return False, str(error), None
+    if state.get("scope") == "worker":
+        return True, "it fits this data: a StatefulDataLoader resumes that worker exactly with loader.load_state_dict(...)", None
     delivered, totals = state.get("rows_delivered"), state.get("rows_total")
     remaining = None
     if isinstance(delivered, list):
@@ -630,7 +647,9 @@ def print_bench(result: dict) -> None:
           + (f", ~{human_bytes(result['bytes_per_s'])}/s of files" if result["bytes_per_s"] else ""))
     print(f"  start        construction {result['construct_s']:.3f} s, then first batch {result['first_batch_s']:.3f} s")
     resume = result.get("resume")
-    if resume:
+    if resume and not resume["got_batch"]:
+        print(f"  resume       at batch {resume['at_batch']:,}: no batch comes after it (the epoch ends there), nothing to time")
+    elif resume:
         print(f"  resume       at batch {resume['at_batch']:,}: construction {resume['construct_s']:.3f} s, "
               f"load_state_dict -> first batch {resume['load_to_first_batch_s']:.3f} s")
 
@@ -749,7 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     if args.command == "demo" and not 0 < args.checkpoint_at < 1:
-        parser.error("demo --checkpoint-at must be between 0 and 1")
+        parser.error("demo --checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
     if args.command == "bench" and args.seconds <= 0:
         parser.error("bench --seconds must be positive")
     level = logging.WARNING - 10 * min(args.verbose, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -13,7 +14,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
 from .convert import check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
-from .elastic import check_global, deal, rank_part, rank_parts, remaining_units, topology_changed
+from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_SEED_WORD, Split
 from .reader import StreamReader
@@ -44,6 +45,8 @@ DEFAULT_CHUNK_ROWS = 1 << 14  # measured: same CPU as 65536, faster first batch,
 # is the chunk.
 WORKER_DECODE_ROWS = 1 << 12
 EQUALIZE_POLICIES = ("pad", "drop", "none")
+# DataLoader arguments the loader sets itself (create_dataloader refuses them by name)
+_FIXED_LOADER_OPTIONS = {"collate_fn", "worker_init_fn", "sampler", "batch_sampler", "generator", "in_order"}
 ON_ERROR_POLICIES = ("raise", "skip")
 
 
@@ -101,6 +104,8 @@ def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int
         import torch.distributed as dist
 
         initialized = dist.is_available() and dist.is_initialized()
+        if not initialized:
+            _warn_if_launched_without_process_group()
         if rank is None:
             rank = dist.get_rank() if initialized else 0
         if world_size is None:
@@ -109,6 +114,17 @@ def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size): got rank={rank}, world_size={world_size}")
     return rank, world_size
+
+
+def _warn_if_launched_without_process_group() -> None:
+    launched = os.environ.get("WORLD_SIZE", "1")
+    if launched.isdigit() and int(launched) > 1:
+        log.warning(
+            "WORLD_SIZE=%s is set but torch.distributed is not initialized, so this process reads every row as rank 0 "
+            "of 1 (each process would deliver the whole epoch). Call torch.distributed.init_process_group() before "
+            "creating the dataset, or pass rank= and world_size=",
+            launched,
+        )
 
 
 def _round_robin_counts(batches: Sequence[int], total: int) -> list[int]:
@@ -208,6 +224,9 @@ class StructuredDataset(IterableDataset):
         self._worker_passes = 0  # passes this copy started inside a DataLoader worker
         self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
         self._digest: tuple[Catalog, str] | None = None
+        self._warned_repeat = False  # "epoch starts again without set_epoch" was logged
+        self._warned_drop = False  # "equalize='drop' leaves out most of this rank's batches" was logged
+        self._canonical_target: tuple[int, int] | None = None  # (epoch, batches every rank delivers) of the plan
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -222,6 +241,13 @@ class StructuredDataset(IterableDataset):
 
         loader_keys = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
         loader_kwargs = {k: kwargs.pop(k) for k in loader_keys if k in kwargs}
+        fixed = sorted(set(kwargs) & _FIXED_LOADER_OPTIONS)
+        if fixed:
+            raise TypeError(
+                f"create_dataloader does not take the DataLoader option(s) {fixed}: the loader sets them itself "
+                f"(batches come from the dataset's batch_size, order from its plan). It takes {list(loader_keys)}; "
+                "for a DataLoader of your own, see docs/stateful-dataloader.md"
+            )
         dataset = cls(path, format, **kwargs)
         return StructuredDataLoader(dataset, **loader_kwargs), dataset
 
@@ -249,6 +275,14 @@ class StructuredDataset(IterableDataset):
         if not 0 <= epoch <= MAX_EPOCH:
             raise ValueError(f"epoch must be in [0, {MAX_EPOCH}], got {epoch}")
         if epoch != self._epoch:
+            if self._just_restored and self._restored_partly():
+                log.warning(
+                    "set_epoch(%d) drops the progress load_state_dict restored for epoch %d, whose remaining rows are "
+                    "then never delivered. To continue the restored epoch, start your epoch loop at dataset.epoch: "
+                    "for epoch in range(dataset.epoch, num_epochs)",
+                    epoch,
+                    self._epoch,
+                )
             self._epoch = epoch
             self._reset_progress()
         self._epoch_cell[0] = epoch
@@ -298,7 +332,11 @@ class StructuredDataset(IterableDataset):
             else:
                 self._load_elastic(state)
             return
-        if elastic and (state.get("_world_size") != self.world_size or state.get("_num_workers") != self.num_workers):
+        changed = state.get("_world_size") != self.world_size or state.get("_num_workers") != self.num_workers
+        if elastic and changed and state.get("_world_size") == 1 and state.get("_rank") == 0:
+            self.load_state_dict(merge_states([state]), elastic=True)  # a one-rank job's state is its global state
+            return
+        if elastic and changed:
             raise mismatch(
                 "An elastic resume needs every rank's progress.",
                 [],
@@ -329,9 +367,17 @@ class StructuredDataset(IterableDataset):
         restored, self._just_restored = self._just_restored, False
         schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         if not restored and not schedule:  # (empty slots come only while some lane has rows left)
+            if self.shuffle and not self._warned_repeat:
+                self._warned_repeat = True
+                log.warning(
+                    "epoch %d starts again without set_epoch: with shuffle=True it repeats the previous pass's order "
+                    "exactly. Call dataset.set_epoch(epoch) before each epoch for a new order",
+                    self._epoch,
+                )
             self._reset_progress()
             schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         self._supersede("a newer iter(loader)")
+        self._warn_if_drop_cuts_most()
         lanes = self._lanes()
         padding = self._padding_lane()
         tasks = []
@@ -477,11 +523,13 @@ class StructuredDataset(IterableDataset):
             return None
         if self._target_override is not None:
             return self._target_override
-        counts = [
-            self._lane_batches(self._book.canonical_lanes(self._epoch, rank, self.world_size, self.num_workers))
-            for rank in range(self.world_size)
-        ]
-        return max(counts) if self.equalize == "pad" else min(counts)
+        if self._canonical_target is None or self._canonical_target[0] != self._epoch:
+            counts = [
+                self._lane_batches(self._book.canonical_lanes(self._epoch, rank, self.world_size, self.num_workers))
+                for rank in range(self.world_size)
+            ]
+            self._canonical_target = (self._epoch, max(counts) if self.equalize == "pad" else min(counts))
+        return self._canonical_target[1]
 
     def _padding_rows_for(self, epoch: int, lanes: list[Lane] | None, target: int | None) -> int:
         """Padding rows this rank would owe with the given progress applied (no side effects)."""
@@ -539,6 +587,27 @@ class StructuredDataset(IterableDataset):
         self._target_override: int | None = None
         self._skipped: dict[int, str] = {}
         self._just_restored = False  # progress came from load_state_dict and no pass has started since
+
+    def _warn_if_drop_cuts_most(self) -> None:
+        """Once per dataset: equalize="drop" leaves out more than half of this rank's batches."""
+        target = self._batch_target() if self.equalize == "drop" else None
+        if target is None or self._warned_drop:
+            return
+        own = self._lane_batches(self._lanes())
+        if own and target * 2 < own:
+            self._warned_drop = True
+            log.warning(
+                "equalize='drop': rank %d delivers %d of its %d batches in epoch %d, because the smallest rank has %d; "
+                "the rest of its rows are left out this epoch. Use equalize='pad', a smaller split_bytes (more, "
+                "evener splits), or fewer ranks",
+                self.rank, target, own, self._epoch, target,
+            )
+
+    def _restored_partly(self) -> bool:
+        """Whether the restored progress is inside its epoch: some rows delivered (or dealt by an
+        elastic resume) and some left."""
+        started = any(self._positions) or self._padding_delivered or self._lanes_override is not None
+        return bool(started and self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False))
 
     def _config(self, **topology: int) -> dict:
         return {
@@ -620,18 +689,67 @@ class StructuredDataset(IterableDataset):
             lane_length = self._lane_length
             progress = validate_rank_state(part, self._config(**topology), self._catalog.fingerprint, self._book, self._catalog.splits, lane_length)
             lanes = progress.lanes or self._book.canonical_lanes(progress.epoch, topology["rank"], topology["world_size"], topology["num_workers"])
-            units += remaining_units(self._book, lanes, progress.positions, [lane_length(lane) for lane in lanes])
+            ends = [lane_length(lane) for lane in lanes]
+            old_target = self._old_drop_target(part, progress, topology["world_size"], topology["num_workers"])
+            if old_target is not None:
+                ends = self._owed_ends(progress, ends, old_target)
+            units += remaining_units(self._book, lanes, progress.positions, ends)
         dealt = deal(units, self.world_size, self.num_workers)
         counts = [self._lane_batches(lanes) for lanes in dealt]
         target = max(counts) if self.equalize == "pad" else min(counts)
         epoch = state["epoch"]
         self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target)
 
+    def _old_drop_target(self, part: Mapping[str, Any], progress: RankProgress, world_size: int, num_workers: int) -> int | None:
+        """Under equalize="drop", the batches each rank of the saved plan delivers (None: no cap)."""
+        if self.equalize != "drop" or world_size == 1:
+            return None
+        if progress.lanes is not None:  # a plan dealt by an earlier elastic resume carries its target
+            target = part.get("batch_target")
+            if not isinstance(target, int) or isinstance(target, bool) or target < 0:
+                raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
+            return target
+        return min(self._lane_batches(self._book.canonical_lanes(progress.epoch, rank, world_size, num_workers)) for rank in range(world_size))
+
+    def _owed_ends(self, progress: RankProgress, ends: Sequence[int], target: int) -> list[int]:
+        """Where each lane of a saved rank stops when the rank delivers only ``target`` batches
+        (equalize="drop"): the rows past it were never going to be delivered this epoch."""
+        schedule = lane_schedule(progress.positions, ends, progress.next_lane, self.chunk_rows, keep_slots=False)
+        owed = list(progress.positions)
+        for lane, _, stop in cap_batches(schedule, self.batch_size, target - self._real_batches(progress.positions)):
+            owed[lane] = max(owed[lane], stop)
+        return owed
+
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
-        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers)
         info = get_worker_info()
-        if info is not None:
-            self._check_loader_workers(info.num_workers)
+        if info is None:
+            raise mismatch(
+                "Checkpoint state is one DataLoader worker's state, not a rank's.",
+                [],
+                [f"it holds only worker {state.get('worker')}'s progress: loaded here, the other workers' rows would be delivered again"],
+                "Resume a StatefulDataLoader with loader.load_state_dict(...) of its own loader.state_dict(), which hands "
+                "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
+            )
+        epoch, worker, position = self._check_worker_state(state)
+        self._check_loader_workers(info.num_workers)
+        if worker != info.id:
+            raise mismatch(
+                f"Checkpoint state of worker {worker} was handed to DataLoader worker {info.id}.",
+                [],
+                ["each worker resumes only from its own state"],
+                "Load the loader's state as loader.state_dict() saved it, without moving worker entries.",
+            )
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._reset_progress()
+        self._positions[worker] = position
+        self._just_restored = True
+        self._supersede("load_state_dict")
+        self._restored_epoch = epoch
+
+    def _check_worker_state(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
+        """(epoch, worker, rows delivered) of a worker state that fits this plan; else CheckpointMismatchError."""
+        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers)
         selected = self._epoch
         self._epoch = epoch  # measure the worker's rows in the state's epoch, without touching progress
         try:
@@ -644,13 +762,7 @@ class StructuredDataset(IterableDataset):
                 [],
                 [f"rows_delivered={position} but the worker has {length} rows in epoch {epoch}"],
             )
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._reset_progress()
-        self._positions[worker] = position
-        self._just_restored = True
-        self._supersede("load_state_dict")
-        self._restored_epoch = epoch
+        return epoch, worker, position
 
     def _check_loader_workers(self, num_workers: int) -> None:
         if num_workers != self.logical_workers:

@@ -178,19 +178,34 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             url = _url(fs, path)
             found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
     if not found:
-        raise FileNotFoundError(_nothing_found(paths, format))
+        raise FileNotFoundError(_nothing_found(paths, format, _other_format_found(paths, fs, format)))
     entries = [found[url] for url in sorted(found)]
     if is_remote(fs):
         fs.register(entries)
     return entries
 
 
-def _nothing_found(paths: list[str], format: str | None) -> str:
+def _other_format_found(paths: list[str], fs: Any, format: str | None) -> str | None:
+    """The other format, when ``paths`` hold files of it (for the message of a wrong ``format``)."""
+    other = {"parquet": "orc", "orc": "parquet"}.get(format.lower() if format else "")
+    if other is None:
+        return None
+    for user_path in paths:
+        try:
+            if _list(fs, user_path, other):
+                return other
+        except (OSError, ValueError):  # only a hint: the error being raised says what was not found
+            continue
+    return None
+
+
+def _nothing_found(paths: list[str], format: str | None, other: str | None = None) -> str:
     """The message for paths that hold no data file: what was skipped and what to do."""
     kind = format.lower() if format else None
+    found_other = f"; {other} files are there: to read those, pass format='{other}' (or format=None to infer it)" if other else ""
     patterns = {"parquet": "*.parquet, *.pq, *.parq", "orc": "*.orc"}.get(kind, "*.parquet, *.pq, *.parq, *.orc")
     return (
-        f"no {kind or 'Parquet or ORC'} files found under {paths!r} (a directory keeps {patterns} files; hidden files, "
+        f"no {kind or 'Parquet or ORC'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
         "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). For data files without these extensions (Hive's 000000_0), pass a glob that "
         "matches them (e.g. 'table/*_0') or their paths, with format='parquet' or format='orc'"
     )

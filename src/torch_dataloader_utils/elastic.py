@@ -23,12 +23,22 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
         if not isinstance(state, Mapping) or state.get("scope", "rank") != "rank":
             raise ValueError(f"states[{rank}] is not a rank state from dataset.state_dict()")
         if state.get("_rank") != rank or state.get("_world_size") != len(states):
+            world = state.get("_world_size")
             raise ValueError(
-                f"states[{rank}] was saved by rank {state.get('_rank')} of {state.get('_world_size')}; "
-                f"pass the list of all {len(states)} ranks' states in rank order (all_gather_object gives that)"
+                f"states[{rank}] was saved by rank {state.get('_rank')} of {world}; pass the list of all "
+                f"{world if isinstance(world, int) else 'the'} ranks' states in rank order (all_gather_object gives that)"
             )
         if state.get("epoch") != states[0].get("epoch"):
-            raise ValueError(f"states[{rank}] is from epoch {state.get('epoch')} but states[0] from epoch {states[0].get('epoch')}")
+            raise ValueError(
+                f"states[{rank}] is from epoch {state.get('epoch')} but states[0] from epoch {states[0].get('epoch')}; "
+                "take every rank's state at the same step (gather_state(dataset) on every rank does)"
+            )
+        if (state.get("lanes") is None) != (states[0].get("lanes") is None) or state.get("batch_target") != states[0].get("batch_target"):
+            raise ValueError(
+                f"states[{rank}] and states[0] come from different plans of epoch {state.get('epoch')}: one rank resumed "
+                "elastically and the other did not, or they loaded different checkpoints. Every rank must load the same "
+                "checkpoint; resume them all from one global state and save again"
+            )
     differences = plan_differences(states)
     if differences:
         raise ValueError(
@@ -136,20 +146,24 @@ def remaining_units(book: StreamBook, lanes: Sequence[Lane], positions: Sequence
 def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_workers: int) -> list[list[Lane]]:
     """Deal remaining units to the new topology: [rank][worker] -> Lane.
 
-    Units are taken round-robin across the old lanes (so each new lane mixes them) and
-    each goes to the new lane with the fewest rows so far (ties: lowest rank, then worker).
+    Units are taken round-robin across the old lanes (so each new lane mixes them). Each goes
+    to the rank with the fewest rows so far, and there to the worker with the fewest (ties:
+    lowest rank, then worker): rank totals, which decide how many batches ranks pad or drop to
+    stay equal, end within one unit of each other, and so do a rank's workers.
     """
     workers = max(1, num_workers)
-    targets = [(rank, worker) for worker in range(workers) for rank in range(world_size)]
+    targets = [(rank, worker) for rank in range(world_size) for worker in range(workers)]
     loads = {t: 0 for t in targets}
+    rank_loads = [0] * world_size
     dealt: dict[tuple[int, int], list[Segment]] = {t: [] for t in targets}
     depth = max((len(u) for u in units_per_lane), default=0)
     for i in range(depth):
         for units in units_per_lane:
             if i < len(units):
-                target = min(targets, key=lambda t: (loads[t], t[0], t[1]))
+                target = min(targets, key=lambda t: (rank_loads[t[0]], loads[t], t[0], t[1]))
                 dealt[target].append(units[i])
                 loads[target] += units[i].num_rows
+                rank_loads[target[0]] += units[i].num_rows
     return [[Lane(tuple(_join(dealt[(rank, worker)])), dealt=True) for worker in range(workers)] for rank in range(world_size)]
 
 

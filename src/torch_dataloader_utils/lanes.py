@@ -75,6 +75,7 @@ class StreamBook:
         self._seed = seed
         self._buffer_rows = buffer_rows
         self._assignments: OrderedDict[tuple, list[list[int]]] = OrderedDict()
+        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()  # epoch -> order of the split list
         self._streams: OrderedDict[StreamKey, Stream] = OrderedDict()
 
     def assignment(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[list[int]]:
@@ -82,11 +83,20 @@ class StreamBook:
         key = (epoch, rank, world_size, num_workers)
         found = self._assignments.get(key)
         if found is None:
-            order = epoch_order(len(self._split_rows), self._shuffle, self._seed, epoch)
-            found = assign_splits(order, rank, world_size, num_workers)
+            found = assign_splits(self.epoch_order(epoch), rank, world_size, num_workers)
             self._assignments[key] = found
             while len(self._assignments) > 4 * _CACHED_STREAMS:
                 self._assignments.popitem(last=False)
+        return found
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The split list's order in ``epoch`` (one permutation per epoch, shared by every rank's assignment)."""
+        found = self._orders.get(epoch)
+        if found is None:
+            found = epoch_order(len(self._split_rows), self._shuffle, self._seed, epoch)
+            self._orders[epoch] = found
+            while len(self._orders) > 2:
+                self._orders.popitem(last=False)
         return found
 
     def stream_rows(self, key: StreamKey) -> int:

@@ -107,5 +107,5 @@ def assign_splits(order: Sequence[int], rank: int, world_size: int, num_workers:
     ``num_workers=0`` (reading in the main process) counts as one worker.
     """
     workers = max(1, num_workers)
-    mine = list(order)[rank::world_size]
-    return [[int(i) for i in mine[w::workers]] for w in range(workers)]
+    mine = np.asarray(order)[rank::world_size]
+    return [mine[w::workers].tolist() for w in range(workers)]

@@ -178,7 +178,10 @@ class StreamReader:
     def _read_error(self, piece: Piece, error: Exception) -> DataReadError:
         self._files.pop(piece.file, None)
         entry = self._catalog.files[piece.file]
-        return DataReadError(f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}")
+        message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
+        if not isinstance(error, OSError) or "changed after planning" not in str(error):
+            message += ". If the file is damaged, replace or remove it, or pass on_error='skip' to leave out rows that cannot be read"
+        return DataReadError(message)
 
     def _open(self, file: int) -> Any:
         reader = self._files.get(file)
