@@ -142,6 +142,18 @@ def test_a_shuffled_epoch_run_again_without_set_epoch_warns_once(tmp_path, caplo
     assert len(caplog.records) == 1  # unshuffled, a repeat is just a repeat
 
 
+@pytest.mark.parametrize("equalize", ["none", "drop"])
+def test_a_rank_with_nothing_to_deliver_does_not_warn_of_a_repeated_epoch(tmp_path, caplog, equalize):
+    write_dataset(tmp_path / "d", [[30]])  # one split for two ranks: rank 1 has no rows
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(tmp_path / "d"), rank=1, world_size=2, num_workers=0, batch_size=10, shuffle=True, equalize=equalize
+    )
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        assert _ids(loader) == []
+    assert not caplog.records
+
+
 def test_a_launcher_without_a_process_group_warns_that_every_process_reads_everything(tmp_path, monkeypatch, caplog):
     write_dataset(tmp_path / "d", [[10]])
     monkeypatch.setenv("WORLD_SIZE", "2")

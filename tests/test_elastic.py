@@ -302,3 +302,22 @@ def test_a_one_rank_jobs_state_resumes_elastically_without_merging(data):
     two_rank_state = _run(data, 0, 2, 2, config, stop=1)[1]
     with pytest.raises(CheckpointMismatchError, match="needs every rank's progress"):
         _run(data, 0, 3, 2, config, state=two_rank_state, elastic=True)
+
+
+@pytest.mark.parametrize("equalize", ["pad", "drop"])
+def test_the_equal_batch_count_follows_the_epoch(data, equalize):
+    """The batch count every rank delivers is cached per epoch: one dataset run through several
+    shuffled epochs must deliver what a dataset built for each epoch delivers."""
+    config = {**_config(True, equalize), "split_bytes": 800}
+    for rank in range(3):
+        loader, dataset = StructuredDataset.create_dataloader(data, rank=rank, world_size=3, num_workers=2, **config)
+        counts = set()
+        for epoch in range(4):
+            dataset.set_epoch(epoch)
+            fresh_loader, fresh = StructuredDataset.create_dataloader(data, rank=rank, world_size=3, num_workers=2, **config)
+            fresh.set_epoch(epoch)
+            delivered = [batch_key(b) for b in loader]
+            assert len(delivered) == len(loader) == len(fresh_loader), (rank, epoch)
+            assert delivered == [batch_key(b) for b in fresh_loader], (rank, epoch)
+            counts.add(len(delivered))
+        assert rank > 0 or len(counts) > 1, "the layout must give other counts in other epochs"

@@ -86,3 +86,13 @@ def test_deal_units_cut_a_segment_at_split_or_window_bounds_only(case, data):
             assert stream.window_of(unit.start) == stream.window_of(unit.stop - 1)
         else:  # one split each
             assert len({split for split, _, _, _ in expanded[unit.start : unit.stop]}) == 1
+
+
+def test_assignments_follow_each_epochs_order_whatever_order_epochs_are_asked_in():
+    from torch_dataloader_utils.planner import assign_splits, epoch_order
+
+    split_rows = [SplitRows(0, 0, 10) for _ in range(40)]
+    book = StreamBook(split_rows, [np.zeros(1, dtype=np.int64)], True, 7, 100)
+    for epoch in (0, 1, 0, 2, 3, 1, 1, 5, 0):
+        for rank in range(3):
+            assert book.assignment(epoch, rank, 3, 2) == assign_splits(epoch_order(40, True, 7, epoch), rank, 3, 2), (epoch, rank)

@@ -129,6 +129,56 @@ def test_file_rewritten_after_planning_is_refused_and_never_cached(object_store,
     assert ids == list(range(60))
 
 
+@pytest.mark.parametrize("workers, persistent", [(0, False), (2, True)])
+def test_file_rewritten_between_passes_is_refused_not_read(object_store, tmp_path, workers, persistent):
+    """Each pass checks a file's version again before reading it (persistent workers too): the
+    next epoch must not read a new version of the same size under the old plan."""
+    write_dataset(tmp_path / "a", [[60]])
+    write_dataset(tmp_path / "b", [[60]], first_id=1000)  # same layout and size, other rows
+    (url_a,) = object_store.upload(str(tmp_path / "a"), f"between-passes-{workers}")
+    key = url_a.split("://", 1)[1]
+    loader, dataset = StructuredDataset.create_dataloader(
+        object_store.url(f"between-passes-{workers}"), batch_size=20, num_workers=workers,
+        persistent_workers=persistent, storage_options=object_store.options,
+    )
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(60))
+    object_store.fs.pipe_file(key, (tmp_path / "b" / "part-00000.parquet").read_bytes())
+    dataset.set_epoch(1)
+    with pytest.raises(DataReadError, match=r"part-00000.parquet .*the file changed after planning"):
+        list(loader)
+
+
+def test_a_version_check_without_an_answer_times_out(s3, uploaded, no_client_retries):
+    """The metadata request before a file's first read is bounded by download_timeout like the
+    reads (it waited for the client's own timeout, minutes, times our retries)."""
+    import time
+
+    url = uploaded(s3)
+    config = _config(s3, False, download_retry=1, download_timeout=1.0, num_workers=0)
+    config["storage_options"] = no_client_retries
+    dataset = StructuredDataset(url, **config)
+    s3.server.faults.stall_heads(20.0)
+    started = time.monotonic()
+    with pytest.raises(DataReadError, match=r"checking the version of .* failed: TimeoutError: no answer within download_timeout=1.0s") as error:
+        list(dataset)
+    assert time.monotonic() - started < 15
+    assert "If the file is damaged" not in str(error.value)  # an outage, not a damaged file
+
+
+def test_an_unreachable_endpoint_is_named_at_planning(monkeypatch):
+    import socket
+
+    import s3fs
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "retries", 1)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    options = s3_options(f"http://127.0.0.1:{port}", client_retries=False)
+    with pytest.raises(OSError, match=r"listing 's3://bucket-a/x' failed \(.*\); check the endpoint, region and credentials"):
+        StructuredDataset("s3://bucket-a/x", storage_options=options, download_retry=0, num_workers=0)
+
+
 # ----------------------------------------------------------------------------- bytes and requests (S3)
 WIDE_COLUMNS = 24
 

@@ -5,7 +5,8 @@ temporary file in the cache directory and renamed into place (atomic on
 POSIX), so readers see a whole entry or none. A process killed mid-write
 leaves only a temporary file, which later sweeps remove. Recency is the
 entry's mtime, refreshed on every hit; eviction deletes the oldest entries
-until the directory holds at most ``limit_bytes``.
+until the directory holds at most 90% of ``limit_bytes`` (so that a full cache
+is not scanned again at the very next write).
 
 A process does not scan the directory on every write: it adds what it writes
 to the total of its last scan and scans again when that passes the limit, when
@@ -26,6 +27,7 @@ _ENTRY_SUFFIX = ".bin"
 _STALE_TMP_SECONDS = 3600.0
 _RESCAN_PUTS = 256
 _RESCAN_SHARE_OF_LIMIT = 0.1
+_EVICT_TO_SHARE_OF_LIMIT = 0.9  # eviction leaves room for several writes before the next scan
 
 
 def entry_key(url: str, tag: str | None, size: int, start: int, end: int) -> str:
@@ -128,9 +130,9 @@ class RangeCache:
             else:
                 entries.append((mtime, path, size))
             total += size
-        if self.limit_bytes is not None:
+        if self.limit_bytes is not None and total > self.limit_bytes:
             for _, path, size in sorted(entries):
-                if total <= self.limit_bytes:
+                if total <= _EVICT_TO_SHARE_OF_LIMIT * self.limit_bytes:
                     break
                 self._remove(path)
                 total -= size

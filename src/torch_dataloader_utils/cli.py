@@ -300,12 +300,20 @@ def load_checkpoint(path: str) -> Any:
     except Exception as error:  # noqa: BLE001 - any failure means we cannot read it safely
         lines = [line.strip() for line in str(error).splitlines() if line.strip()]
         reason = next((line for line in lines if "Unsupported global" in line), lines[0] if lines else type(error).__name__)
-        if not zipfile.is_zipfile(path):
-            reason = "it is neither JSON nor the zip archive torch.save writes"
+        if not _looks_like_torch_save(path):
+            reason = "it is neither JSON nor a file torch.save writes"
         raise UsageError(
             f"cannot read {path} as JSON or as a torch checkpoint with weights_only=True ({reason}). "
             "tdu never unpickles arbitrary objects; save dataset.state_dict() as plain data (it is JSON-able)."
         ) from None
+
+
+def _looks_like_torch_save(path: str) -> bool:
+    """A zip archive (torch.save's format) or a pickle (its legacy format)."""
+    with open(path, "rb") as file:
+        if file.read(1) == b"\x80":  # the pickle protocol opcode
+            return True
+    return zipfile.is_zipfile(path)
 
 
 def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, dict]]:

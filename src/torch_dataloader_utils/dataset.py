@@ -18,7 +18,7 @@ from .elastic import check_global, deal, merge_states, rank_part, rank_parts, re
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_SEED_WORD, Split
 from .reader import StreamReader
-from .remote import IOOptions
+from .remote import IOOptions, RemoteStore
 from .schema import check_missing_columns
 from .state import (
     MAX_EPOCH,
@@ -256,6 +256,16 @@ class StructuredDataset(IterableDataset):
         return self._epoch
 
     @property
+    def pass_number(self) -> int:
+        """Counts passes (iter(loader), load_state_dict, set_epoch): only the newest delivers."""
+        return self._pass[0]
+
+    def forget_versions(self) -> None:
+        """Check each remote file's version again before the next read from it in this process."""
+        if isinstance(self._catalog.fs, RemoteStore):
+            self._catalog.fs.forget_versions()
+
+    @property
     def logical_workers(self) -> int:
         """Lanes per rank: num_workers, or 1 when reading in the main process."""
         return max(1, self.num_workers)
@@ -367,7 +377,7 @@ class StructuredDataset(IterableDataset):
         restored, self._just_restored = self._just_restored, False
         schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         if not restored and not schedule:  # (empty slots come only while some lane has rows left)
-            if self.shuffle and not self._warned_repeat:
+            if self.shuffle and not self._warned_repeat and (any(self._positions) or self._padding_delivered):
                 self._warned_repeat = True
                 log.warning(
                     "epoch %d starts again without set_epoch: with shuffle=True it repeats the previous pass's order "
@@ -377,6 +387,7 @@ class StructuredDataset(IterableDataset):
             self._reset_progress()
             schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         self._supersede("a newer iter(loader)")
+        self.forget_versions()
         self._warn_if_drop_cuts_most()
         lanes = self._lanes()
         padding = self._padding_lane()
@@ -682,6 +693,7 @@ class StructuredDataset(IterableDataset):
     def _load_elastic(self, state: Mapping[str, Any]) -> None:
         """Validate every old rank against its own plan, then deal what remains to this topology."""
         units = []
+        canonical_targets: dict[tuple[int, int, int], int] = {}  # the same for every old rank without lanes
         for part in rank_parts(state):
             topology = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in topology.values()):
@@ -690,7 +702,7 @@ class StructuredDataset(IterableDataset):
             progress = validate_rank_state(part, self._config(**topology), self._catalog.fingerprint, self._book, self._catalog.splits, lane_length)
             lanes = progress.lanes or self._book.canonical_lanes(progress.epoch, topology["rank"], topology["world_size"], topology["num_workers"])
             ends = [lane_length(lane) for lane in lanes]
-            old_target = self._old_drop_target(part, progress, topology["world_size"], topology["num_workers"])
+            old_target = self._old_drop_target(part, progress, topology["world_size"], topology["num_workers"], canonical_targets)
             if old_target is not None:
                 ends = self._owed_ends(progress, ends, old_target)
             units += remaining_units(self._book, lanes, progress.positions, ends)
@@ -700,8 +712,11 @@ class StructuredDataset(IterableDataset):
         epoch = state["epoch"]
         self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target)
 
-    def _old_drop_target(self, part: Mapping[str, Any], progress: RankProgress, world_size: int, num_workers: int) -> int | None:
-        """Under equalize="drop", the batches each rank of the saved plan delivers (None: no cap)."""
+    def _old_drop_target(
+        self, part: Mapping[str, Any], progress: RankProgress, world_size: int, num_workers: int, known: dict[tuple[int, int, int], int]
+    ) -> int | None:
+        """Under equalize="drop", the batches each rank of the saved plan delivers (None: no cap);
+        ``known`` keeps the canonical plans' targets already computed."""
         if self.equalize != "drop" or world_size == 1:
             return None
         if progress.lanes is not None:  # a plan dealt by an earlier elastic resume carries its target
@@ -709,7 +724,10 @@ class StructuredDataset(IterableDataset):
             if not isinstance(target, int) or isinstance(target, bool) or target < 0:
                 raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
             return target
-        return min(self._lane_batches(self._book.canonical_lanes(progress.epoch, rank, world_size, num_workers)) for rank in range(world_size))
+        key = (progress.epoch, world_size, num_workers)
+        if key not in known:
+            known[key] = min(self._lane_batches(self._book.canonical_lanes(progress.epoch, rank, world_size, num_workers)) for rank in range(world_size))
+        return known[key]
 
     def _owed_ends(self, progress: RankProgress, ends: Sequence[int], target: int) -> list[int]:
         """Where each lane of a saved rank stops when the rank delivers only ``target`` batches
@@ -783,6 +801,7 @@ class StructuredDataset(IterableDataset):
         with; any later pass starts the selected epoch over, because rows this process read
         ahead in an abandoned pass may never have reached the training loop."""
         self._check_loader_workers(num_workers)
+        self.forget_versions()
         epoch = int(self._epoch_cell[0]) if restored is None else restored
         if epoch != self._epoch:
             self._epoch = epoch

@@ -174,6 +174,13 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             matches = _list(fs, user_path, format)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such file or directory: {user_path!r}; check the path and storage_options") from None
+        except Exception as error:  # noqa: BLE001 - a store's own error type: re-raised naming the path
+            if not is_remote(fs) or isinstance(error, (PermissionError, ValueError, TypeError)):
+                raise
+            raise OSError(
+                f"listing {user_path!r} failed ({type(error).__name__}: {error}); check the endpoint, region and "
+                "credentials in storage_options, and that the store is reachable from here"
+            ) from error
         for path, info in matches:
             url = _url(fs, path)
             found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))

@@ -19,6 +19,7 @@ from .discovery import check_version
 from .errors import DataReadError
 from .formats.io import is_local
 from .lanes import Segment, StreamBook
+from .remote import RemoteReadError
 from .schema import iter_conformed, read_conformed
 from .streams import Piece, Stream
 
@@ -179,7 +180,7 @@ class StreamReader:
         self._files.pop(piece.file, None)
         entry = self._catalog.files[piece.file]
         message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
-        if not isinstance(error, OSError) or "changed after planning" not in str(error):
+        if not (isinstance(error, RemoteReadError) or "changed after planning" in str(error)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it, or pass on_error='skip' to leave out rows that cannot be read"
         return DataReadError(message)
 

@@ -138,6 +138,10 @@ def retry_call(fn: Callable[[], T], what: str, retries: int) -> T:
     raise AssertionError("unreachable")
 
 
+async def _within(coroutine: Any, timeout: float) -> Any:
+    return await asyncio.wait_for(coroutine, timeout)
+
+
 async def _gather(fs: Any, requests: Sequence[tuple[str, int, int]], timeout: float | None, limit: int) -> list:
     gate = asyncio.Semaphore(limit)
 
@@ -255,9 +259,10 @@ class RemoteStore:
             path, start, end = requests[index]
             if attempt >= self.options.download_retry or not is_transient(error):
                 tries = attempt + 1
+                detail = str(error) or (f"no answer within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
                 raise RemoteReadError(
                     f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {tries} attempt(s): "
-                    f"{type(error).__name__}: {error}"
+                    f"{type(error).__name__}: {detail}"
                 ) from error
             delay = _backoff(attempt)
             log.warning(
@@ -270,13 +275,34 @@ class RemoteStore:
             pending = [i for i, _ in failed]
         return results  # type: ignore[return-value]
 
+    def forget_versions(self) -> None:
+        """Check every file's version again before its next fetch (called as a new pass starts:
+        a file rewritten since the last pass must not be read under the old plan)."""
+        self._verified = set()
+
     def _verify_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
         for path, (url, tag, size) in files.items():
             if path in self._verified or tag is None:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
-            check_version(self.call(lambda fs: fs.info(path), f"info of {url}"), size, tag)
+            try:
+                info = self.call(lambda fs: self._info(fs, path), f"info of {url}")
+            except Exception as error:  # noqa: BLE001 - re-raised as the read failure it is
+                raise RemoteReadError(f"checking the version of {url} before reading it failed: {type(error).__name__}: {error}") from error
+            check_version(info, size, tag)
             self._verified.add(path)
+
+    def _info(self, fs: Any, path: str) -> dict:
+        """``fs.info(path)`` bounded by ``download_timeout`` like the reads (async filesystems)."""
+        timeout = self.options.download_timeout
+        if not timeout or not getattr(fs, "async_impl", False):
+            return fs.info(path)
+        from fsspec.asyn import sync
+
+        try:
+            return sync(fs.loop, _within, fs._info(path), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer within download_timeout={timeout}s") from None
 
     @staticmethod
     def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
