@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader  # installed by .[dev]
 
 from datagen import write_dataset
-from resume_helpers import batch_key, make, run_epoch, stop_failed_workers
+from resume_helpers import make, run_epoch, stop_failed_workers
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 LAYOUT = [[30, 30], [25], [40, 20], [17]]

@@ -83,8 +83,6 @@ def test_several_interruptions_in_one_epoch(data, shuffle):
         if state is not None:
             dataset.load_state_dict(state)
         for batch in loader:
-            from resume_helpers import batch_key
-
             delivered.append(batch_key(batch))
             if len(delivered) == stop:
                 break
