@@ -85,13 +85,13 @@ class Faults:
     object_bytes: int = 0  # body bytes of object reads (GET of a key), all time
     object_reads: int = 0
     head_requests: int = 0  # HEAD requests (object metadata), all time
-    head_stall_seconds: float = 0.0  # HEAD requests wait this long before the answer (0: none)
+    metadata_stall_seconds: float = 0.0  # HEADs and listings wait this long before the answer (0: none)
     in_flight: int = 0
     peak: int = 0
     recording: bool = False
     log: list = field(default_factory=list)  # (key, (start, end)) of object reads while recording
 
-    CONTROL = ("inject", "clear", "counters", "head_count", "stall_heads", "injected_count", "record", "take_log", "reset_peak", "peak_in_flight")
+    CONTROL = ("inject", "clear", "counters", "head_count", "stall_metadata", "injected_count", "record", "take_log", "reset_peak", "peak_in_flight")
 
     def inject(self, mode: str | None, times: int = 0, match: str = "", stall_seconds: float = 3.0, after: int = 0) -> None:
         """Fail the first ``times`` reads (-1: all) of each object whose key contains ``match``,
@@ -102,7 +102,7 @@ class Faults:
 
     def clear(self) -> None:
         self.inject(None)
-        self.stall_heads(0.0)
+        self.stall_metadata(0.0)
 
     def counters(self) -> tuple[int, int]:
         """(object body bytes sent, object reads) since the server started."""
@@ -114,16 +114,16 @@ class Faults:
         with self.lock:
             return self.head_requests
 
-    def note_head(self) -> float:
-        """Count a HEAD request; returns how long to stall it."""
+    def note_metadata(self, head: bool) -> float:
+        """Count a request that is not an object read (a HEAD counts); returns how long to stall it."""
         with self.lock:
-            self.head_requests += 1
-            return self.head_stall_seconds
+            self.head_requests += head
+            return self.metadata_stall_seconds
 
-    def stall_heads(self, seconds: float) -> None:
-        """Make every HEAD request (object metadata) wait ``seconds`` before its answer."""
+    def stall_metadata(self, seconds: float) -> None:
+        """Make every HEAD request and listing wait ``seconds`` before its answer."""
         with self.lock:
-            self.head_stall_seconds = seconds
+            self.metadata_stall_seconds = seconds
 
     def injected_count(self) -> int:
         with self.lock:
@@ -215,8 +215,7 @@ class FaultyApp:
             return self._control(environ, start_response)
         key = _object_key(environ)
         if key is None:
-            if environ["REQUEST_METHOD"] == "HEAD":
-                time.sleep(self.faults.note_head())
+            time.sleep(self.faults.note_metadata(environ["REQUEST_METHOD"] == "HEAD"))
             return self.app(environ, start_response)
         self.faults.begin(key, environ.get("HTTP_RANGE"))
         try:

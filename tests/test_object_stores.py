@@ -157,12 +157,25 @@ def test_a_version_check_without_an_answer_times_out(s3, uploaded, no_client_ret
     config = _config(s3, False, download_retry=1, download_timeout=1.0, num_workers=0)
     config["storage_options"] = no_client_retries
     dataset = StructuredDataset(url, **config)
-    s3.server.faults.stall_heads(20.0)
+    s3.server.faults.stall_metadata(20.0)
     started = time.monotonic()
     with pytest.raises(DataReadError, match=r"checking the version of .* failed: TimeoutError: no answer within download_timeout=1.0s") as error:
         list(dataset)
     assert time.monotonic() - started < 15
     assert "If the file is damaged" not in str(error.value)  # an outage, not a damaged file
+
+
+def test_planning_against_a_store_that_does_not_answer_times_out(s3, uploaded, no_client_retries):
+    """Listing and metadata at planning are bounded by download_timeout too (they waited for the
+    client's own timeouts and retries, minutes, times our attempts)."""
+    import time
+
+    url = uploaded(s3)
+    s3.server.faults.stall_metadata(20.0)
+    started = time.monotonic()
+    with pytest.raises(OSError, match=r"listing 's3://.*' failed \(TimeoutError: no answer within download_timeout=1.0s\)"):
+        StructuredDataset(url, storage_options=no_client_retries, download_retry=1, download_timeout=1.0, num_workers=0)
+    assert time.monotonic() - started < 15
 
 
 def test_an_unreachable_endpoint_is_named_at_planning(monkeypatch):

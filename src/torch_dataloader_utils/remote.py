@@ -205,6 +205,32 @@ class RemoteStore:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
 
+    # Listing and metadata calls, bounded by download_timeout like the reads (discovery uses these)
+    def find(self, path: str, **kwargs: Any) -> Any:
+        return self._bounded("find", path, **kwargs)
+
+    def glob(self, path: str, **kwargs: Any) -> Any:
+        return self._bounded("glob", path, **kwargs)
+
+    def isdir(self, path: str) -> bool:
+        return self._bounded("isdir", path)
+
+    def info(self, path: str, **kwargs: Any) -> dict:
+        return self._bounded("info", path, **kwargs)
+
+    def _bounded(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.<name>(...)``; on an async filesystem its coroutine under ``download_timeout``
+        (the client's own retries included), so that a store that never answers is an error."""
+        fs, timeout = self.fs, self.options.download_timeout
+        if not timeout or not getattr(fs, "async_impl", False):
+            return getattr(fs, name)(*args, **kwargs)
+        from fsspec.asyn import sync
+
+        try:
+            return sync(fs.loop, _within, getattr(fs, "_" + name)(*args, **kwargs), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no answer within download_timeout={timeout}s") from None
+
     def call(self, fn: Callable[[Any], T], what: str) -> T:
         """``fn(fs)`` with transient faults retried (for listing and metadata calls)."""
         return retry_call(lambda: fn(self.fs), what, self.options.download_retry)
@@ -286,23 +312,11 @@ class RemoteStore:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
             try:
-                info = self.call(lambda fs: self._info(fs, path), f"info of {url}")
+                info = self.call(lambda fs: self.info(path), f"info of {url}")
             except Exception as error:  # noqa: BLE001 - re-raised as the read failure it is
                 raise RemoteReadError(f"checking the version of {url} before reading it failed: {type(error).__name__}: {error}") from error
             check_version(info, size, tag)
             self._verified.add(path)
-
-    def _info(self, fs: Any, path: str) -> dict:
-        """``fs.info(path)`` bounded by ``download_timeout`` like the reads (async filesystems)."""
-        timeout = self.options.download_timeout
-        if not timeout or not getattr(fs, "async_impl", False):
-            return fs.info(path)
-        from fsspec.asyn import sync
-
-        try:
-            return sync(fs.loop, _within, fs._info(path), timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"no answer within download_timeout={timeout}s") from None
 
     @staticmethod
     def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
