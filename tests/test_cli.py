@@ -263,6 +263,18 @@ def test_bench_of_a_one_batch_epoch_says_there_is_no_resume_to_time(capsys, tmp_
     assert "load_state_dict -> first batch" not in out
 
 
+def test_errors_give_advice_in_tdu_options(capsys, tmp_path):
+    (tmp_path / "t.csv").write_text("id\n1\n")
+    code, _, err = run(capsys, "plan", tmp_path / "t.csv")
+    assert code == 2 and "--format parquet or --format orc" in err and "format='" not in err
+    write_dataset(tmp_path / "orc", [[5]], "orc")
+    code, _, err = run(capsys, "plan", tmp_path / "orc", "--format", "parquet")
+    assert code == 2 and "orc files are there: to read those, pass --format orc (or no --format to infer it)" in err
+    assert "format='" not in err
+    code, _, err = run(capsys, "plan", tmp_path / "missing")
+    assert code == 2 and "check the path and --storage-option" in err
+
+
 def test_plan_advice_for_idle_workers_fits_what_can_be_cut(capsys, tmp_path):
     write_dataset(tmp_path / "one", [[50]])  # one row group: no smaller split exists
     code, out, _ = run(capsys, "plan", tmp_path / "one", "--num-workers", 4, "--split-bytes", 100)

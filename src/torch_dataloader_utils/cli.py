@@ -792,8 +792,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         if args.verbose:
             raise
-        print(f"tdu {args.command}: error: {error}", file=sys.stderr)
+        print(f"tdu {args.command}: error: {in_cli_terms(str(error))}", file=sys.stderr)
         return EXIT_USAGE
+
+
+_CLI_TERMS = (  # the library's advice names Python arguments; tdu's users type options
+    ("format='parquet' or 'orc'", "--format parquet or --format orc"),
+    ("format='parquet' or format='orc'", "--format parquet or --format orc"),
+    ("format='parquet'", "--format parquet"),
+    ("format='orc'", "--format orc"),
+    ("(or format=None to infer it)", "(or no --format to infer it)"),
+    ("storage_options", "--storage-option"),
+)
+
+
+def in_cli_terms(message: str) -> str:
+    """An error message of the library with its advice in tdu's options."""
+    for python, option in _CLI_TERMS:
+        message = message.replace(python, option)
+    return message
 
 
 if __name__ == "__main__":
