@@ -284,8 +284,14 @@ def test_footers_are_fetched_concurrently(s3, tmp_path):
     url = s3.url("many")
     s3.upload(str(root), "many")
     faults = s3.server.faults
+    # each read is held 0.3 s, so reads that run at once overlap on the server however busy the
+    # machine is (on a loaded CI machine unheld reads were too quick to overlap: peak 5 once)
+    faults.inject("stall", -1, match="many/", stall_seconds=0.3)
     faults.reset_peak()
-    dataset = StructuredDataset(url, num_workers=0, storage_options=s3.options)
+    try:
+        dataset = StructuredDataset(url, num_workers=0, storage_options=s3.options)
+    finally:
+        faults.clear()
     assert len(dataset.files) == 40
     assert faults.peak_in_flight() >= 8, "footer reads ran (nearly) one at a time"
 
