@@ -202,3 +202,14 @@ def test_strings_of_arrow_chunks_over_32_bit_offsets_together_get_64_bit_offsets
     assert convert.slice_columns(columns, 3, 8)["blob"] == values[3:8]
     monkeypatch.setattr(convert, "_INT32_OFFSET_MAX", 2**31 - 1)
     assert convert.table_to_columns(table, lambda: "test")["blob"].offsets.dtype == torch.int32
+
+
+def test_intervals_have_no_tensor_form_but_other_time_types_do():
+    """An interval is three numbers (months, days, nanoseconds), not a count of one unit. (Parquet
+    and ORC cannot hold one today, so the rule is checked directly.)"""
+    from torch_dataloader_utils.convert import batch_form_problem
+
+    assert "no tensor form" in batch_form_problem(pa.month_day_nano_interval())
+    assert "not supported" in batch_form_problem(pa.list_(pa.month_day_nano_interval(), 2))
+    for kind in (pa.timestamp("ms"), pa.date32(), pa.time64("us"), pa.duration("s"), pa.list_(pa.timestamp("us"), 2)):
+        assert batch_form_problem(kind) is None, kind

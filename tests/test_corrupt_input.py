@@ -263,5 +263,20 @@ def test_conform_orders_fills_and_casts_safely():
     same = pa.table({"a": pa.array([1], pa.int64()), "b": ["x"], "c": pa.array([2.0], pa.float32())})
     assert conform(same, schema.remove_metadata()) is same or conform(same, schema).equals(same)
     big = pa.schema([("a", pa.float64())])
-    with pytest.raises(pa.ArrowInvalid):
+    with pytest.raises(ValueError, match="column 'a' is int64 here but is read as double in all files"):
         conform(pa.table({"a": pa.array([2**53 + 1], pa.int64())}), big)  # not exactly representable
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_value_that_does_not_fit_the_widened_type_names_column_and_file(tmp_path, workers, on_error):
+    """int64 in one file and float32 in another are read as float64; 2**60 + 1 does not fit. The
+    file is readable, so this is a schema error naming the column and file, not a damaged file
+    that on_error="skip" would silently leave out."""
+    os.makedirs(tmp_path / "d")
+    pq.write_table(pa.table({"x": pa.array([2**60 + 1] + list(range(9)), pa.int64())}), tmp_path / "d" / "a.parquet")
+    pq.write_table(pa.table({"x": pa.array([0.5] * 10, pa.float32())}), tmp_path / "d" / "b.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=workers, on_error=on_error)
+    with pytest.raises(ValueError, match=r"a\.parquet: column 'x' is int64 here but is read as double in all files") as error:
+        list(loader)
+    assert not isinstance(error.value, DataReadError) and "damaged" not in str(error.value)

@@ -88,20 +88,25 @@ def _innermost(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
+def _is_time_count(kind: pa.DataType) -> bool:
+    """Timestamps, dates, times and durations: integer counts of a unit (intervals are not one number)."""
+    return pa.types.is_temporal(kind) and not pa.types.is_interval(kind)
+
+
 def batch_form_problem(kind: pa.DataType) -> str | None:
     """Why a column of Arrow type ``kind`` has no batch value (None when it has one): the rules
     of this module, checked on the schema before any row is read."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    if any(check(kind) for check in _STRING_TYPES) or _is_number(kind) or pa.types.is_temporal(kind):
+    if any(check(kind) for check in _STRING_TYPES) or _is_number(kind) or _is_time_count(kind):
         return None
     if pa.types.is_fixed_size_list(kind):
         inner = _innermost(kind)
-        return None if _is_number(inner) or pa.types.is_temporal(inner) else f"fixed-size lists of {inner} are not supported"
+        return None if _is_number(inner) or _is_time_count(inner) else f"fixed-size lists of {inner} are not supported"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         values = kind.value_type
         inner = _innermost(values)
-        supported = _is_number(inner) or (pa.types.is_temporal(inner) and values != inner)
+        supported = _is_number(inner) or (_is_time_count(inner) and values != inner)
         return None if supported else f"lists of {values} are not supported"
     return "it has no tensor form"
 

@@ -20,7 +20,7 @@ from .errors import DataReadError
 from .formats.io import is_local
 from .lanes import Segment, StreamBook
 from .remote import RemoteReadError
-from .schema import iter_conformed, read_conformed
+from .schema import WideningError, iter_conformed, read_conformed
 from .streams import Piece, Stream
 
 _OPEN_FILES = 16
@@ -176,9 +176,14 @@ class StreamReader:
             raise self._read_error(piece, error) from error
         return table.slice(piece.start, piece.stop - piece.start)
 
-    def _read_error(self, piece: Piece, error: Exception) -> DataReadError:
+    def _read_error(self, piece: Piece, error: Exception) -> Exception:
+        """The error to raise for ``error`` while reading ``piece``: a DataReadError naming the file
+        and split (``on_error="skip"`` leaves such rows out), or, for a readable value that does
+        not fit the unified schema, a WideningError naming the file (never skipped)."""
         self._files.pop(piece.file, None)
         entry = self._catalog.files[piece.file]
+        if isinstance(error, WideningError):
+            return WideningError(f"{entry.url}: {error}")
         message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
         if not (isinstance(error, RemoteReadError) or "changed after planning" in str(error)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it, or pass on_error='skip' to leave out rows that cannot be read"

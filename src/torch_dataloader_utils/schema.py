@@ -166,10 +166,14 @@ def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
     return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
 
+class WideningError(ValueError):
+    """A value of one file does not fit the type its column is read as in all files."""
+
+
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """``table`` with exactly the columns of ``schema``, in its order and types; missing ones as nulls.
 
-    Casts are safe: a value the target type cannot hold exactly raises ``pa.ArrowInvalid``.
+    Casts are safe: a value the target type cannot hold exactly raises ``WideningError``.
     """
     if table.schema.equals(schema, check_metadata=False):
         return table
@@ -182,8 +186,19 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
         column = table.column(index)
         if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
             column = column.cast(column.type.value_type)
-        arrays.append(column if column.type == field.type else column.cast(field.type, safe=True))
+        arrays.append(column if column.type == field.type else _widened(column, field))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
+    try:
+        return column.cast(field.type, safe=True)
+    except pa.ArrowInvalid as error:
+        raise WideningError(
+            f"column {field.name!r} is {column.type} here but is read as {field.type} in all files (the files' types "
+            f"differ), and a value does not fit: {error}. Cast the column to one type in the data, or leave it out "
+            "with columns=[...]"
+        ) from error
 
 
 class _UnitRead(NamedTuple):
