@@ -205,7 +205,14 @@ IMPORTS = {
     "a_ceiling": ("pandas",),
     "b_handwritten": ("pandas",),
     "c_hf_datasets": ("pandas", "datasets", "torchdata.stateful_dataloader"),
-    "d_this_library": ("pandas", "torch_dataloader_utils.dataset", "torch_dataloader_utils.loader"),
+    "d_this_library": (
+        "pandas",
+        "torch_dataloader_utils.dataset",
+        "torch_dataloader_utils.loader",
+        "torch_dataloader_utils.formats.parquet",  # imported by the first plan, like (a)'s and (b)'s pyarrow.parquet here
+        "fsspec.implementations.local",
+        "pyarrow.fs",
+    ),
 }
 LABELS = {
     "a_ceiling": "(a) pyarrow ceiling",
