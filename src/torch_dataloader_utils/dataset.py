@@ -506,9 +506,13 @@ class StructuredDataset(IterableDataset):
         schedule = lane_schedule(positions, lengths, next_lane, self.chunk_rows, keep_slots)
         target = self._batch_target()
         if target is not None and self.equalize == "drop":
-            schedule = cap_batches(schedule, self.batch_size, target - self._real_batches(positions))
+            schedule = self._capped(schedule, positions, target)
         padding_rows = self._padding_rows()
         return schedule + padding_schedule(padding_delivered, padding_rows, self.chunk_rows)
+
+    def _capped(self, schedule: list[tuple[int, int, int]], positions: Sequence[int], target: int) -> list[tuple[int, int, int]]:
+        """The schedule cut where a rank at ``positions`` has delivered ``target`` batches (equalize="drop")."""
+        return cap_batches(schedule, self.batch_size, target - self._real_batches(positions))
 
     def _real_batches(self, positions: Sequence[int]) -> int:
         """Batches already delivered from real rows (positions are batch-aligned except at lane ends)."""
@@ -535,12 +539,13 @@ class StructuredDataset(IterableDataset):
         if self._target_override is not None:
             return self._target_override
         if self._canonical_target is None or self._canonical_target[0] != self._epoch:
-            counts = [
-                self._lane_batches(self._book.canonical_lanes(self._epoch, rank, self.world_size, self.num_workers))
-                for rank in range(self.world_size)
-            ]
+            counts = self._canonical_batches(self._epoch, self.world_size, self.num_workers)
             self._canonical_target = (self._epoch, max(counts) if self.equalize == "pad" else min(counts))
         return self._canonical_target[1]
+
+    def _canonical_batches(self, epoch: int, world_size: int, num_workers: int) -> list[int]:
+        """Batches each rank of a topology delivers in ``epoch`` before equalizing (no elastic lanes)."""
+        return [self._lane_batches(self._book.canonical_lanes(epoch, rank, world_size, num_workers)) for rank in range(world_size)]
 
     def _padding_rows_for(self, epoch: int, lanes: list[Lane] | None, target: int | None) -> int:
         """Padding rows this rank would owe with the given progress applied (no side effects)."""
@@ -726,7 +731,7 @@ class StructuredDataset(IterableDataset):
             return target
         key = (progress.epoch, world_size, num_workers)
         if key not in known:
-            known[key] = min(self._lane_batches(self._book.canonical_lanes(progress.epoch, rank, world_size, num_workers)) for rank in range(world_size))
+            known[key] = min(self._canonical_batches(*key))
         return known[key]
 
     def _owed_ends(self, progress: RankProgress, ends: Sequence[int], target: int) -> list[int]:
@@ -734,7 +739,7 @@ class StructuredDataset(IterableDataset):
         (equalize="drop"): the rows past it were never going to be delivered this epoch."""
         schedule = lane_schedule(progress.positions, ends, progress.next_lane, self.chunk_rows, keep_slots=False)
         owed = list(progress.positions)
-        for lane, _, stop in cap_batches(schedule, self.batch_size, target - self._real_batches(progress.positions)):
+        for lane, _, stop in self._capped(schedule, progress.positions, target):
             owed[lane] = max(owed[lane], stop)
         return owed
 

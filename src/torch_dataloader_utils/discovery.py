@@ -11,6 +11,7 @@ import fsspec
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
+from .errors import FileChangedError
 from .formats import format_for_path
 from .formats.io import is_local, is_remote
 
@@ -42,10 +43,10 @@ def content_tag(info: dict) -> str | None:
 
 
 def check_version(info: dict, size: int, tag: str | None) -> None:
-    """OSError unless ``info`` (fsspec's info of a file) still describes the planned size and tag."""
+    """FileChangedError unless ``info`` (fsspec's info of a file) still describes the planned size and tag."""
     now = (int(info.get("size") or 0), content_tag(info))
     if now != (size, tag):
-        raise OSError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
+        raise FileChangedError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
 
 
 def _is_ignored(relative: str) -> bool:

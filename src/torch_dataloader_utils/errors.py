@@ -16,3 +16,8 @@ class CheckpointMismatchError(ValueError):
 
 class DataReadError(OSError):
     """A data file could not be read; the message names the file and split."""
+
+
+class FileChangedError(OSError):
+    """A file is no longer the version that was planned (its size, tag or row counts changed).
+    Raised while reading, it reaches the user inside a DataReadError."""

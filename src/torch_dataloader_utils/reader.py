@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from .catalog import Catalog
 from .discovery import check_version
-from .errors import DataReadError
+from .errors import DataReadError, FileChangedError
 from .formats.io import is_local
 from .lanes import Segment, StreamBook
 from .remote import RemoteReadError
@@ -185,7 +185,7 @@ class StreamReader:
         if isinstance(error, WideningError):
             return WideningError(f"{entry.url}: {error}")
         message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
-        if not (isinstance(error, RemoteReadError) or "changed after planning" in str(error)):  # not an outage or a rewrite
+        if not isinstance(error, (RemoteReadError, FileChangedError)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it, or pass on_error='skip' to leave out rows that cannot be read"
         return DataReadError(message)
 

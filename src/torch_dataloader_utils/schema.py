@@ -26,6 +26,8 @@ from functools import lru_cache
 
 import pyarrow as pa
 
+from .errors import FileChangedError
+
 LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
 
 
@@ -219,8 +221,8 @@ def _unit_read(unit: int, columns: Sequence[str] | None, catalog: Any, file: int
     return _UnitRead(wanted, rows, target, nulls)
 
 
-def _changed(unit: int, seen: str, rows: int) -> ValueError:
-    return ValueError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
+def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
+    return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
 
 
 def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> Iterator[pa.Table]:
@@ -244,7 +246,7 @@ def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
     """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected).
 
     A unit that lacks every requested column is not read: its rows are nulls. A unit whose row
-    count differs from its footer's (the file changed after planning) raises ValueError.
+    count differs from its footer's (the file changed after planning) raises FileChangedError.
     """
     plan = _unit_read(unit, columns, catalog, file)
     if plan.nulls is not None:
