@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 Started = tuple[Iterable[Any], Callable[[], Any]]
@@ -77,28 +77,31 @@ def _decode_files(files: list[str], columns: list[str], queue: Any) -> None:
     queue.put(None)
 
 
-def start_ceiling(cfg: Config, state: Any = None) -> Started:
-    """Raw decode into tensors in num_workers processes; nothing crosses a process boundary."""
+def _from_processes(target: Callable[..., None], args_per_worker: list[tuple]) -> Iterator[int]:
+    """Fork one process per ``args_per_worker`` entry running ``target(*args, queue)``; yield
+    what they put on the queue until each has put ``None``, then join them."""
     import multiprocessing as mp
 
-    def rows() -> Iterator[int]:
-        ctx = mp.get_context("fork")
-        queue = ctx.Queue()
-        workers = max(1, cfg.num_workers)
-        procs = [ctx.Process(target=_decode_files, args=(cfg.files[w::workers], cfg.columns, queue)) for w in range(workers)]
-        for proc in procs:
-            proc.start()
-        running = workers
-        while running:
-            item = queue.get()
-            if item is None:
-                running -= 1
-            else:
-                yield item
-        for proc in procs:
-            proc.join()
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, queue)) for args in args_per_worker]
+    for proc in procs:
+        proc.start()
+    running = len(procs)
+    while running:
+        item = queue.get()
+        if item is None:
+            running -= 1
+        else:
+            yield item
+    for proc in procs:
+        proc.join()
 
-    return rows(), lambda: None
+
+def start_ceiling(cfg: Config, state: Any = None) -> Started:
+    """Raw decode into tensors in num_workers processes; nothing crosses a process boundary."""
+    workers = max(1, cfg.num_workers)
+    return _from_processes(_decode_files, [(cfg.files[w::workers], cfg.columns) for w in range(workers)]), lambda: None
 
 
 # --------------------------------------------------------- (b) hand-written
@@ -184,11 +187,48 @@ def start_ours(cfg: Config, state: Any = None, **options: Any) -> Started:
     return loader, dataset.state_dict
 
 
+# ------------------------------------- references: the scaffolding, nothing read
+def _send_nothing(items: int, queue: Any) -> None:
+    for _ in range(items):
+        queue.put(0)
+    queue.put(None)
+
+
+def start_bare_processes(cfg: Config, state: Any = None) -> Started:
+    """The ceiling's scaffolding alone: num_workers processes that each send one empty item per
+    file of theirs through the queue."""
+    workers = max(1, cfg.num_workers)
+    return _from_processes(_send_nothing, [(len(cfg.files[w::workers]),) for w in range(workers)]), lambda: None
+
+
+class _Nothing(Dataset):
+    def __init__(self, items: int):
+        self.items = items
+
+    def __len__(self) -> int:
+        return self.items
+
+    def __getitem__(self, index: int) -> int:
+        return 0
+
+
+def start_bare_dataloader(cfg: Config, state: Any = None) -> Started:
+    """A torch DataLoader's scaffolding alone: num_workers workers, one empty item per file."""
+    from torch.utils.data import DataLoader
+
+    return DataLoader(_Nothing(len(cfg.files)), batch_size=None, num_workers=cfg.num_workers), lambda: None
+
+
 CONTENDERS: dict[str, Callable[..., Started]] = {
     "a_ceiling": start_ceiling,
     "b_handwritten": start_handwritten,
     "c_hf_datasets": start_hf,
     "d_this_library": start_ours,
+}
+# not in the table: what an epoch with nothing to read costs (run.py's fixed-cost line)
+REFERENCES: dict[str, Callable[..., Started]] = {
+    "x_bare_processes": start_bare_processes,
+    "x_bare_dataloader": start_bare_dataloader,
 }
 def warm_hf(cfg: Config) -> None:
     """The first load_dataset of a process imports ~270 more modules (0.1 s): not part of any batch."""
@@ -212,6 +252,8 @@ IMPORTS = {
         "torch_dataloader_utils.formats.parquet",  # imported by the first plan, like (a)'s and (b)'s pyarrow.parquet here
         "fsspec.implementations.local",
         "pyarrow.fs",
+        "pyarrow.pandas_compat",  # imported by the loader's first numpy conversion in the main process
+        "pyarrow.vendored.version",
     ),
 }
 LABELS = {

@@ -26,7 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from contenders import CONTENDERS, LABELS  # noqa: E402
+from contenders import CONTENDERS, LABELS, REFERENCES  # noqa: E402
 from generate import ROW_BYTES, ensure_dataset, rows_for  # noqa: E402
 
 COLUMN_SETS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
@@ -79,7 +79,7 @@ def child(spec: dict) -> dict:
     saved: list[int] = []
     rows = 0
     cpu0, t0 = _cpu_seconds(), time.perf_counter()
-    batches, save_state = CONTENDERS[spec["contender"]](cfg, state, **spec.get("options", {}))
+    batches, save_state = {**CONTENDERS, **REFERENCES}[spec["contender"]](cfg, state, **spec.get("options", {}))
     started = time.perf_counter()
     first = None
     for batch in batches:  # iter() starts the worker processes
@@ -244,6 +244,17 @@ def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra
     return {label: {key: float(np.median([r[key] for r in rs])) for key in keys} | {"runs": rs} for label, rs in runs.items()}
 
 
+def fixed_costs(cfg: dict, timeout: float, extra: dict, repeat: int) -> dict:
+    """An epoch with nothing to read, the median of ``repeat`` interleaved runs of each: the
+    ceiling's bare processes and a bare torch DataLoader, with the same number of workers."""
+    runs: dict[str, list[dict]] = {name: [] for name in REFERENCES}
+    for _ in range(repeat):
+        for name in REFERENCES:
+            spec = {"contender": name, "config": cfg, "total_rows": 0, "work": "", "collect_ids": False, **extra}
+            runs[name].append(run_child(spec, timeout))
+    return {name: {key: float(np.median([r[key] for r in rs])) for key in ("epoch_s", "first_batch_s", "cpu_s")} for name, rs in runs.items()}
+
+
 # ------------------------------------------------------------------ report
 def _fmt_resume(entry: dict | None, key: str) -> str:
     if not entry:
@@ -280,6 +291,18 @@ def table(results: dict) -> str:
                     f"\n{LABELS[name]}, {colset}: first batch after resuming at {TIMED_FRACTION:.0%} / fresh start = {ratio:.2f} "
                     f"(medians of {len(timed['first_batch_samples'])} and {len(res['epochs'])} runs)"
                 )
+    fixed = results.get("fixed_costs")
+    if fixed:
+        bare, loader = fixed["x_bare_processes"], fixed["x_bare_dataloader"]
+        lines.append(
+            f"\nAn epoch with nothing to read (medians): the ceiling's bare processes {bare['epoch_s']:.3f} s, a bare torch "
+            f"DataLoader with the same workers {loader['epoch_s']:.3f} s (first item {loader['first_batch_s']:.3f} s): "
+            f"{loader['epoch_s'] - bare['epoch_s']:+.3f} s per epoch for any DataLoader-based contender"
+        )
+        for colset, per in results["measurements"].items():
+            if "a_ceiling" in per and "d_this_library" in per:
+                gap = per["d_this_library"]["epoch"]["epoch_s"] - per["a_ceiling"]["epoch"]["epoch_s"]
+                lines.append(f"\n(d) epoch minus (a) epoch, {colset}: {gap:+.3f} s (medians)")
     rss = results.get("rss_scaling")
     if rss:
         for key, label in (("peak_pss_mib", "peak PSS of the tree"), ("peak_rss_mib", "peak RSS of the tree"), ("high_water_rss_mib", "per-process peak RSS, summed")):
@@ -302,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
     parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
+    parser.add_argument("--no-fixed-costs", action="store_true", help="skip the epochs with nothing to read")
     parser.add_argument("--options", default="{}", help="JSON keyword arguments for create_dataloader in (d)")
     parser.add_argument("--sharing-strategy", choices=["file_descriptor", "file_system"], help="torch.multiprocessing's, for every contender")
     parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data"))
@@ -349,6 +373,10 @@ def main(argv: list[str] | None = None) -> None:
                 ratios = [e["rows_per_s"] / a["rows_per_s"] for e, a in zip(epochs[name], epochs["a_ceiling"])]
                 per[name]["vs_ceiling"] = float(np.median(ratios))
                 per[name]["vs_ceiling_range"] = [float(min(ratios)), float(max(ratios))]
+    if not args.no_fixed_costs:
+        log("fixed costs: epochs with nothing to read")
+        cfg = {"files": files[:FILES], "columns": COLUMN_SETS["numeric"], "batch_size": args.batch_size, "num_workers": args.num_workers}
+        results["fixed_costs"] = fixed_costs(cfg, args.timeout, {"sharing_strategy": args.sharing_strategy}, args.repeat)
     if scaling:
         log("rss scaling: d_this_library on 1x and 4x")
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS["text"], "batch_size": args.batch_size, "num_workers": args.num_workers}
