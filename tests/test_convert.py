@@ -17,6 +17,25 @@ def _batches(tmp_path, table, **kwargs):
     return list(loader)
 
 
+def _ragged_rows(column):
+    """Rows of a list column's batch: a Ragged, or a tensor when the batch's rows have one length."""
+    if isinstance(column, Ragged):
+        offsets = column.offsets.tolist()
+        return [column.values[offsets[i] : offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+    return column.tolist()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_list_values_survive_slicing_into_batches(tmp_path, num_workers):
+    """Every row of a variable-length list column, whichever batch and chunk it lands in, and
+    through worker processes' shared buffers."""
+    rows = [[100 * i + j for j in range(i % 4)] for i in range(23)]
+    pq.write_table(pa.table({"v": pa.array(rows, pa.list_(pa.int64()))}), tmp_path / "t.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=3, chunk_rows=6, num_workers=num_workers)
+    delivered = [row for batch in loader for row in _ragged_rows(batch["v"])]
+    assert delivered == rows
+
+
 def test_types(tmp_path):
     n = 6
     table = pa.table(
@@ -33,7 +52,7 @@ def test_types(tmp_path):
             "fixed": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(2 * n, dtype=np.float32)), 2),
             "matrix": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(pa.array(np.arange(4 * n, dtype=np.int32)), 2), 2),
             "same_len": pa.array([[i, i] for i in range(n)], pa.list_(pa.int64())),
-            "ragged": pa.array([[1] * (i % 3) for i in range(n)], pa.list_(pa.int32())),
+            "ragged": pa.array([[10 * i + j for j in range(i % 3)] for i in range(n)], pa.list_(pa.int32())),
             "text": pa.array([f"s{i}" if i != 2 else None for i in range(n)]),
             "blob": pa.array([bytes([i]) for i in range(n)], pa.binary()),
             "cat": pa.array(["a", "b", "a", "c", "b", "a"]).dictionary_encode(),
@@ -45,15 +64,17 @@ def test_types(tmp_path):
     assert batch["u16"].dtype == torch.int32 and (batch["u16"] + 1).tolist() == list(range(1, n + 1))
     assert batch["u32"].dtype == torch.int64 and batch["u32"][5] == 2**32 - 1
     assert batch["u64"].dtype == torch.int64 and batch["u64"][5] == 2**63 - 1
-    assert batch["f16"].dtype == torch.float16
+    assert batch["f16"].dtype == torch.float16 and batch["f16"].tolist() == list(range(n))
+    assert batch["f32"].dtype == torch.float32 and batch["f32"].tolist() == list(range(n))
     assert batch["flag"].dtype == torch.bool and batch["flag"].tolist() == [True, False] * 3
     assert batch["ts"].dtype == torch.int64 and batch["ts"][1] - batch["ts"][0] == 1000
     assert batch["day"].dtype == torch.int32 and batch["day"][1] - batch["day"][0] == 1
     assert batch["fixed"].shape == (n, 2) and batch["fixed"][1].tolist() == [2.0, 3.0]
-    assert batch["matrix"].shape == (n, 2, 2)
+    assert batch["matrix"].shape == (n, 2, 2) and batch["matrix"][1].tolist() == [[4, 5], [6, 7]]
     assert batch["same_len"].shape == (n, 2) and batch["same_len"][3].tolist() == [3, 3]
     assert isinstance(batch["ragged"], Ragged)
     assert batch["ragged"].offsets.tolist() == [0, 0, 1, 3, 3, 4, 6]
+    assert _ragged_rows(batch["ragged"]) == [[], [10], [20, 21], [], [40], [50, 51]]
     assert batch["text"] == ["s0", "s1", None, "s3", "s4", "s5"]
     assert batch["blob"][3] == b"\x03"
     assert batch["cat"] == ["a", "b", "a", "c", "b", "a"]

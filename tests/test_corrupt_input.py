@@ -20,7 +20,7 @@ import torch
 from datagen import make_table, write_dataset
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 from torch_dataloader_utils import DataReadError, StructuredDataset
-from torch_dataloader_utils.schema import conform, merge_types, unify
+from torch_dataloader_utils.schema import _check_columns_read, conform, merge_types, unify
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -265,6 +265,15 @@ def test_conform_orders_fills_and_casts_safely():
     big = pa.schema([("a", pa.float64())])
     with pytest.raises(ValueError, match="column 'a' is int64 here but is read as double in all files"):
         conform(pa.table({"a": pa.array([2**53 + 1], pa.int64())}), big)  # not exactly representable
+
+
+def test_a_column_the_file_has_but_the_read_left_out_is_an_error_not_nulls():
+    """conform() fills the columns a file lacks with nulls; one the file has must come back from
+    the read (pyarrow's ORC reader took a dotted name as a struct path and returned another column)."""
+    _check_columns_read(pa.table({"id": [1], "meta": [{"lang": "x"}]}), ["id", "meta"], 3)
+    _check_columns_read(pa.table({"id": [1]}), None, 3)
+    with pytest.raises(ValueError, match=r"unit 3: the file has columns \['meta.lang'\] but reading them returned columns \['id', 'meta'\]"):
+        _check_columns_read(pa.table({"id": [1], "meta": [{"lang": "x"}]}), ["id", "meta.lang"], 3)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -65,6 +65,14 @@ def test_a_directory_of_the_other_format_is_named_in_the_error(tmp_path, fmt, ot
         StructuredDataset(str(tmp_path / "d"), format=fmt, num_workers=0)
 
 
+@pytest.mark.parametrize("fmt, other", [("parquet", "orc"), ("orc", "parquet")])
+def test_a_file_of_the_other_format_named_by_path_gets_the_format_to_pass(tmp_path, fmt, other):
+    write_dataset(tmp_path / "d", [[4]], other)
+    (path,) = [str(p) for p in (tmp_path / "d").iterdir() if p.name.endswith("." + other)]
+    with pytest.raises(ValueError, match=rf"cannot read the {fmt} footer of .*\.{other}: .* Its name says {other}: pass format='{other}'"):
+        StructuredDataset(path, format=fmt, num_workers=0)
+
+
 def test_garbage_file_names_the_file(tmp_path):
     write_dataset(tmp_path / "g", [[4]])
     (tmp_path / "g" / "part-zzz.parquet").write_bytes(b"not parquet at all")

@@ -13,6 +13,7 @@ import copy
 import io
 import json
 import os
+import re
 import shutil
 from typing import Any
 
@@ -135,31 +136,38 @@ def test_state_after_a_same_size_rewrite_of_a_local_file(tmp_path):
 
 
 # ------------------------------------------------------------------ named damage not in test_mismatch
-DAMAGE = {
-    "unknown scope": lambda s: s.update(scope="elsewhere"),
-    "format_version 0": lambda s: s.update(format_version=0),
-    "format_version str": lambda s: s.update(format_version="1"),
-    "format_version float": lambda s: s.update(format_version=1.0),
-    "format_version bool": lambda s: s.update(format_version=True),
-    "epoch bool": lambda s: s.update(epoch=True),
-    "next_worker negative": lambda s: s.update(next_worker=-1),
-    "rows_delivered float": lambda s: s.update(rows_delivered=[41.0]),
-    "rows_delivered bool": lambda s: s.update(rows_delivered=[True]),
-    "rows_delivered str": lambda s: s.update(rows_delivered="41"),
-    "completed_shards dict": lambda s: s.update(completed_shards={"worker": 0}),
-    "completed_shards empty": lambda s: s.update(completed_shards=[]),
-    "num_workers str": lambda s: s.update(_num_workers="0"),
-    "extra file": lambda s: s["files"].append(["/x.parquet", 1, None]),
-    "file missing": lambda s: s["files"].pop(0),
-    "file size negative": lambda s: s["files"][0].__setitem__(1, -1),
-    "completed split dropped": lambda s: s["completed_shards"][0]["splits"].pop(),
-    "completed split doubled": lambda s: s["completed_shards"][0]["splits"].append(dict(s["completed_shards"][0]["splits"][0])),
-    "split row_offset negative": lambda s: s["completed_shards"][0]["splits"][0].update(row_offset=-5),
+SHARD_MISMATCH = "Checkpoint shard does not match any current split"
+DAMAGE = {  # name: (damage, what the refusal must say)
+    "unknown scope": (lambda s: s.update(scope="elsewhere"), "unknown scope 'elsewhere'"),
+    "format_version 0": (lambda s: s.update(format_version=0), "invalid format_version 0"),
+    "format_version str": (lambda s: s.update(format_version="1"), "'format_version' has the wrong type.*found str"),
+    "format_version float": (lambda s: s.update(format_version=1.0), "'format_version' has the wrong type.*found float"),
+    "format_version bool": (lambda s: s.update(format_version=True), "'format_version' has the wrong type.*found bool"),
+    "epoch bool": (lambda s: s.update(epoch=True), "'epoch' has the wrong type.*found bool"),
+    "next_worker negative": (lambda s: s.update(next_worker=-1), r"'next_worker' is out of range \(-1\)"),
+    "rows_delivered float": (lambda s: s.update(rows_delivered=[41.0]), r"'rows_delivered\[0\]' has the wrong type.*found float"),
+    "rows_delivered bool": (lambda s: s.update(rows_delivered=[True]), r"'rows_delivered\[0\]' has the wrong type.*found bool"),
+    "rows_delivered str": (lambda s: s.update(rows_delivered="41"), "'rows_delivered' has the wrong type.*found str"),
+    "completed_shards dict": (lambda s: s.update(completed_shards={"worker": 0}), "'completed_shards' has the wrong type.*found dict"),
+    "completed_shards empty": (lambda s: s.update(completed_shards=[]), "does not have one entry per worker.*'completed_shards' 0"),
+    "num_workers str": (lambda s: s.update(_num_workers="0"), "num_workers changed: checkpoint='0', current=0"),
+    "extra file": (lambda s: s["files"].append(["/x.parquet", 1, None]), "files removed since the checkpoint .*/x.parquet"),
+    "file missing": (lambda s: s["files"].pop(0), "files added since the checkpoint .*part-00000.parquet"),
+    "file size negative": (lambda s: s["files"][0].__setitem__(1, -1), "file rewritten since the checkpoint: .*size checkpoint=-1"),
+    "completed split dropped": (lambda s: s["completed_shards"][0]["splits"].pop(), f"{SHARD_MISMATCH}.*splits do not match the plan at 41 rows"),
+    "completed split doubled": (
+        lambda s: s["completed_shards"][0]["splits"].append(dict(s["completed_shards"][0]["splits"][0])),
+        f"{SHARD_MISMATCH}.*splits do not match the plan at 41 rows",
+    ),
+    "split row_offset negative": (
+        lambda s: s["completed_shards"][0]["splits"][0].update(row_offset=-5),
+        rf"{SHARD_MISMATCH}.*rows \[-5, 25\).*splits do not match the plan",
+    ),
 }
 
 
-@pytest.mark.parametrize("damage", list(DAMAGE.values()), ids=list(DAMAGE))
-def test_damaged_state_is_refused_and_progress_kept(one, damage):
+@pytest.mark.parametrize("damage, message", list(DAMAGE.values()), ids=list(DAMAGE))
+def test_damaged_state_is_refused_and_progress_kept(one, damage, message):
     genuine = one.states[0][40]
     assert genuine["completed_shards"][0]["splits"], "the chosen state should have a completed split"
     state = copy.deepcopy(genuine)
@@ -167,9 +175,8 @@ def test_damaged_state_is_refused_and_progress_kept(one, damage):
     loader, dataset = make(one.path, **ONE)
     dataset.load_state_dict(one.states[1][5])
     before = dataset.state_dict()
-    with pytest.raises(ValueError) as error:  # CheckpointMismatchError is a ValueError
+    with pytest.raises(CheckpointMismatchError, match=re.compile(message, re.DOTALL)):
         dataset.load_state_dict(state)
-    assert str(error.value).strip()
     assert dataset.state_dict() == before, "a refused state changed the progress"
 
 
@@ -347,7 +354,8 @@ def test_in_progress_contradicting_the_position_is_refused(one, damage):
         state["rows_delivered"][0] += 1  # same completed splits, one row further
     else:
         entry["splits"][0]["rows_done"] = 10**6
-    with pytest.raises(ValueError):
+    at = 42 if damage == "position" else 41
+    with pytest.raises(CheckpointMismatchError, match=re.compile(f"{SHARD_MISMATCH}.*splits do not match the plan at {at} rows delivered", re.DOTALL)):
         StructuredDataset(one.path, **ONE).load_state_dict(state)
 
 

@@ -12,24 +12,31 @@ import pytest
 from torch.utils.data import get_worker_info
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.loader import _WorkerStart
 
 from datagen import write_dataset
 from resume_helpers import batch_key
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
-def test_workers_start_without_transparent_huge_pages(tmp_path):
-    write_dataset(tmp_path, [[10]])
-    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=1)
-    assert isinstance(loader._loader.worker_init_fn, _WorkerStart)
-    status = subprocess.run(
-        [sys.executable, "-c", "from torch_dataloader_utils.loader import _WorkerStart; _WorkerStart(None)(0); print(open('/proc/self/status').read())"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    if "THP_enabled:" not in status:
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_start_without_transparent_huge_pages(tmp_path, context):
+    """Read from the loader's real worker processes while they are alive."""
+    import psutil
+
+    if "THP_enabled:" not in open("/proc/self/status").read():
         pytest.skip("this kernel does not report THP_enabled")
-    assert "THP_enabled:\t0" in status
+    write_dataset(tmp_path, [[10], [10]])
+    loader, _ = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=5, chunk_rows=5, num_workers=2, multiprocessing_context=context, persistent_workers=True
+    )
+    before = {child.pid for child in psutil.Process().children()}
+    assert len(list(loader)) == 4  # each worker read chunks, so each ran its init function; they stay alive
+    new = [child for child in psutil.Process().children() if child.pid not in before]
+    workers = [child for child in new if "resource_tracker" not in " ".join(child.cmdline())]  # spawn starts one
+    statuses = [open(f"/proc/{worker.pid}/status").read() for worker in workers]
+    assert len(statuses) == 2
+    assert all("THP_enabled:\t0" in status for status in statuses), [s for s in statuses if "THP_enabled" in s]
+    assert "THP_enabled:\t1" in open("/proc/self/status").read()  # the main process keeps the kernel's default
 
 
 def test_a_forked_worker_whose_process_is_gone_exits_at_once(tmp_path):

@@ -257,6 +257,21 @@ def test_one_orc_column_read_fetches_its_streams_not_whole_stripes(s3, wide_orc)
     assert needed <= sent <= 1.2 * needed + 2 * 64 * 1024, f"server sent {sent} bytes for a column of {needed}"
 
 
+def test_a_dotted_orc_column_name_reads_that_column_remotely(s3, tmp_path):
+    """pyarrow takes "meta.lang" as a path into the struct column "meta"; the remote reader, which
+    fetches only the asked-for columns' streams, must read the top-level column all the same."""
+    import pyarrow.orc as orc
+
+    table = pa.table({"id": np.arange(6), "meta.lang": list("abcdef"), "meta": pa.array([{"lang": "wrong"}] * 6)})
+    orc.write_table(table, tmp_path / "f.orc")
+    s3.upload(str(tmp_path), "dotted-orc")
+    loader, _ = StructuredDataset.create_dataloader(
+        s3.url("dotted-orc"), format="orc", batch_size=6, num_workers=0, columns=["id", "meta.lang"], storage_options=s3.options
+    )
+    (batch,) = list(loader)
+    assert batch["meta.lang"] == list("abcdef") and batch["id"].tolist() == list(range(6))
+
+
 def test_footers_read_once_not_on_epochs_or_worker_start(s3, wide):
     url, _, footers = wide
     faults = s3.server.faults

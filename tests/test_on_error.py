@@ -45,13 +45,18 @@ def test_skip_delivers_everything_else_exactly_once_and_resumes_exactly(tmp_path
     assert [s.path for s, _ in dataset.skipped_splits] == [lost] * len(dataset.skipped_splits)
     assert dataset.skipped_splits and all("cannot read" in message for _, message in dataset.skipped_splits)
     assert states[-1]["skipped_splits"] and states[-1]["skipped_splits"][0]["path"] == lost
-    for k in range(0, len(full), 2):
+    reported_before_the_end = 0
+    for k in range(len(full)):
         resumed_loader, resumed = StructuredDataset.create_dataloader(
             str(tmp_path), num_workers=workers, on_error="skip", shuffle=shuffle, **CONFIG
         )
         resumed.load_state_dict(states[k])
+        saved = [(entry["path"], entry["error"]) for entry in states[k]["skipped_splits"]]
+        assert [(split.path, message) for split, message in resumed.skipped_splits] == saved, "the report survives the checkpoint"
+        reported_before_the_end += bool(saved) and k < len(full) - 1
         assert [batch_key(b) for b in resumed_loader] == full[k + 1 :], f"resume after batch {k}"
-        assert resumed.skipped_splits, "the report survives the checkpoint"
+        assert resumed.skipped_splits
+    assert reported_before_the_end, "no state saved mid-epoch carried the report: the check above tested nothing"
 
 
 def test_skip_is_refused_when_it_could_hang_ddp(tmp_path):

@@ -47,10 +47,24 @@ def test_resume_at_every_interruption_point(data, fmt, shuffle, workers):
     full = run_epoch(loader, dataset, states)
     assert_exactly_once(full, ROWS)
     assert len(full) == len(loader)
-    points = range(len(full)) if fmt == "parquet" else range(0, len(full), 3)
-    for k in points:
+    for k in range(len(full)):
         after = resume(data[fmt], states[k], **config)
         assert after == full[k + 1 :], f"resume after batch {k} differs"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_persistent_workers_resume_at_every_point_in_one_live_loader(data, fmt, shuffle):
+    """The same loader and its persistent workers (their open files and buffers) serve every
+    resume: each load_state_dict must win over what the workers read before."""
+    config = {**_config(2, shuffle, fmt), "persistent_workers": True}
+    loader, dataset = make(data[fmt], **config)
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    assert_exactly_once(full, ROWS)
+    for k in range(len(full)):
+        dataset.load_state_dict(json.loads(json.dumps(states[k])))
+        assert run_epoch(loader, dataset) == full[k + 1 :], f"resume after batch {k} differs"
 
 
 def test_shuffle_mixes_rows_and_depends_on_seed_and_epoch(data):
@@ -102,16 +116,18 @@ def test_across_epoch_boundary(data, persistent):
         states.append([])
         epochs.append(run_epoch(loader, dataset, states[-1]))
         assert_exactly_once(epochs[-1], ROWS)
-    assert epochs[0] != epochs[1] != epochs[2]
-    # resume in the middle of epoch 1 with the reference's loop (set_epoch called for it too)
-    k = 4
-    loader, dataset = make(data["parquet"], **config)
-    dataset.load_state_dict(states[1][k])
-    seen = []
-    for epoch in range(dataset.epoch, 3):
-        dataset.set_epoch(epoch)
-        seen.append(run_epoch(loader, dataset))
-    assert seen == [epochs[1][k + 1 :], epochs[2]]
+    assert len({tuple(map(tuple, e)) for e in epochs}) == 3
+    # resume after every batch of epochs 0 and 1 with the reference's loop (set_epoch called for it too)
+    for saved_epoch in (0, 1):
+        for k in range(len(epochs[saved_epoch])):
+            loader, dataset = make(data["parquet"], **config)
+            dataset.load_state_dict(states[saved_epoch][k])
+            seen = []
+            for epoch in range(dataset.epoch, 3):
+                dataset.set_epoch(epoch)
+                seen.append(run_epoch(loader, dataset))
+            # (saved after an epoch's last batch, that epoch delivers nothing more, then the next ones run)
+            assert seen == [epochs[saved_epoch][k + 1 :], *epochs[saved_epoch + 1 :]], f"resume after batch {k} of epoch {saved_epoch}"
     # a state saved at the end of an epoch, then set_epoch(next), starts the next epoch fresh
     assert resume(data["parquet"], states[0][-1], epoch=1, **config) == epochs[1]
 

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, infer_format
+from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .formats import FileFormat, get_format
 from .planner import FileLayout, Split, plan_splits
 from .remote import IOOptions, RemoteReadError, open_store, prefetched_tails
@@ -59,10 +59,13 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
         if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
             raise  # the storage failed, not the file (a permission, a request): the error names it
-        raise ValueError(
-            f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. "
-            f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
-        ) from error
+        named = format_for_path(entry.url)
+        advice = (
+            f"Its name says {named}: pass format={named!r}."
+            if named not in (None, fmt.name)
+            else f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
+        )
+        raise ValueError(f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. {advice}") from error
 
 
 def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[SplitRows]:

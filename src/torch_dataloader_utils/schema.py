@@ -221,6 +221,16 @@ def _unit_read(unit: int, columns: Sequence[str] | None, catalog: Any, file: int
     return _UnitRead(wanted, rows, target, nulls)
 
 
+def _check_columns_read(table: pa.Table, wanted: list[str] | None, unit: int) -> None:
+    """Every column asked for came back: conform() would otherwise fill an absent one with nulls."""
+    absent = [name for name in wanted or () if table.schema.get_field_index(name) < 0]
+    if absent:
+        raise ValueError(
+            f"unit {unit}: the file has columns {absent} but reading them returned columns {table.column_names}. "
+            "Please report this with the file's schema; rename the columns or leave them out with columns=[...]"
+        )
+
+
 def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
     return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
 
@@ -237,6 +247,7 @@ def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
         seen += table.num_rows
         if seen > plan.rows:
             raise _changed(unit, f"more than {plan.rows}", plan.rows)
+        _check_columns_read(table, plan.wanted, unit)
         yield table if plan.target is None else conform(table, plan.target)
     if seen != plan.rows:
         raise _changed(unit, str(seen), plan.rows)
@@ -254,4 +265,5 @@ def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
     table = reader.read_unit(unit, plan.wanted)
     if table.num_rows != plan.rows:
         raise _changed(unit, str(table.num_rows), plan.rows)
+    _check_columns_read(table, plan.wanted, unit)
     return table if plan.target is None else conform(table, plan.target)

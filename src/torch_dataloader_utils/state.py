@@ -191,7 +191,9 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
         if key in SHUFFLE_ONLY_KEYS and not (state.get("_shuffle") or config["_shuffle"]):
             continue
         if saved != config[key]:
-            causes.append(f"{name} changed: checkpoint={saved}, current={config[key]}")
+            same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
+            shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
+            causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
     return causes
 
 
@@ -310,7 +312,13 @@ def validate_rank_state(
     for worker, (position, lane) in enumerate(zip(positions, lanes)):
         length = lane_length(lane)
         entry = completed[worker] if isinstance(completed[worker], Mapping) else {}
-        if not is_integer(position) or not 0 <= position <= length:
+        if not is_integer(position):
+            raise mismatch(
+                f"Checkpoint state key 'rows_delivered[{worker}]' has the wrong type.",
+                entry.get("splits", []),
+                [f"expected int, found {type(position).__name__} ({position!r:.60}); the state is damaged"],
+            )
+        if not 0 <= position <= length:
             raise mismatch(
                 f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
                 entry.get("splits", []),

@@ -14,12 +14,25 @@ from .orc_tail import OrcTail, _fields, read_tail, stream_ranges
 _ORC_TAIL_MIN = 16 * 1024  # what the ORC reader fetches first when opening a file
 
 
+def _selectable(columns: list[str] | None) -> bool:
+    """Whether ``read_stripe(columns=...)`` reads exactly these top-level columns: pyarrow takes a
+    dotted name as a path into a struct (``"meta.lang"`` reads the struct column ``meta`` when the
+    file has one)."""
+    return columns is not None and not any("." in name for name in columns)
+
+
+def _read_stripe(file: orc.ORCFile, unit: int, columns: list[str] | None) -> pa.Table:
+    if columns is None or _selectable(columns):
+        return pa.Table.from_batches([file.read_stripe(unit, columns=columns)])
+    return pa.Table.from_batches([file.read_stripe(unit)]).select(columns)  # a dotted name: every column, then by name
+
+
 class _OrcReader:
     def __init__(self, source: Any):
         self._file = orc.ORCFile(source)
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
+        return _read_stripe(self._file, unit, columns)
 
 
 class RemoteOrcFooter(NamedTuple):
@@ -42,7 +55,7 @@ class _RemoteOrcReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         stripe = self._footer.layout.stripes[unit]
-        every = columns is None or set(self._footer.layout.column_ids) <= set(columns)
+        every = not _selectable(columns) or set(self._footer.layout.column_ids) <= set(columns)
         if every or not stripe.footer_length:
             self._source.fetch([(stripe.offset, stripe.offset + stripe.length)])
         else:
@@ -52,7 +65,7 @@ class _RemoteOrcReader:
         try:
             if self._file is None:
                 self._file = orc.ORCFile(self._source)
-            return pa.Table.from_batches([self._file.read_stripe(unit, columns=columns)])
+            return _read_stripe(self._file, unit, columns)
         finally:
             self._source.keep_only([self._footer.tail_start])  # decoded: drop the stripe's bytes
 

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-_CODECS = {2: "snappy", 4: "lz4_raw", 5: "zstd"}
+_CODECS = {2: "snappy", 4: "lz4_raw"}  # block codecs; zlib (1) and zstd (5) are decoded as streams
 _TAIL_GUESS = 64 * 1024
 
 
@@ -40,7 +40,6 @@ class OrcTail:
     stripes: list[Stripe]
     column_ids: dict[str, tuple[int, int]]  # top-level name -> [first, last] column ids
     compression: int
-    block_size: int
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -73,18 +72,38 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
         yield number, value
 
 
-def _zstd_content_size(chunk: bytes, default: int) -> int:
-    descriptor = chunk[4]
-    size_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
-    pos = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
-    width = (1 if single_segment else 0, 2, 4, 8)[size_flag]
-    if width == 0:
-        return default
-    value = int.from_bytes(chunk[pos : pos + width], "little")
-    return value + 256 if width == 2 else value
+def _lz4_block_size(block: bytes) -> int:
+    """Decoded length of a raw LZ4 block, from its sequences' lengths (pyarrow's ``lz4_raw``
+    codec needs the exact length: given more, it returns that many bytes, the rest undefined)."""
+    size = pos = 0
+    try:
+        while True:
+            token = block[pos]
+            pos += 1
+            literals, pos = _lz4_length(block, pos, token >> 4)
+            size += literals
+            pos += literals
+            if pos >= len(block):  # the last sequence has literals only
+                return size
+            match, pos = _lz4_length(block, pos + 2, token & 15)  # after the 2-byte match offset
+            size += match + 4
+    except IndexError:
+        raise ValueError("a compressed LZ4 block ends inside a sequence") from None
 
 
-def _decompress(data: bytes, kind: int, block_size: int) -> bytes:
+def _lz4_length(block: bytes, pos: int, length: int) -> tuple[int, int]:
+    """A sequence's length whose 4-bit field is ``length``: 15 continues in bytes until one is not 255."""
+    if length == 15:
+        while True:
+            extra = block[pos]
+            pos += 1
+            length += extra
+            if extra != 255:
+                break
+    return length, pos
+
+
+def _decompress(data: bytes, kind: int) -> bytes:
     if kind == 0:
         return data
     out, pos = [], 0
@@ -98,13 +117,10 @@ def _decompress(data: bytes, kind: int, block_size: int) -> bytes:
             out.append(chunk)
         elif kind == 1:
             out.append(zlib.decompress(chunk, -15))
+        elif kind == 5:  # a zstd frame need not state its decoded size: the stream finds its end
+            out.append(pa.CompressedInputStream(pa.py_buffer(chunk), "zstd").read())
         elif kind in _CODECS:
-            if kind == 5:
-                size = _zstd_content_size(chunk, block_size)
-            elif kind == 2:
-                size = _varint(chunk, 0)[0]
-            else:
-                size = block_size
+            size = _varint(chunk, 0)[0] if kind == 2 else _lz4_block_size(chunk)
             out.append(pa.Codec(_CODECS[kind]).decompress(chunk, decompressed_size=size).to_pybytes())
         else:
             raise ValueError(f"unsupported ORC compression kind {kind}")
@@ -138,7 +154,7 @@ def stream_ranges(stripe: Stripe, footer: bytes, tail: OrcTail, columns: list[st
     ranges = [tail.column_ids[name] for name in columns if name in tail.column_ids]
     wanted: list[tuple[int, int]] = []
     offset = stripe.offset
-    for number, value in _fields(_decompress(footer, tail.compression, tail.block_size)):
+    for number, value in _fields(_decompress(footer, tail.compression)):
         if number != 1:
             continue
         stream = dict(_fields(value))
@@ -168,7 +184,7 @@ def read_tail(source, file_size: int) -> OrcTail:
     if need > len(tail):
         source.seek(file_size - need)
         tail = source.read(need)
-    footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)), int(postscript.get(3, 256 * 1024)))
+    footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)))
     stripes, types = [], []
     for number, value in _fields(footer):
         if number == 3:
@@ -178,4 +194,4 @@ def read_tail(source, file_size: int) -> OrcTail:
             stripes.append(Stripe(int(info.get(1, 0)), length, int(info.get(5, 0)), footer_length))
         elif number == 4:
             types.append(value)
-    return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)), int(postscript.get(3, 256 * 1024)))
+    return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)))
