@@ -44,6 +44,7 @@ def test_skip_delivers_everything_else_exactly_once_and_resumes_exactly(tmp_path
     assert ids == sorted(set(range(140)) - lost_ids)
     assert [s.path for s, _ in dataset.skipped_splits] == [lost] * len(dataset.skipped_splits)
     assert dataset.skipped_splits and all("cannot read" in message for _, message in dataset.skipped_splits)
+    assert all(message.endswith("If the file is damaged, replace or remove it") for _, message in dataset.skipped_splits)  # skip is on already
     assert states[-1]["skipped_splits"] and states[-1]["skipped_splits"][0]["path"] == lost
     reported_before_the_end = 0
     for k in range(len(full)):

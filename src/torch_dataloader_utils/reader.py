@@ -186,7 +186,9 @@ class StreamReader:
             return WideningError(f"{entry.url}: {error}")
         message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
         if not isinstance(error, (RemoteReadError, FileChangedError)):  # not an outage or a rewrite
-            message += ". If the file is damaged, replace or remove it, or pass on_error='skip' to leave out rows that cannot be read"
+            message += ". If the file is damaged, replace or remove it"
+            if not self._skip_errors:  # (with it, these rows are being left out and reported)
+                message += ", or pass on_error='skip' to leave out rows that cannot be read"
         return DataReadError(message)
 
     def _open(self, file: int) -> Any:
