@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import zlib
 
 import pytest
 
@@ -33,17 +34,58 @@ def test_round_trip_and_wrong_length_is_a_miss(tmp_path):
     assert entry_key("s3://b/f.parquet", "etag2", 100, 4, 20) != key, "a new version of the file is a new key"
 
 
+def test_a_damaged_entry_of_the_right_length_is_a_miss_and_removed(tmp_path):
+    cache = RangeCache(str(tmp_path))
+    for position in (0, 1, 2000, 4099):  # in the checksum, at the data's start, middle and end
+        cache.put("k", _content("k", 4096))
+        path = tmp_path / "k.bin"
+        stored = bytearray(path.read_bytes())
+        stored[position] ^= 0x40
+        path.write_bytes(stored)
+        assert cache.get("k", 4096) is None, f"a flipped bit at byte {position} was served"
+        assert _held(tmp_path) == []
+
+
+def test_an_unreadable_or_read_only_cache_never_fails_a_read(tmp_path, monkeypatch, caplog):
+    """Root reads files whatever their mode, so the operating system's refusals are injected."""
+    import errno
+
+    cache = RangeCache(str(tmp_path))
+    cache.put("k", b"data")
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(os, "utime", read_only)
+    monkeypatch.setattr(os, "remove", read_only)
+    assert cache.get("k", 4) == b"data", "a hit whose recency cannot be refreshed is still a hit"
+    assert cache.get("k", 5) is None, "a wrong length is a miss even when the entry cannot be removed"
+    real_open = open
+
+    def unreadable(path, *args, **kwargs):
+        if str(path).endswith(".bin"):
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", unreadable)
+    with caplog.at_level("WARNING", logger="torch_dataloader_utils.cache"):
+        assert cache.get("k", 4) is None and cache.get("k", 4) is None
+    assert [r.getMessage() for r in caplog.records if "cannot read cache entry" in r.getMessage()][:2] == [
+        f"cannot read cache entry {tmp_path / 'k.bin'} (reading from the store instead): [Errno 13] Permission denied: '{tmp_path / 'k.bin'}'"
+    ], "one warning, naming the entry"
+
+
 def test_least_recently_used_entries_go_first(tmp_path):
     cache = RangeCache(str(tmp_path), limit_bytes=340)  # eviction goes down to 90%: 306 bytes
     for name in ("a", "b", "c"):
-        cache.put(name, b"0" * 100)
+        cache.put(name, b"0" * 98)  # 102 bytes with the checksum
         time.sleep(0.01)
-    assert cache.get("a", 100) is not None  # a is now the most recent
+    assert cache.get("a", 98) is not None  # a is now the most recent
     time.sleep(0.01)
-    cache.put("d", b"0" * 100)
+    cache.put("d", b"0" * 98)
     assert _held(tmp_path) == ["a.bin", "c.bin", "d.bin"]
     assert cache.usage() <= 340
-    cache.put("huge", b"0" * 341)  # larger than the limit: not cached, nothing evicted for it
+    cache.put("huge", b"0" * 337)  # with its checksum larger than the limit: not cached, nothing evicted for it
     assert _held(tmp_path) == ["a.bin", "c.bin", "d.bin"]
 
 
@@ -83,7 +125,7 @@ def _observe(root: str, stop, errors) -> None:
                 continue
             seen += 1
             key = name[:-4]
-            if data != _content(key, _size(key)):
+            if data != zlib.crc32(_content(key, _size(key))).to_bytes(4, "big") + _content(key, _size(key)):
                 errors.put(f"observer saw a torn entry {key} ({len(data)} bytes)")
     errors.put(("seen", seen))
 
@@ -180,12 +222,12 @@ def test_a_full_cache_is_not_scanned_at_every_write(tmp_path, monkeypatch):
     exactly to the limit before, and a cache of 30,000 entries spent 90 ms per write scanning)."""
     cache = RangeCache(str(tmp_path), limit_bytes=100_000)
     for index in range(300):
-        cache.put(f"k{index}", b"0" * 1000)
+        cache.put(f"k{index}", b"0" * 996)  # 1,000 bytes with the checksum
     scans = []
     scan = cache._scan
     monkeypatch.setattr(cache, "_scan", lambda: scans.append(1) or scan())
     for index in range(300, 400):
-        cache.put(f"k{index}", b"0" * 1000)
+        cache.put(f"k{index}", b"0" * 996)
     assert cache.usage() <= 100_000
     assert len(scans) <= 12, f"{len(scans)} scans for 100 writes at the limit"
 

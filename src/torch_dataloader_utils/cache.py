@@ -8,6 +8,11 @@ entry's mtime, refreshed on every hit; eviction deletes the oldest entries
 until the directory holds at most 90% of ``limit_bytes`` (so that a full cache
 is not scanned again at the very next write).
 
+Each entry starts with the CRC-32 of its bytes: a damaged entry (a bad disk, a stray write) is
+a miss, removed and fetched again, never served. An entry that cannot be read, or whose
+recency cannot be refreshed (a read-only cache directory), is a miss or a plain hit: the cache
+never fails a read.
+
 A process does not scan the directory on every write: it adds what it writes
 to the total of its last scan and scans again when that passes the limit, when
 it has written a tenth of the limit since (other processes write too), or every
@@ -17,10 +22,14 @@ it has written a tenth of the limit since (other processes write too), or every
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import time
 import uuid
+import zlib
 from typing import Iterable
+
+log = logging.getLogger(__name__)
 
 _TMP_SUFFIX = ".tmp"
 _ENTRY_SUFFIX = ".bin"
@@ -28,6 +37,7 @@ _STALE_TMP_SECONDS = 3600.0
 _RESCAN_PUTS = 256
 _RESCAN_SHARE_OF_LIMIT = 0.1
 _EVICT_TO_SHARE_OF_LIMIT = 0.9  # eviction leaves room for several writes before the next scan
+_CHECKSUM_BYTES = 4  # the CRC-32 of the entry's data, before the data
 
 
 def entry_key(url: str, tag: str | None, size: int, start: int, end: int) -> str:
@@ -58,39 +68,49 @@ class RangeCache:
         self._scanned_bytes: int | None = None  # the directory's bytes at this process's last scan
         self._written_since_scan = 0
         self._puts_since_scan = 0
+        self._warned = False
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key + _ENTRY_SUFFIX)
 
     def get(self, key: str, length: int) -> bytes | None:
-        """The entry's bytes, or None when absent or not exactly ``length`` bytes long."""
+        """The entry's bytes, or None when absent, unreadable, not exactly ``length`` bytes long
+        or damaged (its checksum differs)."""
         path = self._path(key)
         try:
             with open(path, "rb") as handle:
+                checksum = handle.read(_CHECKSUM_BYTES)
                 data = handle.read()
         except FileNotFoundError:
             return None
-        if len(data) != length:
+        except OSError as error:
+            self._warn_once("cannot read cache entry %s (reading from the store instead): %s", path, error)
+            return None
+        if len(data) != length or checksum != _checksum(data):
             self._remove(path)
             return None
         try:
-            os.utime(path)
-        except FileNotFoundError:
+            os.utime(path)  # recency for eviction; best effort
+        except OSError:
             pass
         return data
 
     def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
         """Store an entry (bytes or an iterable of byte chunks), then evict down to the limit."""
         if isinstance(data, (bytes, bytearray, memoryview)):
-            if self.limit_bytes is not None and len(data) > self.limit_bytes:
+            if self.limit_bytes is not None and len(data) + _CHECKSUM_BYTES > self.limit_bytes:
                 return
             data = [data]
         tmp = os.path.join(self.root, f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
-        written = 0
+        written, crc = 0, 0
         try:
             with open(tmp, "wb") as handle:
+                handle.write(bytes(_CHECKSUM_BYTES))
                 for chunk in data:
                     written += handle.write(chunk)
+                    crc = zlib.crc32(chunk, crc)
+                handle.seek(0)
+                handle.write(crc.to_bytes(_CHECKSUM_BYTES, "big"))
         except BaseException:
             self._remove(tmp)
             raise
@@ -98,10 +118,15 @@ class RangeCache:
             os.replace(tmp, self._path(key))
         except FileNotFoundError:  # swept by another process: skip caching this entry
             return
-        self._written_since_scan += written
+        self._written_since_scan += written + _CHECKSUM_BYTES
         self._puts_since_scan += 1
         if self._scan_due():
             self.evict()
+
+    def _warn_once(self, message: str, *args: object) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(message, *args)
 
     def _scan_due(self) -> bool:
         if self._scanned_bytes is None or self._puts_since_scan >= _RESCAN_PUTS:
@@ -165,5 +190,9 @@ class RangeCache:
     def _remove(path: str) -> None:
         try:
             os.remove(path)
-        except FileNotFoundError:
+        except OSError:  # gone already, or a read-only cache: nothing to do
             pass
+
+
+def _checksum(data: bytes) -> bytes:
+    return zlib.crc32(data).to_bytes(_CHECKSUM_BYTES, "big")
