@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from datagen import write_dataset
+from datagen import corrupt_data_pages, write_dataset
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils import progress as progress_module
 from torch_dataloader_utils.catalog import build_catalog
@@ -273,6 +273,28 @@ def test_errors_give_advice_in_tdu_options(capsys, tmp_path):
     assert "format='" not in err
     code, _, err = run(capsys, "plan", tmp_path / "missing")
     assert code == 2 and "check the path and --storage-option" in err
+
+
+    mixed = tmp_path / "mixed"
+    write_dataset(mixed / "a", [[5]], "orc")
+    write_dataset(mixed / "b", [[5]])
+    code, _, err = run(capsys, "plan", mixed)
+    assert code == 2 and "pass --format or a path holding one format" in err and "format=" not in err
+    code, _, err = run(capsys, "bench", tmp_path / "orc", "--columns", ",")
+    assert code == 2 and "leave out --columns for all columns" in err and "None" not in err
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bench_of_a_damaged_file_is_one_error_without_a_traceback(capsys, tmp_path, workers):
+    """A worker's error reaches the main process with the worker's traceback in its message."""
+    write_dataset(tmp_path / "d", [[40], [40]])
+    damaged = sorted((tmp_path / "d").iterdir())[1]
+    corrupt_data_pages(str(damaged))
+    code, _, err = run(capsys, "bench", tmp_path / "d", "--num-workers", workers, "--batch-size", 8)
+    assert code == 2, err
+    assert err.startswith(f"tdu bench: error: cannot read {damaged} (split ")
+    assert err.rstrip().endswith("If the file is damaged, replace or remove it"), err  # no on_error option in tdu
+    assert "Traceback" not in err and "File \"" not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_plan_advice_for_idle_workers_fits_what_can_be_cut(capsys, tmp_path):

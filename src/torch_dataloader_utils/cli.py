@@ -792,7 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
         if args.verbose:
             raise
-        print(f"tdu {args.command}: error: {in_cli_terms(str(error))}", file=sys.stderr)
+        print(f"tdu {args.command}: error: {in_cli_terms(without_worker_traceback(error))}", file=sys.stderr)
         return EXIT_USAGE
 
 
@@ -803,7 +803,27 @@ _CLI_TERMS = (  # the library's advice names Python arguments; tdu's users type 
     ("format='orc'", "--format orc"),
     ("(or format=None to infer it)", "(or no --format to infer it)"),
     ("storage_options", "--storage-option"),
+    ("pass format= or a path", "pass --format or a path"),
+    ("; pass None for all columns", "; leave out --columns for all columns"),
+    (", or pass on_error='skip' to leave out rows that cannot be read", ""),  # tdu has no such option
 )
+
+
+def without_worker_traceback(error: BaseException) -> str:
+    """The error's message; for an error torch re-raised from a DataLoader worker ("Caught X in
+    DataLoader worker process N. Original Traceback ..."), the worker's error without its traceback."""
+    message = str(error)
+    if "\nOriginal Traceback (most recent call last):\n" not in message:
+        return message
+    name = type(error).__qualname__
+    names = (f"{type(error).__module__}.{name}: ", f"{name}: ")
+    lines = message.splitlines()
+    last = max((i for i, line in enumerate(lines) if line.startswith(names)), default=None)
+    if last is None:
+        return message
+    first_line = lines[last]
+    prefix = next(p for p in names if first_line.startswith(p))
+    return "\n".join([first_line[len(prefix) :], *lines[last + 1 :]]).strip()
 
 
 def in_cli_terms(message: str) -> str:

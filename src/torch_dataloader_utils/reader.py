@@ -184,7 +184,8 @@ class StreamReader:
         entry = self._catalog.files[piece.file]
         if isinstance(error, WideningError):
             return WideningError(f"{entry.url}: {error}")
-        message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {error}"
+        detail = " ".join(str(error).split()).rstrip(".")  # pyarrow's messages may span lines
+        message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {detail}"
         if not isinstance(error, (RemoteReadError, FileChangedError)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it"
             if not self._skip_errors:  # (with it, these rows are being left out and reported)
