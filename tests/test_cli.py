@@ -86,10 +86,22 @@ def test_plan_of_a_missing_path_is_a_usage_error(capsys, tmp_path):
 
 
 def test_usage_errors_exit_2(capsys):
-    for argv in (["plan"], ["plan", "x", "--split-bytes", "12X"], ["plan", "x", "--world-size", "0"], ["frobnicate"]):
+    huge = "99999999999999999999"
+    for argv, message in (
+        (["plan"], "required: PATH"),
+        (["plan", "x", "--split-bytes", "12X"], "12X"),
+        (["plan", "x", "--world-size", "0"], "must be >= 1: '0'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["plan", "x", "--shuffle", "--epoch", huge], f"argument --epoch: must be <= 4,294,967,295: '{huge}'"),
+        (["bench", "x", "--batch-size", huge], f"argument --batch-size: must be <= 2,147,483,647: '{huge}'"),
+        (["bench", "x", "--chunk-rows", huge], "argument --chunk-rows: must be <= 2,147,483,647"),
+        (["bench", "x", "--seconds", "nan"], "bench --seconds must be a positive number of seconds, got nan"),
+        (["bench", "x", "--seconds", "inf"], "got inf"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err, argv
     assert main([]) == 2  # no command: help, exit 2
     assert "plan" in capsys.readouterr().out
 
@@ -302,6 +314,16 @@ def test_plan_advice_for_idle_workers_fits_what_can_be_cut(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", tmp_path / "one", "--num-workers", 4, "--split-bytes", 100)
     assert code == 0 and "3 of 4 workers get no split" in out
     assert "already a split of its own: use fewer workers" in out and "Lower --split-bytes" not in out
+
+
+def test_plan_advice_for_uneven_workers_fits_what_can_be_cut(capsys, tmp_path):
+    write_dataset(tmp_path / "whole", [[60], [10], [10], [10]])  # every row group is a split already
+    code, out, _ = run(capsys, "plan", tmp_path / "whole", "--num-workers", 2, "--split-bytes", 1)
+    assert code == 0 and "more than 25% above the mean" in out
+    assert "already a split of its own" in out and "--split-bytes) balance better" not in out
+    write_dataset(tmp_path / "cuttable", [[45, 45], [10], [10], [10]])  # the first file can be cut in two
+    code, out, _ = run(capsys, "plan", tmp_path / "cuttable", "--num-workers", 2, "--split-bytes", "1GiB")
+    assert code == 0 and "smaller splits (--split-bytes) balance better" in out
 
 
 def test_bench_keeps_the_state_nearest_the_middle_of_any_stop(data):

@@ -33,6 +33,10 @@ from datagen import write_dataset
         ("chunk_rows", 1e4),
         ("columns", "id"),
         ("columns", []),
+        ("batch_size", 2**31),  # row counts go to Arrow and torch as C integers
+        ("chunk_rows", 10**20),
+        ("shuffle_buffer_rows", 2**31),
+        ("split_bytes", 2**62 + 1),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):

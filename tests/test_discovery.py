@@ -150,6 +150,14 @@ def test_bytes_paths_are_decoded(tmp_path):
     assert StructuredDataset([os.fsencode(expected[0])], num_workers=0).files == expected
 
 
+def test_a_file_name_that_is_not_utf8_is_named_as_the_problem(tmp_path):
+    write_dataset(tmp_path / "n", [[4]])
+    os.rename(tmp_path / "n" / "part-00000.parquet", os.path.join(os.fsencode(tmp_path / "n"), b"part-\xff.parquet"))
+    with pytest.raises(ValueError, match=r"cannot open '.*part-\\udcff.parquet': its name is not valid UTF-8") as error:
+        StructuredDataset(str(tmp_path / "n"), num_workers=0)
+    assert "complete parquet file" not in str(error.value)
+
+
 def test_a_missing_cloud_client_names_the_extra_to_install():
     code = (
         "import sys; sys.modules['gcsfs'] = None\n"  # as if the package were not installed

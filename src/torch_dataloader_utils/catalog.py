@@ -59,6 +59,11 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
     except Exception as error:  # noqa: BLE001 - re-raised with the file named
         if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
             raise  # the storage failed, not the file (a permission, a request): the error names it
+        if isinstance(error, UnicodeEncodeError):  # the name, not the contents
+            raise ValueError(
+                f"cannot open {entry.url!r}: its name is not valid UTF-8, and pyarrow opens files by UTF-8 names. "
+                "Rename the file, or pass a path without it."
+            ) from error
         named = format_for_path(entry.url)
         advice = (
             f"Its name says {named}: pass format={named!r}."

@@ -16,6 +16,7 @@ import argparse
 import collections
 import json
 import logging
+import math
 import os
 import re
 import statistics
@@ -23,6 +24,8 @@ import sys
 import time
 import zipfile
 from typing import Any, Callable, Sequence
+
+from .planner import MAX_ROW_COUNT, MAX_SEED_WORD
 
 log = logging.getLogger("torch_dataloader_utils.cli")
 
@@ -50,8 +53,8 @@ def parse_size(text: str) -> int:
     return value
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer no smaller than ``minimum``."""
+def _int_at_least(minimum: int, maximum: int = MAX_ROW_COUNT) -> Callable[[str], int]:
+    """An argparse type: an integer in [``minimum``, ``maximum``]."""
 
     def parse(text: str) -> int:
         try:
@@ -60,6 +63,8 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}: {text!r}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum:,}: {text!r}")
         return value
 
     return parse
@@ -181,7 +186,14 @@ def plan_advice(plan: dict) -> list[str]:
     rows = [w["rows"] for w in plan["workers"]]
     mean = sum(rows) / len(rows) if rows else 0
     if not idle and mean and max(rows) / mean > 1.25:
-        advice.append("the busiest worker reads more than 25% above the mean: smaller splits (--split-bytes) balance better.")
+        advice.append(
+            "the busiest worker reads more than 25% above the mean: "
+            + (
+                "smaller splits (--split-bytes) balance better."
+                if plan["splits"] < plan["units"]
+                else "every row group (ORC: stripe) is already a split of its own: write smaller or more even row groups, or use fewer workers."
+            )
+        )
     return advice
 
 
@@ -714,8 +726,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--num-workers", type=_non_negative_int, default=2, metavar="W", help="DataLoader workers per rank (default 2)")
     plan.add_argument("--batch-size", type=_positive_int, default=1024, metavar="N", help="for the batch counts (default 1024)")
     plan.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch")
-    plan.add_argument("--shuffle-seed", type=_non_negative_int, default=0, metavar="S")
-    plan.add_argument("--epoch", type=_non_negative_int, default=0, metavar="E", help="epoch to show (matters with --shuffle)")
+    plan.add_argument("--shuffle-seed", type=_int_at_least(0, MAX_SEED_WORD), default=0, metavar="S")
+    plan.add_argument("--epoch", type=_int_at_least(0, MAX_SEED_WORD), default=0, metavar="E", help="epoch to show (matters with --shuffle)")
     plan.add_argument("--equalize", choices=["pad", "drop", "none"], default="pad",
                       help="how ranks get equal batch counts under DDP (default pad)")
     plan.add_argument("--all", action="store_true", help="list every (rank, worker), however many")
@@ -742,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=_positive_int, default=1024, metavar="N")
     bench.add_argument("--num-workers", type=_non_negative_int, default=2, metavar="W")
     bench.add_argument("--shuffle", action="store_true")
-    bench.add_argument("--shuffle-seed", type=_non_negative_int, default=0, metavar="S")
+    bench.add_argument("--shuffle-seed", type=_int_at_least(0, MAX_SEED_WORD), default=0, metavar="S")
     bench.add_argument("--columns", help="comma-separated columns to read (default: all)")
     bench.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N", help="rows per worker read (default 16384)")
     bench.add_argument("--seconds", type=float, default=30.0, metavar="S", help="time budget (default 30)")
@@ -777,8 +789,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "demo" and not 0 < args.checkpoint_at < 1:
         parser.error("demo --checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
-    if args.command == "bench" and args.seconds <= 0:
-        parser.error("bench --seconds must be positive")
+    if args.command == "bench" and not (math.isfinite(args.seconds) and args.seconds > 0):
+        parser.error(f"bench --seconds must be a positive number of seconds, got {args.seconds}")
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="tdu: %(levelname)s: %(name)s: %(message)s")
     try:

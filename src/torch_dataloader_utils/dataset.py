@@ -16,7 +16,7 @@ from .catalog import Catalog, build_catalog
 from .convert import check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed
 from .lanes import Lane, Segment, StreamBook
-from .planner import DEFAULT_SPLIT_BYTES, MAX_SEED_WORD, Split
+from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
 from .reader import StreamReader
 from .remote import IOOptions, RemoteStore
 from .schema import check_missing_columns
@@ -90,11 +90,13 @@ def _integer(name: str, value: Any) -> int:
     return operator.index(value)
 
 
-def _at_least(name: str, value: Any, least: int) -> int:
-    """``value`` as an int >= ``least``; a ValueError naming ``name`` otherwise."""
+def _at_least(name: str, value: Any, least: int, most: int | None = None) -> int:
+    """``value`` as an int >= ``least`` (and <= ``most``); a ValueError naming ``name`` otherwise."""
     value = _integer(name, value)
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
+    if most is not None and value > most:
+        raise ValueError(f"{name} must be <= {most:,}, got {value}")
     return value
 
 
@@ -175,7 +177,7 @@ class StructuredDataset(IterableDataset):
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
     ):
-        batch_size = _at_least("batch_size", batch_size, 1)
+        batch_size = _at_least("batch_size", batch_size, 1, MAX_ROW_COUNT)
         num_workers = _at_least("num_workers", num_workers, 0)
         shuffle_seed = _at_least("shuffle_seed", shuffle_seed, 0)
         if shuffle and shuffle_seed > MAX_SEED_WORD:  # a larger seed would give the order of another (seed, epoch)
@@ -183,9 +185,9 @@ class StructuredDataset(IterableDataset):
                 f"shuffle_seed must be <= {MAX_SEED_WORD} (32 bits) with shuffle=True, got {shuffle_seed}; e.g. use seed % 2**32 "
                 "(a checkpoint an earlier version saved with a larger seed cannot be resumed exactly: start its epoch fresh)"
             )
-        shuffle_buffer_rows = _at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1)
-        chunk_rows = _at_least("chunk_rows", chunk_rows, 1)
-        split_bytes = _at_least("split_bytes", split_bytes, 1)
+        shuffle_buffer_rows = _at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1, MAX_ROW_COUNT)
+        chunk_rows = _at_least("chunk_rows", chunk_rows, 1, MAX_ROW_COUNT)
+        split_bytes = _at_least("split_bytes", split_bytes, 1, MAX_SPLIT_BYTES)
         if isinstance(columns, (str, bytes)):
             raise ValueError(f"columns must be a list of column names, got {columns!r}; e.g. columns=[{columns!r}]")
         if columns is not None and not list(columns):

@@ -78,6 +78,8 @@ def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BY
 #: The largest value of a permutation's seed words (shuffle_seed, epoch, ...): SeedSequence cuts
 #: larger ints into 32-bit words and pads short entropy with zeros, so (2**32 + 5, 0) seeds like (5, 1).
 MAX_SEED_WORD = 2**32 - 1
+MAX_ROW_COUNT = 2**31 - 1  # batch_size, chunk_rows, shuffle_buffer_rows: Arrow and torch take row counts as C integers
+MAX_SPLIT_BYTES = 2**62
 
 
 def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:
