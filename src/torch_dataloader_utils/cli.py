@@ -121,18 +121,16 @@ def compute_plan(
     split_rows = [r.stop - r.start for r in catalog.split_rows]
     split_bytes = [_split_bytes_of(layouts[r.file], r.start, r.stop) for r in catalog.split_rows]
     order = epoch_order(len(catalog.splits), shuffle, seed, epoch)
-    workers = []
+    workers, ranks = [], []
     for rank in range(world_size):
+        own = []
         for worker, indices in enumerate(assign_splits(order, rank, world_size, num_workers)):
             rows = sum(split_rows[i] for i in indices)
-            workers.append({"rank": rank, "worker": worker, "splits": len(indices), "rows": rows,
-                            "bytes": sum(split_bytes[i] for i in indices), "batches": -(-rows // batch_size)})
+            own.append({"rank": rank, "worker": worker, "splits": len(indices), "rows": rows,
+                        "bytes": sum(split_bytes[i] for i in indices), "batches": -(-rows // batch_size)})
+        workers += own
+        ranks.append({"rank": rank, "rows": sum(w["rows"] for w in own), "batches": sum(w["batches"] for w in own)})
     files_cut = sum(1 for count in collections.Counter(s.path for s in catalog.splits).values() if count > 1)
-    ranks = [
-        {"rank": r, "rows": sum(w["rows"] for w in workers if w["rank"] == r),
-         "batches": sum(w["batches"] for w in workers if w["rank"] == r)}
-        for r in range(world_size)
-    ]
     counts = [r["batches"] for r in ranks]
     # under DDP every rank delivers the same number of batches (see StructuredDataset's equalize)
     delivered = max(counts) if equalize == "pad" else min(counts) if equalize == "drop" else None
