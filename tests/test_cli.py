@@ -217,12 +217,22 @@ def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     (tmp_path / "table.csv").write_text("id,x\n1,2\n")
     code, _, err = run(capsys, "inspect", tmp_path / "table.csv")
     assert code == 2 and "it is neither JSON nor a file torch.save writes" in err
+    (tmp_path / "scalar.json").write_text('"hello"')
+    code, _, err = run(capsys, "inspect", tmp_path / "scalar.json")
+    assert code == 2 and "holds a str ('hello'), not a dataset state" in err
+    torch.save({"dataset": {"epoch": 0}}, tmp_path / "whole.pt")
+    saved = (tmp_path / "whole.pt").read_bytes()
+    (tmp_path / "truncated.pt").write_bytes(saved[: len(saved) // 2])  # a copy cut short: torch's reason is kept
+    code, _, err = run(capsys, "inspect", tmp_path / "truncated.pt")
+    assert code == 2 and "checkpoint file is corrupted" in err and "neither JSON nor" not in err
 
 
 @pytest.mark.parametrize(
     "key, value, scope",
     [("rows_delivered", ["x"], "rank"), ("rows_total", "many", "rank"), ("in_progress", [{"splits": [7]}], "rank"),
-     ("_world_size", 1.5, "rank"), ("rows_delivered", None, "worker")],
+     ("_world_size", 1.5, "rank"), ("rows_delivered", None, "worker"), ("epoch", "zz", "rank"), ("epoch", "zz", "worker"),
+     ("next_worker", 99, "rank"), ("next_worker", "1", "rank"), ("rows_total", [1, 1], "rank"), ("rows_total", [10**6], "rank"),
+     ("_shuffle", "yes", "rank"), ("_drop_last", 0, "rank"), ("_shuffle_seed", -1, "rank")],
 )
 def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, tmp_path, key, value, scope):
     state, _ = saved_state(data, tmp_path / "state.json")
@@ -235,6 +245,23 @@ def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, 
         assert code == 2 and out == ""
         assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1
         assert "ckpt.pt at key 'dataset'" in err and f"state key {key!r} is damaged" in err
+
+
+def test_inspect_against_damaged_data_is_an_input_error(capsys, data, tmp_path):
+    saved_state(data, tmp_path / "state.json")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "part-00000.parquet").write_bytes(b"not parquet")
+    code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "bad")
+    assert code == 2 and "cannot read the parquet footer of" in err, (out, err)
+
+
+def test_inspect_counts_the_remaining_rows_on_the_data_not_from_the_state(capsys, data, tmp_path):
+    state, dataset = saved_state(data, tmp_path / "state.json")
+    remaining = len(dataset) - sum(state["rows_delivered"])
+    state["rows_total"] = [done + 1 for done in state["rows_delivered"]]  # informational, and here wrong
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data, "--json")
+    assert code == 0 and json.loads(out)[0]["matches_data"]["rows_remaining"] == remaining
 
 
 # --------------------------------------------------------------- bench

@@ -37,6 +37,8 @@ from datagen import write_dataset
         ("chunk_rows", 10**20),
         ("shuffle_buffer_rows", 2**31),
         ("split_bytes", 2**62 + 1),
+        ("shuffle", "yes"),  # saved in the state: a resume compares it
+        ("drop_last", 1),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):

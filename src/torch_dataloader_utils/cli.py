@@ -22,7 +22,6 @@ import re
 import statistics
 import sys
 import time
-import zipfile
 from typing import Any, Callable, Sequence
 
 from .planner import MAX_ROW_COUNT, MAX_SEED_WORD
@@ -303,6 +302,12 @@ def load_checkpoint(path: str) -> Any:
                 return json.load(file)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise UsageError(f"{path} looks like JSON but does not parse: {error}") from None
+    if not _looks_like_torch_save(path):
+        try:
+            with open(path) as file:
+                return json.load(file)  # a JSON value that is not a state: states_in says what it holds
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            pass
     import torch
 
     try:
@@ -319,11 +324,10 @@ def load_checkpoint(path: str) -> Any:
 
 
 def _looks_like_torch_save(path: str) -> bool:
-    """A zip archive (torch.save's format) or a pickle (its legacy format)."""
+    """Starts like a zip archive (torch.save's format; a truncated one too) or a pickle (its legacy format)."""
     with open(path, "rb") as file:
-        if file.read(1) == b"\x80":  # the pickle protocol opcode
-            return True
-    return zipfile.is_zipfile(path)
+        head = file.read(4)
+    return head[:1] == b"\x80" or head == b"PK\x03\x04"  # the pickle protocol opcode, a zip entry's signature
 
 
 def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, dict]]:
@@ -336,7 +340,10 @@ def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, di
         return found
     found = find_states(checkpoint)
     if not found:
-        keys = list(checkpoint)[:20] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        if not isinstance(checkpoint, (dict, list)):
+            raise UsageError(f"{path}: holds a {type(checkpoint).__name__} ({checkpoint!r:.40}), not a dataset state; "
+                             "save dataset.state_dict() (a dict) or a dict that holds it")
+        keys = list(checkpoint)[:20] if isinstance(checkpoint, dict) else f"a list of {len(checkpoint)}"
         raise UsageError(f"{path}: no torch_dataloader_utils dataset state found (top-level keys: {keys}); "
                          "name the key that holds dataset.state_dict() with --key")
     return found
@@ -379,12 +386,17 @@ _COUNTS = "a list of row counts (integers >= 0), one per worker"
 _WORKER_SPLITS = "a list of {'worker': N, 'splits': [...]} entries"
 # the configuration values that become dataset arguments (inspect with PATH) and must be integers
 _TOPOLOGY_FIELDS: dict[str, _Field] = {
-    key: (lambda v: v is _MISSING or _is_count(v), "an integer >= 0")
-    for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size")
+    **{
+        key: (lambda v: v is _MISSING or _is_count(v), "an integer >= 0")
+        for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size", "_shuffle_seed", "_shuffle_buffer_rows")
+    },
+    **{key: (lambda v: v is _MISSING or isinstance(v, bool), "true or false") for key in ("_shuffle", "_drop_last")},
+    "epoch": (_is_count, "an epoch number (an integer >= 0)"),
 }
 # what describe_state and print_state read, by scope
 _RANK_FIELDS: dict[str, _Field] = {
     "rows_delivered": (_are_counts, _COUNTS),
+    "next_worker": (_optional(_is_count), "the index of a worker (an integer >= 0)"),
     "rows_total": (_optional(_are_counts), _COUNTS),
     "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
     "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
@@ -402,8 +414,19 @@ def check_state_fields(state: dict) -> None:
         value = state.get(key, _MISSING)
         if not valid(value):
             found = "it is missing" if value is _MISSING else f"found {value!r:.80}"
-            raise UsageError(f"state key {key!r} is damaged: expected {expected}, {found}. The state was altered or not "
-                             "saved from dataset.state_dict(); use an intact copy of the checkpoint or discard it")
+            raise _damaged(key, f"expected {expected}, {found}")
+    if state.get("scope") != "worker":
+        delivered, next_worker = state["rows_delivered"], state.get("next_worker")
+        if isinstance(next_worker, int) and next_worker >= max(1, len(delivered)):
+            raise _damaged("next_worker", f"there are {len(delivered)} workers, found {next_worker}")
+        totals = state.get("rows_total")
+        if isinstance(totals, list) and (len(totals) != len(delivered) or any(d > t for d, t in zip(delivered, totals))):
+            raise _damaged("rows_total", f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
+
+
+def _damaged(key: str, detail: str) -> UsageError:
+    return UsageError(f"state key {key!r} is damaged: {detail}. The state was altered or not saved from "
+                      "dataset.state_dict(); use an intact copy of the checkpoint or discard it")
 
 
 def describe_state(state: dict) -> dict:
@@ -506,6 +529,7 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     try:
         dataset = PlanOnly(list(path), **options)
     except (TypeError, ValueError) as error:
+        PlanOnly(list(path), format=args.format, storage_options=_storage_options(args), num_workers=0)  # unreadable data: exit 2
         return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
     try:
         dataset.check(state)
@@ -513,10 +537,10 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         return False, str(error), None
     if state.get("scope") == "worker":
         return True, "it fits this data: a StatefulDataLoader resumes that worker exactly with loader.load_state_dict(...)", None
-    delivered, totals = state.get("rows_delivered"), state.get("rows_total")
     remaining = None
-    if isinstance(delivered, list):
-        remaining = (sum(totals) if isinstance(totals, list) else len(dataset)) - sum(delivered)
+    if isinstance(state.get("rows_delivered"), list):  # a rank's state: what the loaded dataset has left, not what the state says
+        loaded = dataset.state_dict()
+        remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
 
 

@@ -90,6 +90,14 @@ def _integer(name: str, value: Any) -> int:
     return operator.index(value)
 
 
+def _boolean(name: str, value: Any) -> bool:
+    """``value`` as a bool (numpy's too); a ValueError naming ``name`` otherwise (it is saved in
+    the state and compared at a resume, so "yes" must not pass as true)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def _at_least(name: str, value: Any, least: int, most: int | None = None) -> int:
     """``value`` as an int >= ``least`` (and <= ``most``); a ValueError naming ``name`` otherwise."""
     value = _integer(name, value)
@@ -178,6 +186,7 @@ class StructuredDataset(IterableDataset):
         cache_limit_bytes: int | None = None,
     ):
         batch_size = _at_least("batch_size", batch_size, 1, MAX_ROW_COUNT)
+        shuffle, drop_last = _boolean("shuffle", shuffle), _boolean("drop_last", drop_last)
         num_workers = _at_least("num_workers", num_workers, 0)
         shuffle_seed = _at_least("shuffle_seed", shuffle_seed, 0)
         if shuffle and shuffle_seed > MAX_SEED_WORD:  # a larger seed would give the order of another (seed, epoch)
