@@ -135,6 +135,29 @@ def test_a_finished_epoch_restored_then_the_next_one_selected_does_not_warn(tmp_
     assert sum(len(b) for b in _ids(loader)) == 12
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_finished_epoch_restored_and_iterated_without_set_epoch_warns_that_nothing_comes(tmp_path, caplog, workers):
+    """The upstream package's resume loop (save "epoch": e + 1 after epoch e, do not call set_epoch
+    for the resumed epoch) would otherwise skip epoch e + 1 without a word."""
+    write_dataset(tmp_path / "d", [[12]])
+    make = lambda: StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=workers)  # noqa: E731
+    loader, dataset = make()
+    list(loader)
+    state = dataset.state_dict()
+    loader, dataset = make()
+    dataset.load_state_dict(state)
+    assert _ids(loader) == []  # the upstream loop's "resumed epoch" 1
+    (warning,) = [r for r in caplog.records if "delivers nothing" in r.message]
+    assert "restored epoch 0 after its last batch" in warning.message and "call dataset.set_epoch(1) first" in warning.message
+    caplog.clear()
+    loader, dataset = make()
+    dataset.load_state_dict(state)
+    for epoch in range(dataset.epoch, 2):  # the README's loop: epoch 0 delivers nothing, then epoch 1
+        dataset.set_epoch(epoch)
+        assert sum(len(b) for b in _ids(loader)) == (0 if epoch == 0 else 12)
+    assert not caplog.records
+
+
 def test_a_shuffled_epoch_run_again_without_set_epoch_warns_once(tmp_path, caplog):
     write_dataset(tmp_path / "d", [[20], [20]])
     loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0, shuffle=True)
@@ -142,7 +165,8 @@ def test_a_shuffled_epoch_run_again_without_set_epoch_warns_once(tmp_path, caplo
     assert not caplog.records
     assert _ids(loader) == first and _ids(loader) == first  # the same order: the reason for the warning
     (warning,) = caplog.records
-    assert "epoch 0 starts again without set_epoch" in warning.message and "dataset.set_epoch(epoch)" in warning.message
+    assert "epoch 0 is read again, and with shuffle=True in the previous pass's order exactly" in warning.message
+    assert "dataset.set_epoch(epoch) with each new epoch number" in warning.message
     loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=5, num_workers=0)
     _ids(loader), _ids(loader)
     assert len(caplog.records) == 1  # unshuffled, a repeat is just a repeat

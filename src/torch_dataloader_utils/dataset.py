@@ -205,14 +205,20 @@ class StructuredDataset(IterableDataset):
             raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
         if on_error not in ON_ERROR_POLICIES:
             raise ValueError(f"on_error must be one of {ON_ERROR_POLICIES}, got {on_error!r}")
-        self.rank, self.world_size = default_topology(rank, world_size)
+        topology = default_topology(rank, world_size)
+        self.rank: int = topology[0]
+        """This process's rank (given, or torch.distributed's when it is initialized, else 0)."""
+        self.world_size: int = topology[1]
+        """The number of ranks (given, or torch.distributed's when it is initialized, else 1)."""
         if on_error == "skip" and self.world_size > 1 and equalize != "none":
             raise ValueError(
                 "on_error='skip' can leave ranks with different batch counts, which would hang DDP; "
                 "use on_error='raise', or equalize='none' and handle uneven ends yourself (e.g. torch's Join)"
             )
         self.batch_size = batch_size
+        """Rows per batch."""
         self.num_workers = num_workers
+        """DataLoader worker processes per rank (0: read in the main process); part of the plan."""
         self.shuffle = shuffle
         self.shuffle_seed = shuffle_seed
         self.columns = list(columns) if columns is not None else None
@@ -232,10 +238,13 @@ class StructuredDataset(IterableDataset):
         self._epoch_cell = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._reader: StreamReader | None = None
         self.last_batch_is_padding = False
+        """Whether the batch just delivered repeats rows to give every rank the same batch count
+        (equalize="pad"): such a batch is not progress. See docs/ddp.md."""
         self._worker_passes = 0  # passes this copy started inside a DataLoader worker
         self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
         self._digest: tuple[Catalog, str] | None = None
-        self._warned_repeat = False  # "epoch starts again without set_epoch" was logged
+        self._warned_repeat = False  # "epoch is read again" was logged
+        self._epoch_set_since_load = True  # set_epoch was called after the last load_state_dict (or none came)
         self._warned_drop = False  # "equalize='drop' leaves out most of this rank's batches" was logged
         self._canonical_target: tuple[int, int] | None = None  # (epoch, batches every rank delivers) of the plan
 
@@ -264,6 +273,7 @@ class StructuredDataset(IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch being read: the one set_epoch selected, or the one load_state_dict restored."""
         return self._epoch
 
     @property
@@ -288,13 +298,16 @@ class StructuredDataset(IterableDataset):
 
     @property
     def files(self) -> list[str]:
+        """The dataset's files (URLs), in plan order."""
         return [f.url for f in self._catalog.files]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to read. The epoch just restored by load_state_dict keeps its progress."""
+        """Select the epoch to read. The current epoch keeps its progress (one restored by
+        load_state_dict, or one a loop left part-way); any other epoch starts fresh."""
         epoch = _integer("epoch", epoch)
         if not 0 <= epoch <= MAX_EPOCH:
             raise ValueError(f"epoch must be in [0, {MAX_EPOCH}], got {epoch}")
+        self._epoch_set_since_load = True
         if epoch != self._epoch:
             if self._just_restored and self._restored_partly():
                 log.warning(
@@ -387,12 +400,21 @@ class StructuredDataset(IterableDataset):
         """
         restored, self._just_restored = self._just_restored, False
         schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
+        if restored and not schedule and not self._epoch_set_since_load:
+            log.warning(
+                "load_state_dict restored epoch %d after its last batch, so this pass delivers nothing. To read epoch %d, "
+                "call dataset.set_epoch(%d) first; a loop over range(dataset.epoch, num_epochs) that calls set_epoch "
+                "every epoch does this (unlike the upstream package, set_epoch keeps a restored epoch's progress)",
+                self._epoch,
+                self._epoch + 1,
+                self._epoch + 1,
+            )
         if not restored and not schedule:  # (empty slots come only while some lane has rows left)
             if self.shuffle and not self._warned_repeat and (any(self._positions) or self._padding_delivered):
                 self._warned_repeat = True
                 log.warning(
-                    "epoch %d starts again without set_epoch: with shuffle=True it repeats the previous pass's order "
-                    "exactly. Call dataset.set_epoch(epoch) before each epoch for a new order",
+                    "epoch %d is read again, and with shuffle=True in the previous pass's order exactly. Call "
+                    "dataset.set_epoch(epoch) with each new epoch number before the epoch for a new order",
                     self._epoch,
                 )
             self._reset_progress()
@@ -693,6 +715,7 @@ class StructuredDataset(IterableDataset):
         self._lanes_override = progress.lanes
         self._target_override = target
         self._just_restored = True
+        self._epoch_set_since_load = False
         self._supersede("load_state_dict")
 
     def _strict_part(self, state: Mapping[str, Any]) -> dict:

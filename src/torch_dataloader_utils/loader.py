@@ -138,7 +138,9 @@ class StructuredDataLoader:
         multiprocessing_context: Any = None,
     ):
         self.dataset = dataset
-        self.stats = LoaderStats()  # delivery statistics, separate from the checkpoint state
+        """The StructuredDataset this loader reads (state_dict, load_state_dict and set_epoch are its)."""
+        self.stats = LoaderStats()
+        """Delivery statistics (batches, rows, time waiting for data), separate from the checkpoint state."""
         workers = dataset.num_workers
         self._board = transfer.ReleaseBoard(spread=2 * workers) if workers and transfer.SUPPORTED else None
         self._sampler = _TaskSampler(self._board)

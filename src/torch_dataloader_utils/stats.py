@@ -47,10 +47,15 @@ class StatsSnapshot:
     """Counters over some span of iteration (a pass, or everything since the last reset)."""
 
     batches: int = 0
+    """Batches delivered."""
     rows: int = 0
+    """Rows in them (padding included)."""
     startup_s: float = 0.0
+    """Time to the first batch of each pass (planning, starting workers, the first read)."""
     wait_s: float = 0.0
+    """Time the loop waited for a batch after the first."""
     loop_s: float = 0.0
+    """Time spent in the loop's own body between batches."""
 
     @property
     def elapsed_s(self) -> float:
@@ -59,10 +64,12 @@ class StatsSnapshot:
 
     @property
     def rows_per_s(self) -> float:
+        """Rows per second of ``elapsed_s``."""
         return self.rows / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def batches_per_s(self) -> float:
+        """Batches per second of ``elapsed_s``."""
         return self.batches / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
