@@ -20,6 +20,7 @@ from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLI
 from .reader import StreamReader
 from .remote import IOOptions, RemoteStore
 from .schema import check_missing_columns
+from .stats import LoaderStats
 from .state import (
     MAX_EPOCH,
     RankProgress,
@@ -439,20 +440,31 @@ class StructuredDataset(IterableDataset):
             decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
             in_main = get_worker_info() is None
             self._reader = StreamReader(self._catalog, self.columns, in_main, self.on_error == "skip", stream_rows=decode_rows)
-        rows = self._reader.read_segments(self._book, task.segments)
+        try:
+            rows = self._reader.read_segments(self._book, task.segments)
+        except BaseException:
+            # Its open streams may stop mid-piece (a generator an exception went through is finished,
+            # e.g. after a KeyboardInterrupt in the main process): the next read starts afresh.
+            self._reader = None
+            raise
         columns = (table_to_joined if joined else table_to_columns)(rows.table, lambda: self._describe_rows(task))
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
-    def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk]) -> Iterator[dict[str, Any]]:
-        """Slice chunks into batches and count each batch as delivered just before yielding it.
+    def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], stats: LoaderStats | None = None) -> Iterator[dict[str, Any]]:
+        """Slice chunks into batches and count each batch as delivered just before yielding it
+        (and in ``stats``).
 
         Only the newest pass delivers: once a newer ``iter(loader)``, ``load_state_dict`` or
         ``set_epoch`` changed the progress, this iterator raises instead of booking its rows there.
         """
-        return self._delivered(tasks, chunks, self._pass[0])  # the pass is taken now, not at the first next()
+        return self._delivered(tasks, chunks, self._pass[0], stats)  # the pass is taken now, not at the first next()
 
-    def _delivered(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], current: int) -> Iterator[dict[str, Any]]:
+    def _delivered(
+        self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], current: int, stats: LoaderStats | None
+    ) -> Iterator[dict[str, Any]]:
         following = self._following_lanes(tasks)
+        if stats is not None:
+            stats.start_pass()
         for index, chunk in enumerate(self._pulled(chunks, len(tasks), current)):
             if chunk.stop <= chunk.start:
                 continue
@@ -468,9 +480,18 @@ class StructuredDataset(IterableDataset):
                 continue
             for batch, end in chunk.batches(self.batch_size):
                 self._check_pass(current)
-                self._advance(chunk, end, following[index])
+                if stats is not None:
+                    stats.handing_out(batch)
                 self.last_batch_is_padding = padding
+                # Counted last, with nothing between the count and the hand-off: no outer generator,
+                # no call after it, so an exception that strikes while the loop waits for a batch
+                # (KeyboardInterrupt, a signal handler's) comes before the count or after the loop got it.
+                self._advance(chunk, end, following[index])
                 yield batch
+                if stats is not None:
+                    stats.asked()
+        if stats is not None:
+            stats.end_pass()
 
     @property
     def skipped_splits(self) -> list[tuple[Split, str]]:

@@ -183,7 +183,7 @@ class StructuredDataLoader:
         tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
         self._sampler.tasks = tasks
         self._sampler.pass_number = self.dataset.pass_number
-        return self.stats.track(self.dataset.deliver(tasks, self._chunks()))
+        return self.dataset.deliver(tasks, self._chunks(), self.stats)
 
     def _chunks(self) -> Iterator[Chunk]:
         """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
@@ -193,6 +193,14 @@ class StructuredDataLoader:
         try:
             chunks = iter(self._loader)
             yield from chunks
+        except (KeyboardInterrupt, SystemExit):
+            # Interrupted inside torch's iterator (Ctrl-C, a signal handler's exception): a persistent
+            # one is left half-reset and fails the next pass (KeyError: _ResumeIteration), so the next
+            # pass starts new workers.
+            if self._loader_kwargs["persistent_workers"]:
+                chunks = None
+                self._loader = DataLoader(self._source(), **self._loader_kwargs)
+            raise
         except Exception as error:  # noqa: BLE001 - re-raised below
             if not self.dataset.num_workers:
                 raise

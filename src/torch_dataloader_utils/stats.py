@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +133,9 @@ class LoaderStats(StatsSnapshot):
     enabled: bool = True
     passes: int = 0
     _pass_start: StatsSnapshot = field(default_factory=StatsSnapshot, repr=False)
+    _asked: float = field(default=0.0, repr=False)  # when the loop last asked for a batch
+    _handed_out: float | None = field(default=None, repr=False)  # when the last batch went to it
+    _first: bool = field(default=True, repr=False)  # no batch handed out yet in this pass
 
     def reset(self) -> None:
         """Zero all counters (``enabled`` is kept)."""
@@ -152,31 +155,38 @@ class LoaderStats(StatsSnapshot):
     def _totals(self) -> StatsSnapshot:
         return StatsSnapshot(self.batches, self.rows, self.startup_s, self.wait_s, self.loop_s)
 
-    def track(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """Yield ``batches`` unchanged, counting each one as the loop receives it."""
-        iterator = iter(batches)
+    # --- called by the dataset as it hands batches to the loop (dataset._delivered)
+    def start_pass(self) -> None:
+        """A pass begins: the loop asks for its first batch now."""
         if not self.enabled:
-            yield from iterator
             return
         self.passes += 1
         self._pass_start = self._totals()
-        first = True
-        handed_out: float | None = None
-        while True:
-            asked = time.perf_counter()
-            if handed_out is not None:
-                self.loop_s += asked - handed_out
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                log.info("pass %d finished: %s", self.passes, self.last_pass.summary())
-                return
-            handed_out = time.perf_counter()
-            if first:
-                self.startup_s += handed_out - asked
-                first = False
-            else:
-                self.wait_s += handed_out - asked
-            self.batches += 1
-            self.rows += batch_rows(batch)
-            yield batch
+        self._asked, self._handed_out, self._first = time.perf_counter(), None, True
+
+    def handing_out(self, batch: Any) -> None:
+        """``batch`` goes to the loop next."""
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if self._first:
+            self.startup_s += now - self._asked
+            self._first = False
+        else:
+            self.wait_s += now - self._asked
+        self.batches += 1
+        self.rows += batch_rows(batch)
+        self._handed_out = now
+
+    def asked(self) -> None:
+        """The loop asks for the next batch."""
+        if not self.enabled:
+            return
+        self._asked = time.perf_counter()
+        if self._handed_out is not None:
+            self.loop_s += self._asked - self._handed_out
+
+    def end_pass(self) -> None:
+        """The pass delivered its last batch."""
+        if self.enabled:
+            log.info("pass %d finished: %s", self.passes, self.last_pass.summary())
