@@ -97,6 +97,7 @@ def test_usage_errors_exit_2(capsys):
         (["bench", "x", "--chunk-rows", huge], "argument --chunk-rows: must be <= 2,147,483,647"),
         (["bench", "x", "--seconds", "nan"], "bench --seconds must be a positive number of seconds, got nan"),
         (["bench", "x", "--seconds", "inf"], "got inf"),
+        (["plan", "x", "--split-bytes", "99999999999999999999999"], "argument --split-bytes: size must be <= 4,611,686,018,427,387,904 bytes"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
@@ -232,7 +233,7 @@ def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     [("rows_delivered", ["x"], "rank"), ("rows_total", "many", "rank"), ("in_progress", [{"splits": [7]}], "rank"),
      ("_world_size", 1.5, "rank"), ("rows_delivered", None, "worker"), ("epoch", "zz", "rank"), ("epoch", "zz", "worker"),
      ("next_worker", 99, "rank"), ("next_worker", "1", "rank"), ("rows_total", [1, 1], "rank"), ("rows_total", [10**6], "rank"),
-     ("_shuffle", "yes", "rank"), ("_drop_last", 0, "rank"), ("_shuffle_seed", -1, "rank")],
+     ("_shuffle", "yes", "rank"), ("_drop_last", 2, "rank"), ("_shuffle_seed", -1, "rank")],
 )
 def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, tmp_path, key, value, scope):
     state, _ = saved_state(data, tmp_path / "state.json")

@@ -38,13 +38,20 @@ from datagen import write_dataset
         ("shuffle_buffer_rows", 2**31),
         ("split_bytes", 2**62 + 1),
         ("shuffle", "yes"),  # saved in the state: a resume compares it
-        ("drop_last", 1),
+        ("drop_last", 2),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):
     """The path does not exist: a check that ran after discovery would raise FileNotFoundError."""
     with pytest.raises(ValueError, match=rf"^{argument} must be .*got {re.escape(repr(value))}"):
         StructuredDataset(str(tmp_path / "missing"), **{argument: value})
+
+
+def test_shuffle_and_drop_last_take_0_and_1_as_older_code_passed_them(tmp_path):
+    write_dataset(tmp_path / "d", [[12]])
+    dataset = StructuredDataset(str(tmp_path / "d"), num_workers=0, shuffle=1, drop_last=0)
+    assert dataset.shuffle is True and dataset.drop_last is False
+    assert dataset.state_dict()["_shuffle"] is True
 
 
 def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from .planner import MAX_ROW_COUNT, MAX_SEED_WORD
+from .planner import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
 
 log = logging.getLogger("torch_dataloader_utils.cli")
 
@@ -49,6 +49,8 @@ def parse_size(text: str) -> int:
     value = int(float(match.group(1)) * _UNITS[unit])
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    if value > MAX_SPLIT_BYTES:
+        raise argparse.ArgumentTypeError(f"size must be <= {MAX_SPLIT_BYTES:,} bytes: {text!r}")
     return value
 
 
@@ -302,10 +304,10 @@ def load_checkpoint(path: str) -> Any:
                 return json.load(file)
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
             raise UsageError(f"{path} looks like JSON but does not parse: {error}") from None
-    if not _looks_like_torch_save(path):
+    if head[:1] and head[:1] in b'"-0123456789tfn':  # a JSON value that is not an object: states_in says what it holds
         try:
             with open(path) as file:
-                return json.load(file)  # a JSON value that is not a state: states_in says what it holds
+                return json.load(file)
         except (json.JSONDecodeError, UnicodeDecodeError):
             pass
     import torch
@@ -390,7 +392,7 @@ _TOPOLOGY_FIELDS: dict[str, _Field] = {
         key: (lambda v: v is _MISSING or _is_count(v), "an integer >= 0")
         for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size", "_shuffle_seed", "_shuffle_buffer_rows")
     },
-    **{key: (lambda v: v is _MISSING or isinstance(v, bool), "true or false") for key in ("_shuffle", "_drop_last")},
+    **{key: (lambda v: v is _MISSING or v in (True, False), "true or false") for key in ("_shuffle", "_drop_last")},
     "epoch": (_is_count, "an epoch number (an integer >= 0)"),
 }
 # what describe_state and print_state read, by scope

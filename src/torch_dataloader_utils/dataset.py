@@ -92,9 +92,9 @@ def _integer(name: str, value: Any) -> int:
 
 
 def _boolean(name: str, value: Any) -> bool:
-    """``value`` as a bool (numpy's too); a ValueError naming ``name`` otherwise (it is saved in
-    the state and compared at a resume, so "yes" must not pass as true)."""
-    if not isinstance(value, (bool, np.bool_)):
+    """``value`` as a bool (numpy's, 0 and 1 too); a ValueError naming ``name`` otherwise (it is
+    saved in the state and compared at a resume, so "yes" must not pass as true)."""
+    if not isinstance(value, (bool, np.bool_, int, np.integer)) or value not in (0, 1):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return bool(value)
 
@@ -392,16 +392,19 @@ class StructuredDataset(IterableDataset):
         return self._worker_batches(info.id)
 
     # ------------------------------------------------- used by the loader
-    def begin_pass(self, keep_slots: bool) -> list[ChunkTask]:
+    def begin_pass(self, keep_slots: bool, warn_if_nothing_restored: bool = False) -> list[ChunkTask]:
         """Start (or continue) the epoch: the chunk tasks still to deliver, in order.
 
         An epoch whose every batch was delivered starts again (also when the loop stopped
         after the last batch without running the loader to its end); an epoch restored as
-        complete by load_state_dict delivers nothing in the pass right after the load.
+        complete by load_state_dict delivers nothing in the pass right after the load; with
+        ``warn_if_nothing_restored`` (create_dataloader's loader) a warning says so when no
+        set_epoch came in between. (torchdata's StatefulDataLoader asks again at once and reads
+        the epoch anew, as docs/stateful-dataloader.md describes.)
         """
         restored, self._just_restored = self._just_restored, False
         schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
-        if restored and not schedule and not self._epoch_set_since_load:
+        if warn_if_nothing_restored and restored and not schedule and not self._epoch_set_since_load:
             log.warning(
                 "load_state_dict restored epoch %d after its last batch, so this pass delivers nothing. To read epoch %d, "
                 "call dataset.set_epoch(%d) first; a loop over range(dataset.epoch, num_epochs) that calls set_epoch "

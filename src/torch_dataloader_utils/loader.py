@@ -180,7 +180,7 @@ class StructuredDataLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._board is not None and not self._loader_kwargs["persistent_workers"]:
             self._board.forget_mappings()  # this pass starts new workers with new buffers
-        tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0)
+        tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
         self._sampler.pass_number = self.dataset.pass_number
         return self.dataset.deliver(tasks, self._chunks(), self.stats)
