@@ -147,20 +147,3 @@ def test_interrupts_anywhere_lose_no_batch_and_the_epoch_goes_on(tmp_path, inter
     assert interrupts >= 10, f"only {interrupts} interrupts: the test did not exercise them"
     assert [batch["id"].tolist() for batch in received] == full
 
-
-def test_persistent_workers_interrupted_while_a_pass_starts_serve_the_next_pass(tmp_path, interrupted):
-    """torch's persistent iterator, interrupted while it resets for a new pass, is left half-reset
-    and failed the next pass (KeyError: _ResumeIteration); the loader starts new workers instead."""
-    write_dataset(tmp_path / "d", [[700, 300], [500], [500]])
-    config = dict(batch_size=50, chunk_rows=100, num_workers=2, persistent_workers=True)
-    full = [batch["id"].tolist() for batch in StructuredDataset.create_dataloader(str(tmp_path / "d"), **config)[0]]
-    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), **config)
-    received: collections.deque = collections.deque([next(iter(loader))])  # the workers are up
-    rng = random.Random(5)
-    interrupts = 0
-    for _ in range(40):
-        interrupts += interrupted(lambda: received.append(next(iter(loader))), rng.uniform(0.00005, 0.003))  # iter() resets
-        assert sum(dataset.state_dict()["rows_delivered"]) == 50 * len(received)
-    received.extend(loader)
-    assert interrupts >= 10, f"only {interrupts} interrupts: the test did not exercise them"
-    assert [batch["id"].tolist() for batch in received] == full
