@@ -234,7 +234,7 @@ def test_merge_states_checks_its_input(data):
         merge_states(states[::-1])
     with pytest.raises(ValueError, match=r"saved by rank 0 of 2; pass the list of all 2 ranks' states"):
         merge_states(states[:1])
-    with pytest.raises(ValueError, match="from epoch 1 but states\[0\] from epoch 0; take every rank's state at the same step"):
+    with pytest.raises(ValueError, match=r"from epoch 1 but states\[0\] from epoch 0; take every rank's state at the same step"):
         merge_states([states[0], dict(states[1], epoch=1)])
     with pytest.raises(ValueError, match="empty"):
         merge_states([])

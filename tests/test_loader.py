@@ -17,6 +17,7 @@ from torch.utils.data import get_worker_info
 from torch_dataloader_utils import StructuredDataset
 
 from datagen import write_dataset
+from interrupts import interrupted_at
 from resume_helpers import batch_key
 
 
@@ -98,35 +99,6 @@ def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, 
     assert received == full
 
 
-def interrupted_at(action, point: int) -> bool:
-    """Run ``action()`` and raise KeyboardInterrupt at the ``point``-th place in it where CPython
-    could run a Ctrl-C's handler inside the loader's own code or torch's data utilities: a
-    function's entry, or just after it called a C function (CPython handles signals there and at
-    loops' backward jumps, not between any two bytecodes). True if it struck before the action
-    ended. Counted places, not a timer: every machine interrupts at the same ones."""
-    import torch.utils.data
-
-    import torch_dataloader_utils
-
-    watched = (os.path.dirname(torch_dataloader_utils.__file__), os.path.dirname(torch.utils.data.__file__))
-    reached = [0]
-
-    def profile(frame, event, arg):
-        if event in ("call", "c_return") and frame.f_code.co_filename.startswith(watched):
-            reached[0] += 1
-            if reached[0] == point:
-                raise KeyboardInterrupt  # raised by the profile function: it propagates into the frame
-
-    sys.setprofile(profile)
-    try:
-        action()
-        return False
-    except KeyboardInterrupt:
-        return True
-    finally:
-        sys.setprofile(None)
-
-
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # interrupts swallowed in finalizers
 @pytest.mark.parametrize("batch_size", [1, 7])
 def test_interrupts_anywhere_lose_no_batch_and_the_epoch_goes_on(tmp_path, batch_size):
@@ -151,3 +123,14 @@ def test_interrupts_anywhere_lose_no_batch_and_the_epoch_goes_on(tmp_path, batch
     assert interrupts >= 20, f"only {interrupts} interrupts: the test did not exercise them"
     assert [batch["id"].tolist() for batch in received] == full
 
+
+
+def test_persistent_workers_interrupted_while_a_pass_starts_serve_the_next_pass(tmp_path):
+    """torch's persistent iterator, interrupted while it resets for a new pass, is left half-reset
+    and failed the next pass (KeyError: _ResumeIteration); the loader starts new workers instead.
+    In a process of its own: the interrupts also strike in torch's worker bookkeeping."""
+    write_dataset(tmp_path / "d", [[700, 300], [500], [500]])
+    job = os.path.join(os.path.dirname(__file__), "interrupt_job.py")
+    run = subprocess.run([sys.executable, job, str(tmp_path / "d")], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert int(run.stdout) >= 10, f"only {run.stdout.strip()} interrupts: the job did not exercise them"
