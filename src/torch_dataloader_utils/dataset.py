@@ -18,7 +18,7 @@ from .elastic import check_global, deal, merge_states, rank_part, rank_parts, re
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
 from .reader import StreamReader
-from .remote import IOOptions, RemoteStore
+from .remote import IOOptions
 from .schema import check_missing_columns
 from .stats import LoaderStats
 from .state import (
@@ -278,16 +278,6 @@ class StructuredDataset(IterableDataset):
         return self._epoch
 
     @property
-    def pass_number(self) -> int:
-        """Counts passes (iter(loader), load_state_dict, set_epoch): only the newest delivers."""
-        return self._pass[0]
-
-    def forget_versions(self) -> None:
-        """Check each remote file's version again before the next read from it in this process."""
-        if isinstance(self._catalog.fs, RemoteStore):
-            self._catalog.fs.forget_versions()
-
-    @property
     def logical_workers(self) -> int:
         """Lanes per rank: num_workers, or 1 when reading in the main process."""
         return max(1, self.num_workers)
@@ -424,7 +414,6 @@ class StructuredDataset(IterableDataset):
             self._reset_progress()
             schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         self._supersede("a newer iter(loader)")
-        self.forget_versions()
         self._warn_if_drop_cuts_most()
         lanes = self._lanes()
         padding = self._padding_lane()
@@ -864,7 +853,6 @@ class StructuredDataset(IterableDataset):
         with; any later pass starts the selected epoch over, because rows this process read
         ahead in an abandoned pass may never have reached the training loop."""
         self._check_loader_workers(num_workers)
-        self.forget_versions()
         epoch = int(self._epoch_cell[0]) if restored is None else restored
         if epoch != self._epoch:
             self._epoch = epoch

@@ -30,9 +30,9 @@ class FileEntry:
 
 
 def content_tag(info: dict) -> str | None:
-    """What tells two versions of a file apart besides size: the store's ETag or generation,
-    or the modification time of a local file."""
-    for key in ("ETag", "etag", "generation", "md5Hash", "content_md5"):
+    """What tells two versions of a file apart besides size: GCS's generation (its ETag also
+    changes with the object's metadata), the store's ETag, or a local file's modification time."""
+    for key in ("generation", "ETag", "etag", "md5Hash", "content_md5"):
         value = info.get(key)
         if value:
             return str(value).strip('"')

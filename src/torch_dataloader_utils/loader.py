@@ -22,7 +22,7 @@ from .dataset import Chunk, StructuredDataset
 from .stats import LoaderStats
 from .tasks import ChunkTask
 
-_Index = tuple[ChunkTask, tuple[transfer.Release, ...], int]  # task, buffer releases, pass number
+_Index = tuple[ChunkTask, tuple[transfer.Release, ...]]  # task, buffer releases
 
 
 class _ChunkSource(Dataset):
@@ -35,13 +35,9 @@ class _ChunkSource(Dataset):
     def __init__(self, dataset: StructuredDataset, board: int | None):
         self.dataset = dataset
         self.board = board
-        self._pass = -1  # the pass of the last task this copy read (persistent workers serve many)
 
     def __getitem__(self, index: _Index) -> Chunk:
-        task, releases, pass_number = index
-        if pass_number != self._pass:
-            self._pass = pass_number
-            self.dataset.forget_versions()  # a new pass checks each remote file's version again
+        task, releases = index
         if self.board is None or get_worker_info() is None:
             return self.dataset.read_chunk(task)
         pool = transfer.worker_pool()
@@ -56,17 +52,15 @@ class _ChunkSource(Dataset):
 
 class _TaskSampler(Sampler):
     """Yields the task list set just before each pass, each task with the buffer releases
-    posted since (the DataLoader asks for the next task only when it dispatches one) and the
-    pass's number."""
+    posted since (the DataLoader asks for the next task only when it dispatches one)."""
 
     def __init__(self, board: transfer.ReleaseBoard | None) -> None:
         self.tasks: list[ChunkTask] = []
-        self.pass_number = 0
         self.board = board
 
     def __iter__(self) -> Iterator[_Index]:
         for task in self.tasks:
-            yield task, self.board.take() if self.board else (), self.pass_number
+            yield task, self.board.take() if self.board else ()
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -182,7 +176,6 @@ class StructuredDataLoader:
             self._board.forget_mappings()  # this pass starts new workers with new buffers
         tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
-        self._sampler.pass_number = self.dataset.pass_number
         return self.dataset.deliver(tasks, self._chunks(), self.stats)
 
     def _chunks(self) -> Iterator[Chunk]:

@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .cache import RangeCache, entry_key
 from .discovery import check_version
+from .errors import FileChangedError
+from .pinned_reads import PinnedRead, pinned_read_for
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -142,12 +144,12 @@ async def _within(coroutine: Any, timeout: float) -> Any:
     return await asyncio.wait_for(coroutine, timeout)
 
 
-async def _gather(fs: Any, requests: Sequence[tuple[str, int, int]], timeout: float | None, limit: int) -> list:
+async def _gather(fs: Any, requests: Sequence[tuple[str, int, int, str | None]], timeout: float | None, limit: int, pinned: PinnedRead | None) -> list:
     gate = asyncio.Semaphore(limit)
 
-    async def one(path: str, start: int, end: int) -> bytes:
+    async def one(path: str, start: int, end: int, tag: str | None) -> bytes:
         async with gate:
-            read = fs._cat_file(path, start=start, end=end)
+            read = pinned(fs, path, start, end, tag) if pinned and tag else fs._cat_file(path, start=start, end=end)
             return await (asyncio.wait_for(read, timeout) if timeout else read)
 
     return await asyncio.gather(*(one(*r) for r in requests), return_exceptions=True)
@@ -170,7 +172,6 @@ class RemoteStore:
         self._cache: RangeCache | None = None
         self._tails: dict[str, tuple[int, bytes]] = {}
         self._files: dict[str, tuple[str, str | None, int]] = {}
-        self._verified: set[str] = set()  # files whose version this process checked before fetching from them
         self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0}
 
     # ----------------------------------------------------------- plumbing
@@ -181,7 +182,6 @@ class RemoteStore:
             self._fs = self._fs_class(**self._storage_options)
             self._pid = os.getpid()
             self._cache = None
-            self._verified = set()
         return self._fs
 
     @property
@@ -193,13 +193,13 @@ class RemoteStore:
         return self._cache
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "_verified", "options"):
+        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "options"):
             raise AttributeError(name)
         return getattr(self.fs, name)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _cache=None, _tails={}, _verified=set())
+        state.update(_fs=None, _cache=None, _tails={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -243,10 +243,12 @@ class RemoteStore:
     def read_many(self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True) -> list[bytes]:
         """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached.
 
-        With ``verify``, the first fetch from a file in this process first checks that the file is
-        still the planned version (size and ETag/generation): otherwise the planned footer would be
-        applied to other bytes, and the cache would keep them under the planned version's key.
-        Ranges served from the cache need no check: they are the planned version's bytes."""
+        A range fetched from a file with a known tag is the planned version's bytes, or the read
+        raises FileChangedError: on S3 and Azure every request carries the planned ETag as its
+        condition (pinned_reads.py); on other stores, with ``verify``, each file's size and tag are
+        fetched again after its ranges, before any of them is used or cached (otherwise the planned
+        footer would be applied to other bytes, and the cache would keep them under the planned
+        version's key). Ranges served from the cache are the planned version's bytes."""
         cache = self.cache
         keys = [entry_key(url, tag, size, s, e) for (_, s, e), (url, tag, size) in zip(requests, idents)] if cache else []
         results: list[bytes | None] = [None] * len(requests)
@@ -259,30 +261,44 @@ class RemoteStore:
                 results[i] = hit
                 self.stats["cache_hits"] += 1
                 self.stats["cache_bytes"] += len(hit)
-        if verify and pending:
-            self._verify_versions({requests[i][0]: idents[i] for i in pending})
+        if not pending:
+            return results  # type: ignore[return-value]
+        pinned = pinned_read_for(self.fs)
+        fetched = self._fetch_retried([(*requests[i], idents[i][1]) for i in pending], pinned)
+        if verify and pinned is None:
+            self._check_versions({requests[i][0]: idents[i] for i in pending})
+        for i, data in zip(pending, fetched):
+            results[i] = data
+            self.stats["bytes"] += len(data)
+            if cache:
+                self._cache_put(cache, keys[i], data)
+        return results  # type: ignore[return-value]
+
+    def _fetch_retried(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
+        """Bytes of each (path, start, end, tag), transient failures retried with backoff."""
+        results: list[bytes | None] = [None] * len(requests)
+        pending = list(range(len(requests)))
         attempt = 0
         while pending:
             try:
-                outcomes = self._fetch([requests[i] for i in pending])
+                outcomes = self._fetch([requests[i] for i in pending], pinned)
             except Exception as error:  # noqa: BLE001 - the whole batch failed: retried like one range
                 outcomes = [error] * len(pending)
             failed = []
             for i, outcome in zip(pending, outcomes):
-                _, start, end = requests[i]
+                _, start, end, _ = requests[i]
+                if isinstance(outcome, FileChangedError):
+                    raise outcome
                 if not isinstance(outcome, BaseException) and len(outcome) != end - start:
                     outcome = ShortReadError(f"got {len(outcome)} of {end - start} bytes")
                 if isinstance(outcome, BaseException):
                     failed.append((i, outcome))
-                    continue
-                results[i] = outcome
-                self.stats["bytes"] += len(outcome)
-                if cache:
-                    self._cache_put(cache, keys[i], outcome)
+                else:
+                    results[i] = outcome
             if not failed:
                 break
             index, error = failed[0]
-            path, start, end = requests[index]
+            path, start, end, _ = requests[index]
             if attempt >= self.options.download_retry or not is_transient(error):
                 tries = attempt + 1
                 detail = str(error) or (f"no answer within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
@@ -301,22 +317,17 @@ class RemoteStore:
             pending = [i for i, _ in failed]
         return results  # type: ignore[return-value]
 
-    def forget_versions(self) -> None:
-        """Check every file's version again before its next fetch (called as a new pass starts:
-        a file rewritten since the last pass must not be read under the old plan)."""
-        self._verified = set()
-
-    def _verify_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
+    def _check_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
+        """FileChangedError unless each file still has its planned size and tag."""
         for path, (url, tag, size) in files.items():
-            if path in self._verified or tag is None:
+            if tag is None:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
             try:
                 info = self.call(lambda fs: self.info(path), f"info of {url}")
             except Exception as error:  # noqa: BLE001 - re-raised as the read failure it is
-                raise RemoteReadError(f"checking the version of {url} before reading it failed: {type(error).__name__}: {error}") from error
+                raise RemoteReadError(f"checking the version of {url} after reading it failed: {type(error).__name__}: {error}") from error
             check_version(info, size, tag)
-            self._verified.add(path)
 
     @staticmethod
     def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
@@ -325,15 +336,15 @@ class RemoteStore:
         except OSError as error:  # a full or unwritable cache must not fail the read
             log.warning("cannot write cache entry in %s: %s", cache.root, error)
 
-    def _fetch(self, requests: Sequence[tuple[str, int, int]]) -> list:
+    def _fetch(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list:
         fs = self.fs
         self.stats["requests"] += len(requests)
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
-            return sync(fs.loop, _gather, fs, requests, self.options.download_timeout, self.options.max_concurrency)
+            return sync(fs.loop, _gather, fs, requests, self.options.download_timeout, self.options.max_concurrency, pinned)
         outcomes: list = []
-        for path, start, end in requests:
+        for path, start, end, _ in requests:
             try:
                 outcomes.append(fs.cat_file(path, start=start, end=end))
             except Exception as error:  # noqa: BLE001 - returned like the async path does
