@@ -270,6 +270,40 @@ def test_data_parallel_ranks_deliver_equal_batches(data, equalize):
         assert sum(len(b) for batches in runs for b in batches) == len(own[0]) + len(own[1])
 
 
+def _elastic(path: str, shuffle: bool, global_state: dict | None) -> tuple:
+    """1 rank x 2 workers; with ``global_state``, loaded elastically first (as the resumed job did)."""
+    dataset = StructuredDataset(path, **CONFIG, num_workers=2, shuffle=shuffle)
+    if global_state is not None:
+        dataset.load_state_dict(global_state, elastic=True)
+    return dataset, StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_worker_states_after_an_elastic_load_resume_only_on_the_same_lanes(data, shuffle):
+    """A job of 2 ranks x 2 workers stops; its global state is loaded elastically on 1 rank x 2 workers
+    read by a StatefulDataLoader, whose worker states count along the re-dealt lanes. Given the same
+    elastic load first, every resume point is exact; on a newly built dataset (the planned lanes)
+    the state is refused (it delivered rows twice, silently)."""
+    from torch_dataloader_utils.distributed import merge_states
+
+    delivered, rank_states = [], []
+    for rank in range(2):
+        loader, dataset = StructuredDataset.create_dataloader(data, **CONFIG, num_workers=2, shuffle=shuffle, rank=rank, world_size=2)
+        delivered += run(loader, stop=3)
+        rank_states.append(roundtrip(dataset.state_dict(), "json"))
+    global_state = roundtrip(merge_states(rank_states), "json")
+    states: list = []
+    rest = run(_elastic(data, shuffle, global_state)[1], states)
+    assert_exactly_once(delivered + rest)
+    for k in range(len(rest) - 1):
+        _, loader = _elastic(data, shuffle, global_state)
+        loader.load_state_dict(states[k])
+        assert run(loader) == rest[k + 1 :], f"resume after batch {k}"
+    _, planned = _elastic(data, shuffle, None)
+    planned.load_state_dict(states[2])
+    refused(planned, CheckpointMismatchError, r"re-dealt; this dataset reads the planned lanes \(key 'deal'\)")
+
+
 def test_worker_state_is_small_and_plain(data):
     dataset, loader = make(data, 3, True)
     run(loader, stop=4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import operator
 import os
@@ -244,6 +246,7 @@ class StructuredDataset(IterableDataset):
         self._worker_passes = 0  # passes this copy started inside a DataLoader worker
         self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
         self._digest: tuple[Catalog, str] | None = None
+        self._deal_digest: tuple[Any, int | None, str] | None = None
         self._warned_repeat = False  # "epoch is read again" was logged
         self._epoch_set_since_load = True  # set_epoch was called after the last load_state_dict (or none came)
         self._warned_drop = False  # "equalize='drop' leaves out most of this rank's batches" was logged
@@ -327,7 +330,7 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id])
+            return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id], self._deal())
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
@@ -819,7 +822,7 @@ class StructuredDataset(IterableDataset):
 
     def _check_worker_state(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
         """(epoch, worker, rows delivered) of a worker state that fits this plan; else CheckpointMismatchError."""
-        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers)
+        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers, self._deal())
         selected = self._epoch
         self._epoch = epoch  # measure the worker's rows in the state's epoch, without touching progress
         try:
@@ -846,6 +849,18 @@ class StructuredDataset(IterableDataset):
         if self._digest is None or self._digest[0] is not self._catalog:
             self._digest = (self._catalog, self._catalog.files_digest)
         return self._digest[1]
+
+    def _deal(self) -> str | None:
+        """A digest of the lanes and batch target an elastic resume set (None: the planned ones),
+        kept with each worker state: a worker's rows_delivered counts along its lane."""
+        if self._lanes_override is None and self._target_override is None:
+            return None
+        key = (self._lanes_override, self._target_override)
+        if self._deal_digest is None or self._deal_digest[0] is not key[0] or self._deal_digest[1] != key[1]:
+            lanes = None if self._lanes_override is None else [[s.to_list() for s in lane.segments] for lane in self._lanes_override]
+            text = json.dumps({"lanes": lanes, "batch_target": self._target_override})
+            self._deal_digest = (key[0], key[1], hashlib.sha256(text.encode()).hexdigest()[:16])
+        return self._deal_digest[2]
 
     def _begin_worker_pass(self, worker: int, num_workers: int, restored: int | None, first: bool) -> None:
         """Where a worker's pass starts. The pass right after a worker state was loaded resumes

@@ -92,8 +92,9 @@ def build_rank_state(
     }
 
 
-def build_worker_state(config: Mapping[str, Any], files_digest: str, epoch: int, worker: int, position: int) -> dict:
-    """The small state of one worker's stream (what StatefulDataLoader saves per worker)."""
+def build_worker_state(config: Mapping[str, Any], files_digest: str, epoch: int, worker: int, position: int, deal: str | None) -> dict:
+    """The small state of one worker's stream (what StatefulDataLoader saves per worker).
+    ``deal`` identifies the lanes an elastic resume re-dealt (None: the planned lanes)."""
     return {
         "format_version": FORMAT_VERSION,
         "scope": "worker",
@@ -102,6 +103,7 @@ def build_worker_state(config: Mapping[str, Any], files_digest: str, epoch: int,
         "rows_delivered": position,
         **config,
         "files_digest": files_digest,
+        "deal": deal,
     }
 
 
@@ -340,7 +342,7 @@ def validate_rank_state(
     return RankProgress(epoch, saved_lanes, [int(p) for p in positions], next_lane, padding)
 
 
-def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], files_digest: str, num_workers: int) -> tuple[int, int, int]:
+def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], files_digest: str, num_workers: int, deal: str | None) -> tuple[int, int, int]:
     """Check a worker state; return (epoch, worker, position)."""
     epoch = _require(state, "epoch", int, "worker")
     worker = _require(state, "worker", int, "worker")
@@ -348,8 +350,19 @@ def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], f
     causes = config_causes(state, config)
     if state.get("files_digest") != files_digest:
         causes.append(f"file list changed: checkpoint digest={state.get('files_digest')}, current={files_digest}")
+    advice = None
+    if state.get("deal") != deal:
+        saved = "lanes an elastic resume re-dealt" if state.get("deal") is not None else "the planned lanes"
+        current = "lanes an elastic resume re-dealt" if deal is not None else "the planned lanes"
+        if deal is not None and state.get("deal") is not None:
+            saved, current = f"lanes re-dealt as {state.get('deal')!r}", f"lanes re-dealt as {deal!r}"
+        causes.append(f"the state's rows_delivered count along {saved}; this dataset reads {current} (key 'deal')")
+        advice = (
+            "Before loader.load_state_dict(...), restore the dataset as the saved job did: if it resumed elastically, "
+            "dataset.load_state_dict(global_state, elastic=True) with the same global state, else a newly built dataset."
+        )
     if causes:
-        raise mismatch(f"Checkpoint state of worker {worker} does not match the current plan.", [], causes)
+        raise mismatch(f"Checkpoint state of worker {worker} does not match the current plan.", [], causes, advice)
     if not 0 <= worker < num_workers or not 0 <= epoch <= MAX_EPOCH or position < 0:
         raise mismatch(f"Checkpoint state of worker {worker} is out of range.", [], [f"epoch={epoch}, rows_delivered={position}: the state is damaged"])
     return epoch, worker, position
