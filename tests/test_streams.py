@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_helpers import rows_in_order
-from torch_dataloader_utils.streams import SplitRows, build_stream, rows_done_per_split, unit_offsets
+from torch_dataloader_utils.streams import SplitRows, build_stream, split_rows_between, unit_offsets
 from torch_dataloader_utils.planner import FileLayout
 
 # files of row groups; each split is a row range of one file
@@ -47,13 +47,15 @@ def test_a_stream_holds_each_row_of_its_splits_once(case):
 
 @settings(max_examples=300, deadline=None)
 @given(streams(), st.data())
-def test_rows_done_per_split_counts_the_rows_before_a_position(case, data):
+def test_split_rows_between_counts_the_rows_of_each_split_in_a_range(case, data):
     stream, _, _ = case
     rows = rows_in_order(stream)
-    # several positions in any order on one stream: the window owners it keeps must follow
-    for position in data.draw(st.lists(st.integers(0, stream.num_rows), min_size=1, max_size=6)):
-        counted = collections.Counter(split for split, _, _, _ in rows[:position])
-        assert rows_done_per_split(stream, position) == {s: counted.get(s, 0) for s in stream.splits}
+    # several ranges in any order on one stream: the window owners it keeps must follow
+    for _ in range(data.draw(st.integers(1, 6))):
+        start = data.draw(st.integers(0, stream.num_rows))
+        stop = data.draw(st.integers(start, stream.num_rows))
+        counted = collections.Counter(split for split, _, _, _ in rows[start:stop])
+        assert split_rows_between(stream, start, stop) == dict(counted)
 
 
 def test_unit_offsets_are_the_first_row_of_each_unit():

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .planner import assign_splits, epoch_order
-from .streams import SplitRows, Stream, build_stream, rows_done_per_split
+from .streams import SplitRows, Stream, build_stream, split_rows_between
 
 _CACHED_STREAMS = 16
 
@@ -131,15 +131,16 @@ class StreamBook:
         offset = 0
         for segment in lane.segments:
             stream = self.stream(segment.key)
-            before = rows_done_per_split(stream, segment.start)
-            end = rows_done_per_split(stream, segment.stop)
-            reached = rows_done_per_split(stream, segment.start + min(max(position - offset, 0), segment.num_rows))
-            for split in stream.splits:
-                total = end[split] - before[split]
-                if total:
-                    entry = out.setdefault(split, [0, 0])
-                    entry[0] += reached[split] - before[split]
-                    entry[1] += total
+            totals = split_rows_between(stream, segment.start, segment.stop)
+            delivered = min(max(position - offset, 0), segment.num_rows)
+            if delivered == segment.num_rows:
+                reached = totals
+            else:  # only the segment holding the position is part-way
+                reached = split_rows_between(stream, segment.start, segment.start + delivered)
+            for split, total in totals.items():
+                entry = out.setdefault(split, [0, 0])
+                entry[0] += reached.get(split, 0)
+                entry[1] += total
             offset += segment.num_rows
         return {split: (done, total) for split, (done, total) in out.items()}
 

@@ -143,21 +143,32 @@ def build_stream(
     return Stream(key, tuple(splits), tuple(pieces), window_pieces, piece_rows[window_pieces], shuffle)
 
 
-def rows_done_per_split(stream: Stream, position: int) -> dict[int, int]:
-    """How many rows of each of the stream's splits lie before ``position``."""
-    done = {s: 0 for s in stream.splits}
-    if position <= 0:
+def split_rows_between(stream: Stream, start: int, stop: int) -> dict[int, int]:
+    """How many rows of each split lie at stream positions [start, stop) (splits with none are
+    left out). Costs the pieces of the windows it touches, not of the whole stream."""
+    done: dict[int, int] = {}
+    if stop <= start:
         return done
-    window = min(stream.window_of(position), stream.num_windows - 1)
-    for piece in stream.pieces[: int(stream.window_pieces[window])]:
-        done[piece.split] += piece.num_rows
-    offset = position - int(stream.window_rows[window])
-    pieces = stream.window_pieces_of(window)
+    first, last = stream.window_of(start), min(stream.window_of(stop - 1), stream.num_windows - 1)
+    whole_from = first if start == int(stream.window_rows[first]) else first + 1
+    whole_to = last if stop >= int(stream.window_rows[last + 1]) else last - 1
+    if whole_from <= whole_to:
+        for piece in stream.pieces[int(stream.window_pieces[whole_from]) : int(stream.window_pieces[whole_to + 1])]:
+            done[piece.split] = done.get(piece.split, 0) + piece.num_rows
+    for window in sorted({first, last} - set(range(whole_from, whole_to + 1))):  # windows only part in range
+        base = int(stream.window_rows[window])
+        pieces = stream.window_pieces_of(window)
+        counts = _window_counts(stream, window, pieces, min(stop, int(stream.window_rows[window + 1])) - base)
+        counts = counts - _window_counts(stream, window, pieces, max(start, base) - base)
+        for piece, count in zip(pieces, counts):
+            if count:
+                done[piece.split] = done.get(piece.split, 0) + int(count)
+    return done
+
+
+def _window_counts(stream: Stream, window: int, pieces: Sequence[Piece], offset: int) -> np.ndarray:
+    """Per piece of the window, its rows among the window's first ``offset`` output rows."""
     rows = np.array([p.num_rows for p in pieces], dtype=np.int64)
     if stream.shuffle and 0 < offset < rows.sum():
-        counts = np.bincount(stream.window_owners(window)[:offset], minlength=len(pieces))
-    else:  # in piece order (or the whole window, or none of it)
-        counts = np.clip(offset - (np.cumsum(rows) - rows), 0, rows)
-    for piece, count in zip(pieces, counts):
-        done[piece.split] += int(count)
-    return done
+        return np.bincount(stream.window_owners(window)[:offset], minlength=len(pieces))
+    return np.clip(offset - (np.cumsum(rows) - rows), 0, rows)  # in piece order (or all of the window, or none)
