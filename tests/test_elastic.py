@@ -74,11 +74,12 @@ def test_padding_comes_from_the_ranks_own_rows_and_is_not_progress(data):
     assert state["padding_delivered"] == 10 * len(padded)
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("before, after", [((2, 2), (3, 0)), ((3, 0), (2, 2)), ((2, 1), (1, 3)), ((1, 2), (4, 1))])
+@pytest.mark.parametrize("shuffle", [False, True, "whole-lane windows"])
+@pytest.mark.parametrize("before, after", [((2, 2), (3, 0)), ((3, 0), (2, 2)), ((2, 1), (1, 3)), ((1, 2), (4, 1)), ((2, 2), (3, 2))])
 def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
+    """With "whole-lane windows" every old lane is one shuffle window, larger than a new lane's share."""
     (world0, workers0), (world1, workers1) = before, after
-    config = _config(shuffle)
+    config = {**_config(True), "shuffle_buffer_rows": 400} if shuffle == "whole-lane windows" else _config(shuffle)
     seen = collections.Counter()
     states = []
     for rank in range(world0):
@@ -95,29 +96,30 @@ def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):
     assert max(seen.values()) == 1, "a row was delivered twice"
     assert sorted(seen) == list(range(ROWS)), "rows were lost"
     assert len(set(counts)) == 1 and counts[0][0] == counts[0][1]
-    # the rest is dealt evenly: each new lane gets within one dealt unit (a split's rows, or a
-    # shuffle window of at most one split) of the others, so no new rank trains on padding while
-    # another holds the rows
-    largest_unit = max(split.row_length for split in StructuredDataset(data, num_workers=0, **config).splits)
-    assert max(real_rows) - min(real_rows) <= max(1, workers1) * largest_unit, real_rows
+    # the rest is dealt evenly, each new lane a share of whole batches (units are cut where a share
+    # ends), so no new rank trains on padding while another holds the rows: its lanes' shares
+    # differ by at most one batch from the others' (and the last one may end short)
+    assert max(real_rows) - min(real_rows) < (max(1, workers1) + 1) * config["batch_size"], real_rows
 
 
-def test_deal_gives_every_unit_once_balancing_ranks_then_their_workers():
+def test_deal_gives_every_row_once_and_every_lane_an_equal_share_in_batches():
     rng = random.Random(7)
-    for _ in range(200):
-        units = [[Segment((0, 0, lane, 0), i * 100, i * 100 + rng.randint(1, 30)) for i in range(rng.randint(0, 6))] for lane in range(rng.randint(1, 5))]
-        world, workers = rng.randint(1, 4), rng.randint(0, 3)
-        dealt = deal(units, world, workers)
+    for _ in range(300):
+        largest_unit = rng.choice([3, 30, 300])
+        units = [[Segment((0, 0, lane, 0), i * 1000, i * 1000 + rng.randint(1, largest_unit)) for i in range(rng.randint(0, 6))] for lane in range(rng.randint(1, 5))]
+        world, workers, batch_size = rng.randint(1, 4), rng.randint(0, 3), rng.randint(1, 20)
+        dealt = deal(units, world, workers, batch_size)
         assert len(dealt) == world and all(len(lanes) == max(1, workers) for lanes in dealt)
         given = sorted((s.key, s.start, s.stop) for lanes in units for s in lanes)
         # _join may merge neighbouring units of one stream, so compare rows, not segments
         rows = lambda segments: sorted((s.key, r) for s in segments for r in range(s.start, s.stop))  # noqa: E731
         assert rows(s for lanes in dealt for lane in lanes for s in lane.segments) == rows(Segment(*g) for g in given)
-        loads = [[sum(s.num_rows for s in lane.segments) for lane in lanes] for lanes in dealt]
-        largest = max((s.num_rows for lanes in units for s in lanes), default=0)
-        ranks = [sum(lanes) for lanes in loads]
-        assert max(ranks) - min(ranks) <= largest, (loads, largest)  # equal batch counts cost little padding
-        assert all(max(lanes) - min(lanes) <= largest for lanes in loads), (loads, largest)
+        # rank by rank, worker by worker: shares of whole batches that differ by at most one batch
+        # (the last share with rows may end in a short batch, the ones after it are empty)
+        loads = [sum(s.num_rows for s in lane.segments) for lanes in dealt for lane in lanes]
+        batches = [-(-load // batch_size) for load in loads]
+        assert max(batches) - min(batches) <= 1, (loads, batch_size)
+        assert all(load % batch_size == 0 for load in loads[: len([b for b in loads if b]) - 1]), (loads, batch_size)
 
 
 @pytest.mark.parametrize("before, after", [((2, 2), (3, 1)), ((3, 1), (2, 2)), ((2, 2), (1, 0))])

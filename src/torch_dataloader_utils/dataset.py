@@ -761,7 +761,7 @@ class StructuredDataset(IterableDataset):
             if old_target is not None:
                 ends = self._owed_ends(progress, ends, old_target)
             units += remaining_units(self._book, lanes, progress.positions, ends)
-        dealt = deal(units, self.world_size, self.num_workers)
+        dealt = deal(units, self.world_size, self.num_workers, self.batch_size)
         counts = [self._lane_batches(lanes) for lanes in dealt]
         target = max(counts) if self.equalize == "pad" else min(counts)
         epoch = state["epoch"]

@@ -143,28 +143,37 @@ def remaining_units(book: StreamBook, lanes: Sequence[Lane], positions: Sequence
     ]
 
 
-def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_workers: int) -> list[list[Lane]]:
+def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_workers: int, batch_size: int) -> list[list[Lane]]:
     """Deal remaining units to the new topology: [rank][worker] -> Lane.
 
-    Units are taken round-robin across the old lanes (so each new lane mixes them). Each goes
-    to the rank with the fewest rows so far, and there to the worker with the fewest (ties:
-    lowest rank, then worker): rank totals, which decide how many batches ranks pad or drop to
-    stay equal, end within one unit of each other, and so do a rank's workers.
+    Units are taken round-robin across the old lanes (so each new lane mixes them) and laid end
+    to end; the new lanes, rank by rank and worker by worker, take equal shares of that sequence
+    in whole batches, and a unit is cut where a share ends. So every rank and worker ends within
+    one batch of the others, whatever the units' sizes (whole shuffle windows may be larger than
+    a share). A cut shuffle window is decoded by each lane that reads a part of it.
     """
     workers = max(1, num_workers)
-    targets = [(rank, worker) for rank in range(world_size) for worker in range(workers)]
-    loads = {t: 0 for t in targets}
-    rank_loads = [0] * world_size
-    dealt: dict[tuple[int, int], list[Segment]] = {t: [] for t in targets}
+    lanes = world_size * workers
     depth = max((len(u) for u in units_per_lane), default=0)
-    for i in range(depth):
-        for units in units_per_lane:
-            if i < len(units):
-                target = min(targets, key=lambda t: (rank_loads[t[0]], loads[t], t[0], t[1]))
-                dealt[target].append(units[i])
-                loads[target] += units[i].num_rows
-                rank_loads[target[0]] += units[i].num_rows
-    return [[Lane(tuple(_join(dealt[(rank, worker)])), dealt=True) for worker in range(workers)] for rank in range(world_size)]
+    order = [units[i] for i in range(depth) for units in units_per_lane if i < len(units)]
+    total = sum(unit.num_rows for unit in order)
+    batches = -(-total // batch_size)
+    ends, taken = [], 0
+    for lane in range(lanes):
+        taken += batches // lanes + (lane < batches % lanes)
+        ends.append(min(total, taken * batch_size))
+    dealt: list[list[Segment]] = [[] for _ in range(lanes)]
+    lane = position = 0
+    for unit in order:
+        start = unit.start
+        while start < unit.stop:
+            while position >= ends[lane]:
+                lane += 1
+            take = min(unit.stop - start, ends[lane] - position)
+            dealt[lane].append(Segment(unit.key, start, start + take))
+            start += take
+            position += take
+    return [[Lane(tuple(_join(dealt[rank * workers + worker])), dealt=True) for worker in range(workers)] for rank in range(world_size)]
 
 
 def _join(segments: list[Segment]) -> list[Segment]:
