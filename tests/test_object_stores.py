@@ -317,6 +317,27 @@ def test_footers_read_once_not_on_epochs_or_worker_start(s3, wide):
     assert len(reading) == 2 * 8 * 2
 
 
+def test_a_range_longer_than_a_part_is_fetched_in_parts(s3, tmp_path):
+    """download_timeout bounds each request: a 20 MiB column chunk asked for whole failed on any link
+    slower than 20 MiB / download_timeout. It is fetched in parts of at most PART_BYTES, and put
+    together in order."""
+    from torch_dataloader_utils.remote import PART_BYTES
+
+    blobs = [np.random.default_rng(i).bytes(5 * 1024 * 1024) for i in range(4)]
+    pq.write_table(pa.table({"id": pa.array(range(4), pa.int64()), "blob": pa.array(blobs, pa.binary())}), tmp_path / "big.parquet", compression="none")
+    s3.upload(str(tmp_path), "parts")
+    faults = s3.server.faults
+    faults.record(True)
+    try:
+        (batch,) = list(StructuredDataset(s3.url("parts"), batch_size=4, num_workers=0, columns=["blob"], storage_options=s3.options))
+        reading = faults.take_log()
+    finally:
+        faults.record(False)
+    assert batch["blob"] == blobs
+    sizes = [end - start for key, (start, end) in reading]
+    assert max(sizes) <= PART_BYTES and sum(sizes) > 20 * 1024 * 1024, sizes
+
+
 def test_footers_are_fetched_concurrently(s3, tmp_path):
     root = tmp_path / "many"
     write_dataset(root, [[20]] * 40)

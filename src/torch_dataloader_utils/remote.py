@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TAIL_BYTES = 64 * 1024
+PART_BYTES = 8 * 1024 * 1024  # the most one request asks for: download_timeout bounds each, so a long range on a slow link does not time out whole
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 5.0
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
@@ -275,6 +276,16 @@ class RemoteStore:
         return results  # type: ignore[return-value]
 
     def _fetch_retried(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
+        """Bytes of each (path, start, end, tag), fetched in parts of at most PART_BYTES."""
+        parts, spans = [], []
+        for path, start, end, tag in requests:
+            first = len(parts)
+            parts += [(path, s, min(s + PART_BYTES, end), tag) for s in range(start, end, PART_BYTES)]
+            spans.append((first, len(parts)))
+        data = self._fetch_parts(parts, pinned)
+        return [data[a] if b == a + 1 else b"".join(data[a:b]) for a, b in spans]
+
+    def _fetch_parts(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
         """Bytes of each (path, start, end, tag), transient failures retried with backoff."""
         results: list[bytes | None] = [None] * len(requests)
         pending = list(range(len(requests)))
@@ -301,7 +312,7 @@ class RemoteStore:
             path, start, end, _ = requests[index]
             if attempt >= self.options.download_retry or not is_transient(error):
                 tries = attempt + 1
-                detail = str(error) or (f"no answer within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
+                detail = str(error) or (f"not complete within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
                 raise RemoteReadError(
                     f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {tries} attempt(s): "
                     f"{type(error).__name__}: {detail}"
