@@ -296,6 +296,23 @@ def test_a_dotted_orc_column_name_reads_that_column_remotely(s3, tmp_path):
     assert batch["meta.lang"] == list("abcdef") and batch["id"].tolist() == list(range(6))
 
 
+def test_folder_markers_are_not_taken_for_data_files(object_store):
+    """Zero-byte folder markers (a console's "data/", Hadoop's "x_$folder$") next to the data: a
+    directory with a trailing slash, "/*" and "/**" all find the two data files (the Azure
+    directory was read as its marker blob, and the globs took the markers for Parquet files)."""
+    part = _ids_parquet(0)
+    for key in ("markers/data/a.parquet", "markers/data/sub/b.parquet"):
+        object_store.fs.pipe_file(f"{BUCKET}/{key}", part)
+    for marker in ("markers/data/", "markers/data/sub/", "markers/data/c.parquet_$folder$"):
+        object_store.fs.pipe_file(f"{BUCKET}/{marker}", b"")
+    object_store.fs.invalidate_cache()
+    root = object_store.url("markers/data").rstrip("/")
+    for url in (root + "/", root + "/*", root + "/**"):
+        dataset = StructuredDataset(url, num_workers=0, batch_size=400, storage_options=object_store.options)
+        assert [f.rsplit("/data/", 1)[1] for f in dataset.files] == ["a.parquet", "sub/b.parquet"], url
+        assert sum(len(batch["id"]) for batch in dataset) == 400
+
+
 def test_footers_read_once_not_on_epochs_or_worker_start(s3, wide):
     url, _, footers = wide
     faults = s3.server.faults

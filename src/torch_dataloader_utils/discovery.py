@@ -16,7 +16,7 @@ from .formats import format_for_path
 from .formats.io import is_local, is_remote
 
 _GLOB_CHARS = ("*", "?", "[")
-_MARKER_SUFFIXES = (".crc",)
+_MARKER_SUFFIXES = (".crc", "_$folder$")  # checksums, Hadoop's folder markers
 
 
 @dataclass(frozen=True)
@@ -142,15 +142,16 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
     if any(c in user_path for c in _GLOB_CHARS):
         root = _glob_root(stripped)
         for path, info in fs.glob(stripped, detail=True).items():
-            if _is_ignored(_relative(path, root)):
+            if _is_ignored(_relative(path, root)) or path.endswith("/"):  # "a/b/": a console's folder marker
                 continue
             if info.get("type") == "directory":
                 yield from _walk(fs, path, format)
             else:
                 yield path, info
         return
-    if fs.isdir(stripped):
-        yield from _walk(fs, stripped, format)
+    directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
+    if fs.isdir(directory):
+        yield from _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
 
