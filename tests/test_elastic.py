@@ -74,6 +74,21 @@ def test_padding_comes_from_the_ranks_own_rows_and_is_not_progress(data):
     assert state["padding_delivered"] == 10 * len(padded)
 
 
+def test_damaged_padding_progress_is_refused(data):
+    """Padding is delivered in whole batches, after all of the rank's own rows: a state that says
+    otherwise would leave the rank a batch short (a DDP hang) or skip its own rows."""
+    _, done, _ = _run(data, 1, 3, 1, _config(False))
+    _, part_way, _ = _run(data, 1, 3, 1, _config(False), stop=2)
+    assert done["padding_delivered"] >= 10 and part_way["padding_delivered"] == 0
+    for damaged, cause in [
+        ({**done, "padding_delivered": done["padding_delivered"] - 3}, "is not a whole number of batches of 10"),
+        ({**part_way, "padding_delivered": 10}, "padding comes after the rank's own rows, and rows_delivered says some are left"),
+    ]:
+        with pytest.raises(CheckpointMismatchError, match="'padding_delivered' is out of range") as error:
+            StructuredDataset(data, rank=1, world_size=3, num_workers=1, **_config(False)).load_state_dict(damaged)
+        assert cause in str(error.value)
+
+
 @pytest.mark.parametrize("shuffle", [False, True, "whole-lane windows"])
 @pytest.mark.parametrize("before, after", [((2, 2), (3, 0)), ((3, 0), (2, 2)), ((2, 1), (1, 3)), ((1, 2), (4, 1)), ((2, 2), (3, 2))])
 def test_elastic_resume_delivers_every_row_once(data, shuffle, before, after):

@@ -596,12 +596,14 @@ class StructuredDataset(IterableDataset):
         """Batches each rank of a topology delivers in ``epoch`` before equalizing (no elastic lanes)."""
         return [self._lane_batches(self._book.canonical_lanes(epoch, rank, world_size, num_workers)) for rank in range(world_size)]
 
-    def _padding_rows_for(self, epoch: int, lanes: list[Lane] | None, target: int | None) -> int:
-        """Padding rows this rank would owe with the given progress applied (no side effects)."""
+    def _padding_for(self, epoch: int, lanes: list[Lane] | None, target: int | None, positions: Sequence[int]) -> tuple[int, bool]:
+        """(padding rows this rank owes, whether every lane is delivered at ``positions``) with the
+        given plan applied (no side effects)."""
         saved = (self._epoch, self._lanes_override, self._target_override)
         self._epoch, self._lanes_override, self._target_override = epoch, lanes, target
         try:
-            return self._padding_rows()
+            lengths = [self._lane_length(lane) for lane in self._lanes()]
+            return self._padding_rows(), all(p >= n for p, n in zip(positions, lengths))
         finally:
             self._epoch, self._lanes_override, self._target_override = saved
 
@@ -695,13 +697,16 @@ class StructuredDataset(IterableDataset):
         target = state.get("batch_target") if progress.lanes is not None else None
         if progress.lanes is not None and (not isinstance(target, int) or isinstance(target, bool) or target < 0):
             raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
-        padding_rows = self._padding_rows_for(progress.epoch, progress.lanes, target)
-        if progress.padding_delivered > padding_rows:
-            raise mismatch(
-                "Checkpoint state key 'padding_delivered' is out of range.",
-                [],
-                [f"{progress.padding_delivered} rows, but this rank pads {padding_rows} rows in epoch {progress.epoch}"],
-            )
+        padding_rows, lanes_done = self._padding_for(progress.epoch, progress.lanes, target, progress.positions)
+        padding = progress.padding_delivered
+        if padding > padding_rows or padding % self.batch_size or (padding and not lanes_done):
+            if padding > padding_rows:
+                cause = f"{padding} rows, but this rank pads {padding_rows} rows in epoch {progress.epoch}"
+            elif padding % self.batch_size:
+                cause = f"{padding} rows is not a whole number of batches of {self.batch_size}"
+            else:
+                cause = f"{padding} rows, but padding comes after the rank's own rows, and rows_delivered says some are left"
+            raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [cause + ": the state is damaged"])
         skipped = self._restore_skipped(state.get("skipped_splits"))
         self._apply(progress, target)
         self._skipped = skipped
