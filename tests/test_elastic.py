@@ -74,6 +74,32 @@ def test_padding_comes_from_the_ranks_own_rows_and_is_not_progress(data):
     assert state["padding_delivered"] == 10 * len(padded)
 
 
+@pytest.mark.parametrize("equalize", ["pad", "drop"])
+def test_global_state_of_ranks_at_different_steps_resumes_only_elastically(data, equalize):
+    """States taken at different steps (a hand-assembled checkpoint): resumed in place, the ranks
+    would deliver different numbers of batches (13 and 11 in a review), and DDP would hang. The
+    global state is refused, naming the key; elastic=True deals the rest evenly, exactly once."""
+    config = _config(True, equalize)
+    seen = collections.Counter()
+    states = []
+    for rank, stop in enumerate((3, 5)):
+        batches, state, _ = _run(data, rank, 2, 2, config, stop=stop)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        states.append(state)
+    assert [s["batches_delivered"] for s in states] == [3, 5]
+    merged = merge_states(states)
+    with pytest.raises(CheckpointMismatchError, match=r"ranks\[1\] has delivered 5 batches of epoch 0 but ranks\[0\] 3 \(key 'batches_delivered'\)"):
+        StructuredDataset(data, rank=0, world_size=2, num_workers=2, **config).load_state_dict(merged)
+    counts = []
+    for rank in range(2):
+        batches, _, _ = _run(data, rank, 2, 2, config, state=merged, elastic=True)
+        seen.update(i for ids, pad in batches if not pad for i in ids)
+        counts.append(len(batches))
+    assert counts[0] == counts[1] and max(seen.values()) == 1
+    if equalize == "pad":
+        assert sorted(seen) == list(range(ROWS))
+
+
 def test_damaged_padding_progress_is_refused(data):
     """Padding is delivered in whole batches, after all of the rank's own rows: a state that says
     otherwise would leave the rank a batch short (a DDP hang) or skip its own rows."""

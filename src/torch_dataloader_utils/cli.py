@@ -400,6 +400,7 @@ _RANK_FIELDS: dict[str, _Field] = {
     "rows_delivered": (_are_counts, _COUNTS),
     "next_worker": (_optional(_is_count), "the index of a worker (an integer >= 0)"),
     "rows_total": (_optional(_are_counts), _COUNTS),
+    "batches_delivered": (_optional(_is_count), "a batch count (an integer >= 0)"),
     "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
     "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
     "in_progress": (_optional(_are_worker_splits), _WORKER_SPLITS),

@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
 from .convert import check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
-from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed
+from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed, uneven_steps
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
 from .reader import StreamReader
@@ -29,6 +29,7 @@ from .state import (
     build_rank_state,
     build_worker_state,
     check_header,
+    is_count,
     is_integer,
     mismatch,
     validate_rank_state,
@@ -335,6 +336,7 @@ class StructuredDataset(IterableDataset):
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
         state["skipped_splits"] = [{**split.to_dict(), "error": message} for split, message in self.skipped_splits]
+        state["batches_delivered"] = self._batches_delivered  # informational: merge_states checks the ranks took it at one step
         if self._target_override is not None:
             state["batch_target"] = self._target_override
         return state
@@ -355,7 +357,16 @@ class StructuredDataset(IterableDataset):
             check_global(state)
             first = state["ranks"][0]
             same = first.get("_world_size") == self.world_size and first.get("_num_workers") == self.num_workers
-            if same or not elastic:
+            uneven = uneven_steps(state) if same else None
+            if uneven and not elastic:
+                raise mismatch(
+                    "Checkpoint state's ranks were saved at different steps.",
+                    [],
+                    [uneven],
+                    "Save every rank's state at the same step (gather_state(dataset) on every rank does), or pass "
+                    "elastic=True to deal the remaining rows evenly again.",
+                )
+            if (same and not uneven) or not elastic:
                 self._load_rank_state(rank_part(state, self.rank) if same else self._strict_part(state))
             else:
                 self._load_elastic(state)
@@ -481,7 +492,7 @@ class StructuredDataset(IterableDataset):
                 # Counted last, with nothing between the count and the hand-off: no outer generator,
                 # no call after it, so an exception that strikes while the loop waits for a batch
                 # (KeyboardInterrupt, a signal handler's) comes before the count or after the loop got it.
-                self._advance(chunk, end, following[index])
+                self._advance(chunk, end, following[index], batches=1)
                 yield batch
                 if stats is not None:
                     stats.asked()
@@ -535,7 +546,9 @@ class StructuredDataset(IterableDataset):
                 "set_epoch or load_state_dict"
             )
 
-    def _advance(self, chunk: Chunk, end: int, following: int) -> None:
+    def _advance(self, chunk: Chunk, end: int, following: int, batches: int = 0) -> None:
+        if self._batches_delivered is not None:
+            self._batches_delivered += batches
         if chunk.lane == PADDING_LANE:
             self._padding_delivered = end
             return
@@ -650,6 +663,7 @@ class StructuredDataset(IterableDataset):
         self._positions = [0] * self.logical_workers
         self._next_lane = 0
         self._padding_delivered = 0
+        self._batches_delivered: int | None = 0  # None: restored from a state that did not count them
         self._lanes_override: list[Lane] | None = None
         self._target_override: int | None = None
         self._skipped: dict[int, str] = {}
@@ -707,8 +721,11 @@ class StructuredDataset(IterableDataset):
             else:
                 cause = f"{padding} rows, but padding comes after the rank's own rows, and rows_delivered says some are left"
             raise mismatch("Checkpoint state key 'padding_delivered' is out of range.", [], [cause + ": the state is damaged"])
+        counted = state.get("batches_delivered")
+        if counted is not None and not is_count(counted):
+            raise mismatch("Checkpoint state key 'batches_delivered' is damaged.", [], [f"found {counted!r:.40}: the state is damaged"])
         skipped = self._restore_skipped(state.get("skipped_splits"))
-        self._apply(progress, target)
+        self._apply(progress, target, counted)
         self._skipped = skipped
         if progress.epoch < selected and not self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots=False):
             self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
@@ -727,8 +744,9 @@ class StructuredDataset(IterableDataset):
                     restored[index[split]] = str(entry.get("error", ""))
         return restored
 
-    def _apply(self, progress: RankProgress, target: int | None) -> None:
+    def _apply(self, progress: RankProgress, target: int | None, batches_delivered: int | None) -> None:
         self._epoch_cell[0] = progress.epoch
+        self._batches_delivered = batches_delivered
         self._epoch = progress.epoch
         self._positions = list(progress.positions)
         self._next_lane = progress.next_lane
@@ -770,7 +788,7 @@ class StructuredDataset(IterableDataset):
         counts = [self._lane_batches(lanes) for lanes in dealt]
         target = max(counts) if self.equalize == "pad" else min(counts)
         epoch = state["epoch"]
-        self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target)
+        self._apply(RankProgress(epoch, dealt[self.rank], [0] * self.logical_workers, 0, 0), target, 0)
 
     def _old_drop_target(
         self, part: Mapping[str, Any], progress: RankProgress, world_size: int, num_workers: int, known: dict[tuple[int, int, int], int]

@@ -12,7 +12,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from .lanes import Lane, Segment, StreamBook
-from .state import CONFIG_KEYS, FORMAT_VERSION, SHUFFLE_ONLY_KEYS, mismatch
+from .state import CONFIG_KEYS, FORMAT_VERSION, SHUFFLE_ONLY_KEYS, is_count, mismatch
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
@@ -55,6 +55,20 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
         "files": files,
         "ranks": [{k: v for k, v in s.items() if k != "files"} for s in states],
     }
+
+
+def uneven_steps(state: Mapping[str, Any]) -> str | None:
+    """Why a global state's ranks cannot resume in place: under equalize "pad" or "drop" every rank
+    delivers one batch per step, so states taken at one step count the same batches; resumed from
+    states of different steps, the ranks would deliver different numbers of batches and a DDP job
+    would hang at the end of the epoch. None when they agree (or do not count: older versions)."""
+    counts = [part.get("batches_delivered") for part in state["ranks"]]
+    if state["ranks"][0].get("_equalize") == "none" or not all(is_count(c) for c in counts):
+        return None
+    for rank, count in enumerate(counts):
+        if count != counts[0]:
+            return f"ranks[{rank}] has delivered {count} batches of epoch {state.get('epoch')} but ranks[0] {counts[0]} (key 'batches_delivered')"
+    return None
 
 
 def plan_summary(state: Mapping[str, Any]) -> dict:
