@@ -128,9 +128,10 @@ def test_state_after_a_same_size_rewrite_of_a_local_file(tmp_path):
     it = iter(loader)
     [next(it) for _ in range(2)]
     state = json.loads(json.dumps(dataset.state_dict()))
-    size = os.path.getsize(os.path.join(root, "part-0.parquet"))
+    before = os.stat(os.path.join(root, "part-0.parquet"))
     _fixed_width_file(os.path.join(root, "part-0.parquet"), 5000, 60)  # other rows, same size
-    assert os.path.getsize(os.path.join(root, "part-0.parquet")) == size
+    assert os.path.getsize(os.path.join(root, "part-0.parquet")) == before.st_size
+    os.utime(os.path.join(root, "part-0.parquet"), ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))  # coarse clocks tick every 4 ms
     with pytest.raises(CheckpointMismatchError, match="part-0.parquet"):
         StructuredDataset(root, **config).load_state_dict(state)
 
@@ -442,3 +443,4 @@ def test_worker_state_is_refused_in_the_main_process_and_progress_kept(data, loa
         assert "loader.load_state_dict" in str(error.value)
         assert dataset.state_dict() == before, "a refused worker state changed the progress"
     assert next(it) is not None  # the open pass goes on
+    del it  # its workers stop now, not in a later test's garbage collection (5 s per worker)

@@ -75,15 +75,17 @@ def test_an_error_read_in_the_main_process_keeps_its_traceback(tmp_path):
 def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, persistent):
     """A worker stuck past `timeout` fails the pass; iterating again continues where the loop stopped."""
     write_dataset(tmp_path / "data", [[300], [300]])
-    config = dict(batch_size=50, chunk_rows=100, num_workers=2, timeout=1, persistent_workers=persistent)
-    full = [batch_key(batch) for batch in StructuredDataset.create_dataloader(str(tmp_path / "data"), **config)[0]]
+    config = dict(batch_size=50, chunk_rows=100, num_workers=2, timeout=3, persistent_workers=persistent)
+    full = [batch_key(batch) for batch in StructuredDataset.create_dataloader(str(tmp_path / "data"), **{**config, "timeout": 0})[0]]
     stuck = tmp_path / "stuck"
     read_chunk = StructuredDataset.read_chunk
 
     def slow_in_worker_1(self, task, joined=False):  # the real read, after a stall while `stuck` exists
         info = get_worker_info()
-        if info is not None and info.id == 1 and stuck.exists():
-            time.sleep(3)
+        waited = 0
+        while info is not None and info.id == 1 and stuck.exists() and waited < 1200:  # (a minute at most)
+            time.sleep(0.05)
+            waited += 1
         return read_chunk(self, task, joined)
 
     monkeypatch.setattr(StructuredDataset, "read_chunk", slow_in_worker_1)
