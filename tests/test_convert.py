@@ -36,6 +36,47 @@ def test_list_values_survive_slicing_into_batches(tmp_path, num_workers):
     assert delivered == rows
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_writing_to_a_batch_in_place_changes_no_later_delivery(tmp_path, fmt, num_workers):
+    """A loop may change its batch in place (``x.sub_(mean)``). Rows delivered again from the
+    reader's kept tables (a rollback to an earlier state, a pass repeated without set_epoch) must
+    still carry the file's values: with num_workers=0 batches were views of those tables."""
+    from pyarrow import orc
+
+    ids = np.arange(1000, dtype=np.int64)
+    lists = pa.array([[float(i)] * (i % 3) for i in ids], pa.list_(pa.float32()))
+    table = pa.table({"id": ids, "x": ids.astype(np.float32), "v": pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 2)), 2), "l": lists})
+    (pq.write_table if fmt == "parquet" else orc.write_table)(table, tmp_path / f"t.{fmt}")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), format=fmt, batch_size=100, num_workers=num_workers)
+
+    def scribble(batch):
+        batch["x"].sub_(5000)
+        batch["v"].zero_()
+        values = batch["l"].values if isinstance(batch["l"], Ragged) else batch["l"]
+        values.fill_(-1)
+
+    def assert_intact(batch):
+        row = batch["id"]
+        assert torch.equal(batch["x"], row.float()) and torch.equal(batch["v"], torch.stack([row, row], 1))
+        assert _ragged_rows(batch["l"]) == [[float(i)] * (i % 3) for i in row.tolist()]
+
+    passes = iter(loader)
+    for _ in range(3):
+        next(passes)
+    state = dataset.state_dict()
+    for _ in range(4):
+        scribble(next(passes))
+    dataset.load_state_dict(state)  # roll back: batches 3-6 come again
+    rest = list(loader)
+    assert len(rest) == 7
+    for batch in rest:
+        assert_intact(batch)
+        scribble(batch)
+    for batch in loader:  # the epoch again, without set_epoch
+        assert_intact(batch)
+
+
 def test_types(tmp_path):
     n = 6
     table = pa.table(

@@ -204,8 +204,9 @@ class Joined:
             at += count
 
     def build(self) -> torch.Tensor:
-        if len(self.pieces) == 1 and not self.pieces[0][1]:
-            return self.pieces[0][0]  # one piece as it is: no copy
+        """A tensor of its own, also for a single piece: pieces may be views of the Arrow tables the
+        reader keeps (and delivers again: padding, a repeated pass, a rollback), and a loop that
+        writes to its batch in place must not change them."""
         out = torch.empty(self.shape, dtype=self.dtype)
         self.write(out)
         return out
