@@ -233,6 +233,21 @@ def test_incompatible_schemas_name_the_files_at_planning(tmp_path):
     assert "but string in" in message and "c.parquet" in message
 
 
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_column_name_twice_in_a_file_is_refused_naming_file_and_column(tmp_path, alone):
+    """Next to a file of another schema, each piece is conformed by name, and such a column was
+    delivered as nulls; alone, reading it failed with a KeyError about another column."""
+    root = str(tmp_path / "twice")
+    os.makedirs(root)
+    names = ["id", "s", "s", "x"]
+    twice = pa.Table.from_arrays([pa.array(range(4), pa.int64()), pa.array(list("abcd")), pa.array(list("ABCD")), pa.array([0.5] * 4)], names=names)
+    _write(os.path.join(root, "a.parquet"), twice)
+    if not alone:
+        _write(os.path.join(root, "b.parquet"), pa.table({"id": pa.array(range(4, 8), pa.int32()), "s": list("efgh"), "x": [1.5] * 4}))
+    with pytest.raises(ValueError, match=r"a\.parquet has 2 columns named 's': .*Rename the columns in the data"):
+        StructuredDataset(root, num_workers=0)
+
+
 @pytest.mark.parametrize(
     "a, b, unified",
     [

@@ -93,6 +93,14 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
     distinct: dict[pa.Schema, list[str]] = {}
     for schema, name in zip(schemas, names):
         distinct.setdefault(schema.remove_metadata(), []).append(name)
+    for schema, files in distinct.items():
+        twice = sorted({column for column in schema.names if schema.names.count(column) > 1})
+        if twice:
+            raise ValueError(
+                f"{_files_text(files)} has {schema.names.count(twice[0])} columns named "
+                f"{twice[0]!r}: a batch maps each name to one column, and pyarrow cannot read such a column by name. "
+                "Rename the columns in the data"
+            )
     if len(distinct) == 1:
         return _wide_dictionaries(schemas[0])
     fields: dict[str, pa.DataType] = {}
