@@ -273,5 +273,18 @@ def test_intervals_have_no_tensor_form_but_other_time_types_do():
 
     assert "no tensor form" in batch_form_problem(pa.month_day_nano_interval())
     assert "not supported" in batch_form_problem(pa.list_(pa.month_day_nano_interval(), 2))
-    for kind in (pa.timestamp("ms"), pa.date32(), pa.time64("us"), pa.duration("s"), pa.list_(pa.timestamp("us"), 2)):
+    for kind in (pa.timestamp("ms"), pa.date32(), pa.time64("us"), pa.duration("s"), pa.list_(pa.timestamp("us"), 2), pa.list_(pa.date32())):
         assert batch_form_problem(kind) is None, kind
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_variable_lists_of_times_are_counts_of_their_unit_like_fixed_size_ones(tmp_path, num_workers):
+    """list<timestamp> was refused while fixed_size_list<timestamp> and list<fixed_size_list<timestamp>> were read."""
+    rows = [[datetime.datetime(2024, 1, 1, 0, 0, i)] * (i % 3) for i in range(7)]
+    table = pa.table({"t": pa.array(rows, pa.list_(pa.timestamp("ms"))), "d": pa.array([[datetime.date(2024, 1, 1 + i)] for i in range(7)], pa.list_(pa.date32()))})
+    pq.write_table(table, tmp_path / "t.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=7, num_workers=num_workers)
+    (batch,) = list(loader)
+    base = int(datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc).timestamp() * 1000)
+    assert _ragged_rows(batch["t"]) == [[base + 1000 * i] * (i % 3) for i in range(7)]
+    assert batch["d"].tolist() == [[19723 + i] for i in range(7)]  # days since 1970-01-01

@@ -106,7 +106,7 @@ def batch_form_problem(kind: pa.DataType) -> str | None:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         values = kind.value_type
         inner = _innermost(values)
-        supported = _is_number(inner) or (_is_time_count(inner) and values != inner)
+        supported = _is_number(inner) or _is_time_count(inner)
         return None if supported else f"lists of {values} are not supported"
     return "it has no tensor form"
 
@@ -169,7 +169,7 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
         values = array.flatten()
         inner = _flatten_fixed(values, name, where) if pa.types.is_fixed_size_list(values.type) else None
         if inner is None:
-            if not _is_number(values.type):
+            if not (_is_number(values.type) or _is_time_count(values.type)):
                 raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
             inner = _numeric(values, name, where)
         return _ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
