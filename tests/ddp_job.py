@@ -2,7 +2,7 @@
 
     python tests/ddp_job.py SPEC.json RANK
 
-The spec names the data, the world size, the rendezvous port, an output directory and
+The spec names the data, the world size, an output directory (which also holds the rendezvous file) and
 a list of tasks. Rank and world size reach the dataset only through the process group
 (create_dataloader is called without them). Every batch is followed by an all_reduce,
 as a DDP step would be, so a rank with more batches than the others hangs the job (the
@@ -113,7 +113,7 @@ def main(spec_path: str, rank: int) -> None:
     spec = _read(spec_path)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{spec['port']}",
+        init_method=f"file://{spec['out']}/rendezvous",  # a file store: no port that another process could take first
         rank=rank,
         world_size=spec["world_size"],
         timeout=datetime.timedelta(seconds=spec.get("timeout", 60)),

@@ -14,7 +14,6 @@ import collections
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -56,17 +55,11 @@ def _config(name: str, world: int | None = None, workers: int | None = None) -> 
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp, label: str, data: str, world: int, tasks: list[dict]) -> list[dict]:
     """Run ``world`` rank processes of tests/ddp_job.py to completion; every rank's results."""
     out = tmp / label
     out.mkdir()
-    spec = dict(data=data, world_size=world, port=_free_port(), out=str(out), tasks=tasks, timeout=60)
+    spec = dict(data=data, world_size=world, out=str(out), tasks=tasks, timeout=60)
     (out / "spec.json").write_text(json.dumps(spec))
     procs = []
     for rank in range(world):
