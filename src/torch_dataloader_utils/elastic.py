@@ -161,22 +161,24 @@ def deal(units_per_lane: Sequence[Sequence[Segment]], world_size: int, num_worke
     """Deal remaining units to the new topology: [rank][worker] -> Lane.
 
     Units are taken round-robin across the old lanes (so each new lane mixes them) and laid end
-    to end; the new lanes, rank by rank and worker by worker, take equal shares of that sequence
-    in whole batches, and a unit is cut where a share ends. So every rank and worker ends within
-    one batch of the others, whatever the units' sizes (whole shuffle windows may be larger than
-    a share). A cut shuffle window is decoded by each lane that reads a part of it.
+    to end; the new lanes, rank by rank and worker by worker, take shares of that sequence in whole
+    batches, and a unit is cut where a share ends. The batches are split evenly over the ranks
+    first, then each rank's over its workers, so ranks end within one batch of each other (and
+    a rank's workers too), whatever the units' sizes (whole shuffle windows may be larger than a
+    share). A cut shuffle window is decoded by each lane that reads a part of it.
     """
     workers = max(1, num_workers)
-    lanes = world_size * workers
     depth = max((len(u) for u in units_per_lane), default=0)
     order = [units[i] for i in range(depth) for units in units_per_lane if i < len(units)]
     total = sum(unit.num_rows for unit in order)
     batches = -(-total // batch_size)
     ends, taken = [], 0
-    for lane in range(lanes):
-        taken += batches // lanes + (lane < batches % lanes)
-        ends.append(min(total, taken * batch_size))
-    dealt: list[list[Segment]] = [[] for _ in range(lanes)]
+    for rank in range(world_size):
+        rank_batches = batches // world_size + (rank < batches % world_size)
+        for worker in range(workers):
+            taken += rank_batches // workers + (worker < rank_batches % workers)
+            ends.append(min(total, taken * batch_size))
+    dealt: list[list[Segment]] = [[] for _ in ends]
     lane = position = 0
     for unit in order:
         start = unit.start
