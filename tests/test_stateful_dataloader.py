@@ -302,6 +302,18 @@ def test_worker_states_after_an_elastic_load_resume_only_on_the_same_lanes(data,
     _, planned = _elastic(data, shuffle, None)
     planned.load_state_dict(states[2])
     refused(planned, CheckpointMismatchError, r"re-dealt; this dataset reads the planned lanes \(key 'deal'\)")
+    # the next epoch is planned normally: its states resume with or without the elastic load repeated
+    dataset, loader = _elastic(data, shuffle, global_state)
+    run(loader)
+    dataset.set_epoch(1)
+    passes = iter(loader)
+    next(passes)
+    next_epoch = roundtrip(loader.state_dict(), "json")
+    rest = [key(batch) for batch in passes]
+    for again in (global_state, None):
+        dataset, loader = _elastic(data, shuffle, again)
+        loader.load_state_dict(next_epoch)
+        assert run(loader) == rest, "repeated elastic load" if again else "newly built dataset"
 
 
 def test_worker_state_is_small_and_plain(data):

@@ -845,7 +845,9 @@ class StructuredDataset(IterableDataset):
 
     def _check_worker_state(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
         """(epoch, worker, rows delivered) of a worker state that fits this plan; else CheckpointMismatchError."""
-        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers, self._deal())
+        # an elastic load re-deals its epoch only: a state of any other epoch counts along the planned lanes
+        deal = self._deal() if state.get("epoch") == self._epoch else None
+        epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers, deal)
         selected = self._epoch
         self._epoch = epoch  # measure the worker's rows in the state's epoch, without touching progress
         try:
