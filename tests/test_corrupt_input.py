@@ -244,8 +244,10 @@ def test_a_column_name_twice_in_a_file_is_refused_naming_file_and_column(tmp_pat
     _write(os.path.join(root, "a.parquet"), twice)
     if not alone:
         _write(os.path.join(root, "b.parquet"), pa.table({"id": pa.array(range(4, 8), pa.int32()), "s": list("efgh"), "x": [1.5] * 4}))
-    with pytest.raises(ValueError, match=r"a\.parquet has 2 columns named 's': .*Rename the columns in the data"):
+    with pytest.raises(ValueError, match=r"a\.parquet has 2 columns named 's': .*Leave it out with columns=\[\.\.\.\], or rename"):
         StructuredDataset(root, num_workers=0)
+    loader, _ = StructuredDataset.create_dataloader(root, num_workers=0, batch_size=8, columns=["id", "x"])  # the others read
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(4 if alone else 8))
 
 
 @pytest.mark.parametrize(

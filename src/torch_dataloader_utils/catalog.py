@@ -21,7 +21,7 @@ from .formats import FileFormat, get_format
 from .planner import FileLayout, Split, plan_splits
 from .remote import IOOptions, RemoteReadError, open_store, prefetched_tails
 from .progress import progress
-from .schema import file_schema, missing_columns, unify
+from .schema import file_schema, missing_columns, repeated_columns, unify
 from .streams import SplitRows, unit_offsets
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,7 @@ class Catalog:
     split_bytes: int
     schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
     missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
+    repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -105,9 +106,10 @@ def build_catalog(
     footers = [footer for _, footer, _ in results]
     schema = unify([s for _, _, s in results], [f.url for f in files])
     missing = [missing_columns(s, schema) for _, _, s in results]
+    repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
     splits = plan_splits(layouts, split_bytes)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
         fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(l) for l in layouts], split_bytes,
-        schema, missing,
+        schema, missing, repeated,
     )

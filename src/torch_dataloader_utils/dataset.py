@@ -21,7 +21,7 @@ from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
 from .reader import StreamReader
 from .remote import IOOptions
-from .schema import check_missing_columns
+from .schema import check_missing_columns, check_repeated_columns
 from .stats import LoaderStats
 from .state import (
     MAX_EPOCH,
@@ -515,6 +515,7 @@ class StructuredDataset(IterableDataset):
         files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
         if not any(rows for _, rows in files):
             return  # nothing will be converted (files without rows may type a column as null)
+        check_repeated_columns(catalog.schema, self.columns, catalog.repeated_columns)
         check_batch_forms(catalog.schema, self.columns)
         check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 

@@ -14,12 +14,14 @@ The rule (documented in docs/reliability.md):
   which a shuffle window mixing two dictionaries can overflow).
 - Anything else must be equal (nested types included). Otherwise planning raises a ValueError
   naming the column, both types and files on each side.
+- A selected column that a file holds twice or more is refused, naming the file.
 
 Field order is the order of first appearance in file order; every unified field is nullable.
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from functools import lru_cache
@@ -93,14 +95,6 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
     distinct: dict[pa.Schema, list[str]] = {}
     for schema, name in zip(schemas, names):
         distinct.setdefault(schema.remove_metadata(), []).append(name)
-    for schema, files in distinct.items():
-        twice = sorted({column for column in schema.names if schema.names.count(column) > 1})
-        if twice:
-            raise ValueError(
-                f"{_files_text(files)} has {schema.names.count(twice[0])} columns named "
-                f"{twice[0]!r}: a batch maps each name to one column, and pyarrow cannot read such a column by name. "
-                "Rename the columns in the data"
-            )
     if len(distinct) == 1:
         return _wide_dictionaries(schemas[0])
     fields: dict[str, pa.DataType] = {}
@@ -145,6 +139,28 @@ def missing_columns(schema: pa.Schema, unified: pa.Schema) -> tuple[str, ...]:
 
 
 _NULLS_HAVE_BATCH_FORM = (pa.null(), *LARGE_TYPES, *LARGE_TYPES.values())  # strings and binary hold None
+
+
+def repeated_columns(schemas: Sequence[pa.Schema], names: Sequence[str]) -> dict[str, tuple[str, int]]:
+    """Column name -> (first file, count) for names a file holds more than once."""
+    repeated: dict[str, tuple[str, int]] = {}
+    for schema, name in zip(schemas, names):
+        for column, count in collections.Counter(schema.names).items():
+            if count > 1 and column not in repeated:
+                repeated[column] = (name, count)
+    return repeated
+
+
+def check_repeated_columns(unified: pa.Schema, columns: Sequence[str] | None, repeated: dict[str, tuple[str, int]]) -> None:
+    """ValueError for a selected column that a file holds more than once: a batch maps each name to
+    one column (next to other schemas, such a column was read as nulls)."""
+    for name in unified.names if columns is None else columns:
+        if name in repeated:
+            file, count = repeated[name]
+            raise ValueError(
+                f"{file} has {count} columns named {name!r}: a batch maps each name to one column, and pyarrow cannot "
+                "read such a column by name. Leave it out with columns=[...], or rename the columns in the data"
+            )
 
 
 def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, missing: Sequence[tuple[str, ...]], files: Sequence[tuple[str, int]]) -> None:
