@@ -203,10 +203,12 @@ class Joined:
                 flat[at : at + count].copy_(piece.reshape(-1))
             at += count
 
-    def build(self) -> torch.Tensor:
-        """A tensor of its own, also for a single piece: pieces may be views of the Arrow tables the
-        reader keeps (and delivers again: padding, a repeated pass, a rollback), and a loop that
-        writes to its batch in place must not change them."""
+    def build(self, copy: bool = True) -> torch.Tensor:
+        """The tensor; with ``copy`` one of its own also for a single piece: pieces may be views of
+        the Arrow tables the reader keeps (and delivers again: padding, a repeated pass, a
+        rollback), and a loop that writes to its batch in place must not change them."""
+        if not copy and len(self.pieces) == 1 and not self.pieces[0][1]:
+            return self.pieces[0][0]
         out = torch.empty(self.shape, dtype=self.dtype)
         self.write(out)
         return out
@@ -281,14 +283,15 @@ def table_to_joined(table: pa.Table, where: Where) -> dict[str, Any]:
     return columns
 
 
-def build_columns(columns: dict[str, Any]) -> dict[str, Any]:
-    """Columns from ``table_to_joined`` with every ``Joined`` built into a tensor."""
-    return {name: replace_leaves(value, Joined, Joined.build) for name, value in columns.items()}
+def build_columns(columns: dict[str, Any], copy: bool = True) -> dict[str, Any]:
+    """Columns from ``table_to_joined`` with every ``Joined`` built into a tensor (see ``Joined.build``)."""
+    return {name: replace_leaves(value, Joined, lambda joined: joined.build(copy)) for name, value in columns.items()}
 
 
-def table_to_columns(table: pa.Table, where: Where) -> dict[str, Any]:
-    """Convert a whole chunk into tensors (and lists); see ``table_to_joined``."""
-    return build_columns(table_to_joined(table, where))
+def table_to_columns(table: pa.Table, where: Where, copy: bool = True) -> dict[str, Any]:
+    """Convert a whole chunk into tensors (and lists); see ``table_to_joined``. ``copy=False`` may
+    leave tensors as views of ``table`` (fine when they are copied on anyway, as out of a worker)."""
+    return build_columns(table_to_joined(table, where), copy)
 
 
 def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:

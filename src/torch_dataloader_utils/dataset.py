@@ -453,7 +453,11 @@ class StructuredDataset(IterableDataset):
             # e.g. after a KeyboardInterrupt in the main process): the next read starts afresh.
             self._reader = None
             raise
-        columns = (table_to_joined if joined else table_to_columns)(rows.table, lambda: self._describe_rows(task))
+        where = lambda: self._describe_rows(task)  # noqa: E731 - asked only for an error message
+        if joined:
+            columns = table_to_joined(rows.table, where)
+        else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
+            columns = table_to_columns(rows.table, where, copy=get_worker_info() is None)
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def deliver(self, tasks: Sequence[ChunkTask], chunks: Iterable[Chunk], stats: LoaderStats | None = None) -> Iterator[dict[str, Any]]:

@@ -33,7 +33,7 @@ def pinned_read_for(fs: Any) -> PinnedRead | None:
 
 
 def _changed(path: str, tag: str) -> FileChangedError:
-    return FileChangedError(f"the file changed after planning (its ETag is no longer {tag}); create the loader again")
+    return FileChangedError(f"the file changed after planning (the ETag of {path} is no longer {tag}); create the loader again")
 
 
 async def _s3_range(fs: Any, path: str, start: int, end: int, tag: str) -> bytes:

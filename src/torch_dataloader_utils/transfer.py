@@ -134,14 +134,14 @@ class WorkerPool:
         columns in the main process."""
         size = _packed_size(columns)
         if not size:
-            return build_columns(columns)
+            return build_columns(columns, copy=False)  # pickled into torch's queue: copied there
         try:
             buffer = self._take(size)
         except OSError as error:  # out of file descriptors or memory for a new buffer: the plain way
             if not self._warned:
                 self._warned = True
                 log.warning("no shared buffer for a chunk (%s); sending chunks through torch's queue instead", error)
-            return build_columns(columns)
+            return build_columns(columns, copy=False)
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
         layout = _write(columns, target)
         del target  # no export of the mapping may outlive this call (the buffer may be closed later)
