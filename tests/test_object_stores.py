@@ -134,6 +134,21 @@ def test_file_rewritten_after_planning_is_refused_and_never_cached(object_store,
     assert ids == list(range(60))
 
 
+def test_a_gcs_checkpoint_of_the_etag_era_is_refused_saying_why(store_registry, uploaded):
+    """GCS files were identified by their ETag (MD5) until 2026-11-22, now by their generation: such a
+    checkpoint's files all look rewritten, and the refusal says that it may be the cause."""
+    gcs = get_store("gcs", store_registry)
+    url = uploaded(gcs)
+    loader, dataset = StructuredDataset.create_dataloader(url, batch_size=25, num_workers=0, storage_options=gcs.options)
+    next(iter(loader))
+    state = json.loads(json.dumps(dataset.state_dict()))
+    for entry in state["files"]:
+        entry[2] = gcs.fs.info(entry[0].split("://", 1)[1])["etag"].strip('"')  # what older versions saved
+    with pytest.raises(CheckpointMismatchError, match="file rewritten since the checkpoint") as error:
+        StructuredDataset(url, batch_size=25, num_workers=0, storage_options=gcs.options).load_state_dict(state)
+    assert "identified GCS files by their ETag; they are now identified by their generation" in str(error.value)
+
+
 def _ids_parquet(first: int) -> bytes:
     """200 ids in 4 row groups, uncompressed: every ``first`` gives a file of the same size."""
     sink = pa.BufferOutputStream()
@@ -172,8 +187,8 @@ def test_file_rewritten_mid_pass_is_never_read_nor_cached(object_store, tmp_path
 
 @pytest.mark.parametrize("workers, persistent", [(0, False), (2, True)])
 def test_file_rewritten_between_passes_is_refused_not_read(object_store, tmp_path, workers, persistent):
-    """Each pass checks a file's version again before reading it (persistent workers too): the
-    next epoch must not read a new version of the same size under the old plan."""
+    """Every read is of the planned version or fails (persistent workers too): the next epoch must
+    not read a new version of the same size under the old plan."""
     write_dataset(tmp_path / "a", [[60]])
     write_dataset(tmp_path / "b", [[60]], first_id=1000)  # same layout and size, other rows
     (url_a,) = object_store.upload(str(tmp_path / "a"), f"between-passes-{workers}")

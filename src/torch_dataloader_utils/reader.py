@@ -216,8 +216,8 @@ class StreamReader:
 
 def _check_unchanged(fs: Any, entry: Any) -> None:
     """A local file must still be the one planned (size and mtime) when a reader opens it: the
-    footer read at planning time would otherwise be applied to other bytes. (A remote file is
-    checked by the store before the first range fetched from it: remote.RemoteStore.read_many.)"""
+    footer read at planning time would otherwise be applied to other bytes. (A remote file's every
+    range is read from the planned version, or checked after: remote.RemoteStore.read_many.)"""
     if not is_local(fs):
         return
     check_version(fs.info(entry.fs_path), entry.size, entry.tag)

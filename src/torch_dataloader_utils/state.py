@@ -226,6 +226,13 @@ def file_causes(saved: Any, current: list[list]) -> list[str]:
         (size_then, tag_then), (size_now, tag_now) = old[path], new[path]
         detail = f"size checkpoint={size_then}, current={size_now}" if size_then != size_now else f"tag checkpoint={tag_then}, current={tag_now}"
         causes.append(f"file rewritten since the checkpoint: {path} ({detail})")
+    gcs = [p for p in changed if p.startswith(("gs://", "gcs://"))]
+    if any(old[p][0] == new[p][0] and str(new[p][1]).isdigit() and not str(old[p][1]).isdigit() for p in gcs):
+        causes.append(
+            "or the checkpoint is from a version of this library before 2026-11-22, which identified GCS files by "
+            "their ETag; they are now identified by their generation (the ETag also changes with metadata), so such "
+            "a checkpoint cannot be resumed exactly: start the epoch afresh"
+        )
     return causes
 
 
