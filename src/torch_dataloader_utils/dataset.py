@@ -336,7 +336,7 @@ class StructuredDataset(IterableDataset):
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
         state["skipped_splits"] = [{**split.to_dict(), "error": message} for split, message in self.skipped_splits]
-        state["batches_delivered"] = self._batches_delivered  # informational: merge_states checks the ranks took it at one step
+        state["batches_delivered"] = self._batches_delivered  # a global state's ranks must agree on it to resume in place
         if self._target_override is not None:
             state["batch_target"] = self._target_override
         return state

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TAIL_BYTES = 64 * 1024
-PART_BYTES = 8 * 1024 * 1024  # the most one request asks for: download_timeout bounds each, so a long range on a slow link does not time out whole
+PART_BYTES = 8 * 1024 * 1024  # the most one request asks for; a longer range goes out as parts at once
 _BACKOFF_FIRST = 0.2
 _BACKOFF_MAX = 5.0
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
