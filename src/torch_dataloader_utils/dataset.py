@@ -87,6 +87,15 @@ class Chunk:
             yield slice_columns(self.columns, offset, stop), end
 
 
+def _deal_digest(lanes: list[Lane] | None, target: int | None) -> str | None:
+    """A digest of the lanes and batch target an elastic resume set (None: the planned ones): a
+    worker state's rows_delivered counts along its lane, so it fits only the same deal."""
+    if lanes is None and target is None:
+        return None
+    text = json.dumps({"lanes": None if lanes is None else [[s.to_list() for s in lane.segments] for lane in lanes], "batch_target": target})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _integer(name: str, value: Any) -> int:
     """``value`` as an int (numpy and torch integers too); a ValueError naming ``name`` otherwise."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
@@ -247,7 +256,6 @@ class StructuredDataset(IterableDataset):
         self._worker_passes = 0  # passes this copy started inside a DataLoader worker
         self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
         self._digest: tuple[Catalog, str] | None = None
-        self._deal_digest: tuple[Any, int | None, str] | None = None
         self._warned_repeat = False  # "epoch is read again" was logged
         self._epoch_set_since_load = True  # set_epoch was called after the last load_state_dict (or none came)
         self._warned_drop = False  # "equalize='drop' leaves out most of this rank's batches" was logged
@@ -331,7 +339,7 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id], self._deal())
+            return build_worker_state(self._config(), self._files_digest(), self._epoch, info.id, self._positions[info.id], self._deal)
         progress = RankProgress(self._epoch, self._lanes_override, list(self._positions), self._next_lane, self._padding_delivered)
         state = build_rank_state(self._config(), self._catalog.fingerprint, progress, self._lanes(), self._book, self._catalog.splits)
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
@@ -671,6 +679,7 @@ class StructuredDataset(IterableDataset):
         self._batches_delivered: int | None = 0  # None: restored from a state that did not count them
         self._lanes_override: list[Lane] | None = None
         self._target_override: int | None = None
+        self._deal: str | None = None  # digest of the overrides, kept with each worker state (see _deal_digest)
         self._skipped: dict[int, str] = {}
         self._just_restored = False  # progress came from load_state_dict and no pass has started since
 
@@ -758,6 +767,7 @@ class StructuredDataset(IterableDataset):
         self._padding_delivered = progress.padding_delivered
         self._lanes_override = progress.lanes
         self._target_override = target
+        self._deal = _deal_digest(progress.lanes, target)
         self._just_restored = True
         self._epoch_set_since_load = False
         self._supersede("load_state_dict")
@@ -851,7 +861,7 @@ class StructuredDataset(IterableDataset):
     def _check_worker_state(self, state: Mapping[str, Any]) -> tuple[int, int, int]:
         """(epoch, worker, rows delivered) of a worker state that fits this plan; else CheckpointMismatchError."""
         # an elastic load re-deals its epoch only: a state of any other epoch counts along the planned lanes
-        deal = self._deal() if state.get("epoch") == self._epoch else None
+        deal = self._deal if state.get("epoch") == self._epoch else None
         epoch, worker, position = validate_worker_state(state, self._config(), self._files_digest(), self.logical_workers, deal)
         selected = self._epoch
         self._epoch = epoch  # measure the worker's rows in the state's epoch, without touching progress
@@ -879,18 +889,6 @@ class StructuredDataset(IterableDataset):
         if self._digest is None or self._digest[0] is not self._catalog:
             self._digest = (self._catalog, self._catalog.files_digest)
         return self._digest[1]
-
-    def _deal(self) -> str | None:
-        """A digest of the lanes and batch target an elastic resume set (None: the planned ones),
-        kept with each worker state: a worker's rows_delivered counts along its lane."""
-        if self._lanes_override is None and self._target_override is None:
-            return None
-        key = (self._lanes_override, self._target_override)
-        if self._deal_digest is None or self._deal_digest[0] is not key[0] or self._deal_digest[1] != key[1]:
-            lanes = None if self._lanes_override is None else [[s.to_list() for s in lane.segments] for lane in self._lanes_override]
-            text = json.dumps({"lanes": lanes, "batch_target": self._target_override})
-            self._deal_digest = (key[0], key[1], hashlib.sha256(text.encode()).hexdigest()[:16])
-        return self._deal_digest[2]
 
     def _begin_worker_pass(self, worker: int, num_workers: int, restored: int | None, first: bool) -> None:
         """Where a worker's pass starts. The pass right after a worker state was loaded resumes

@@ -1,9 +1,9 @@
 """Range reads that only succeed on the planned version of an object.
 
 S3 and Azure Blob take the planned ETag as a condition of each GET (``If-Match``): a file
-rewritten after planning answers HTTP 412, raised here as ``FileChangedError``, instead of
-the new version's bytes. Other stores have no such condition here (the GCS emulator ignores
-``ifGenerationMatch``); ``RemoteStore`` checks their version after fetching instead.
+rewritten after planning answers HTTP 412, which ``RemoteStore`` turns into ``FileChangedError``,
+instead of the new version's bytes. Other stores have no such condition here (the GCS emulator
+ignores ``ifGenerationMatch``); ``RemoteStore`` checks their version after fetching instead.
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import os
 from typing import Any, Awaitable, Callable
-
-from .errors import FileChangedError
 
 PinnedRead = Callable[[Any, str, int, int, str], Awaitable[bytes]]
 
@@ -32,19 +30,10 @@ def pinned_read_for(fs: Any) -> PinnedRead | None:
     return None
 
 
-def _changed(path: str, tag: str) -> FileChangedError:
-    return FileChangedError(f"the file changed after planning (the ETag of {path} is no longer {tag}); create the loader again")
-
-
 async def _s3_range(fs: Any, path: str, start: int, end: int, tag: str) -> bytes:
     bucket, key, version = fs.split_path(path)
     extra = {"VersionId": version} if version else {}
-    try:
-        response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=f'"{tag}"', **extra)
-    except OSError as error:
-        if _s3_precondition_failed(error):
-            raise _changed(path, tag) from None
-        raise
+    response = await fs._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", IfMatch=f'"{tag}"', **extra)
     body = response["Body"]
     try:
         return await body.read()
@@ -52,24 +41,9 @@ async def _s3_range(fs: Any, path: str, start: int, end: int, tag: str) -> bytes
         body.close()
 
 
-def _s3_precondition_failed(error: BaseException) -> bool:
-    """s3fs turns botocore's 412 PreconditionFailed into an OSError; the ClientError is its cause."""
-    item: BaseException | None = error
-    for _ in range(5):
-        if item is None:
-            return False
-        response = getattr(item, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code == "PreconditionFailed" or status == 412
-        item = item.__cause__ or item.__context__
-    return False
-
-
 async def _azure_range(fs: Any, path: str, start: int, end: int, tag: str) -> bytes:
     from azure.core import MatchConditions
-    from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+    from azure.core.exceptions import ResourceNotFoundError
 
     container, blob, version = fs.split_path(fs._strip_protocol(path))
     async with fs.service_client.get_blob_client(container=container, blob=blob) as client:
@@ -82,8 +56,6 @@ async def _azure_range(fs: Any, path: str, start: int, end: int, tag: str) -> by
                 match_condition=MatchConditions.IfNotModified,
                 **getattr(fs, "_timeout_kwargs", {}),
             )
-        except ResourceModifiedError:
-            raise _changed(path, tag) from None
         except ResourceNotFoundError as error:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path) from error
         return await stream.readall()

@@ -297,9 +297,9 @@ class RemoteStore:
                 outcomes = [error] * len(pending)
             failed = []
             for i, outcome in zip(pending, outcomes):
-                _, start, end, _ = requests[i]
-                if isinstance(outcome, FileChangedError):
-                    raise outcome
+                path, start, end, tag = requests[i]
+                if pinned and isinstance(outcome, BaseException) and any(_status(e) == 412 for e in _chain(outcome)):
+                    raise FileChangedError(f"the file changed after planning (the ETag of {path} is no longer {tag}); create the loader again")
                 if not isinstance(outcome, BaseException) and len(outcome) != end - start:
                     outcome = ShortReadError(f"got {len(outcome)} of {end - start} bytes")
                 if isinstance(outcome, BaseException):
