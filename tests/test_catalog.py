@@ -1,0 +1,86 @@
+"""Planning's reading of footers: local Parquet footers parsed from Python memory, and the
+switch to a thread pool when local reads are slow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from datagen import write_dataset
+from torch_dataloader_utils import StructuredDataset, catalog
+from torch_dataloader_utils.formats import parquet
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _wide_file(path: str) -> None:
+    """A file whose footer is larger than the first tail read (FOOTER_READ)."""
+    table = pa.table({f"column_{i:03d}": np.arange(40, dtype=np.int64) for i in range(300)})
+    pq.write_table(table, path, row_group_size=10)
+
+
+def test_local_footers_equal_pyarrows_own(tmp_path):
+    write_dataset(tmp_path / "narrow", [[30, 25]])
+    narrow = str(tmp_path / "narrow" / "part-00000.parquet")
+    wide = str(tmp_path / "wide.parquet")
+    _wide_file(wide)
+    assert pq.ParquetFile(wide).metadata.serialized_size + 8 > parquet.FOOTER_READ
+    for path in (narrow, wide):
+        footer = parquet._local_footer(path)
+        assert footer is not None and footer.equals(pq.ParquetFile(path).metadata), path
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"", b"PAR1", b"x" * 100, b"PAR1" + b"\0" * 8 + (10**6).to_bytes(4, "little") + b"PAR1"],
+    ids=["empty", "magic-only", "no-magic", "footer-longer-than-file"],
+)
+def test_tails_that_are_not_plain_footers_are_left_to_pyarrow(tmp_path, tail):
+    path = tmp_path / "odd.parquet"
+    path.write_bytes(tail)
+    assert parquet._local_footer(str(path)) is None
+
+
+def test_planning_local_files_allocates_nothing_from_pyarrows_pool(tmp_path):
+    """The pool's first allocation in a process may stall on a huge-page fault (parquet._local_footer)."""
+    write_dataset(tmp_path, [[30, 25], [40], [20, 35]])
+    script = (
+        "import pyarrow as pa; from torch_dataloader_utils import StructuredDataset\n"
+        "pool = pa.default_memory_pool(); before = pool.max_memory()\n"
+        f"dataset = StructuredDataset({str(tmp_path)!r}, num_workers=0, batch_size=8)\n"
+        "assert len(dataset) == 150, len(dataset)\n"
+        "print(pool.max_memory() - before)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0"
+
+
+def test_a_slow_local_footer_sends_the_rest_to_threads(tmp_path, monkeypatch):
+    layout = [[10], [20, 5], [7], [9, 9], [3]]
+    write_dataset(tmp_path, layout)
+    expected = StructuredDataset(str(tmp_path), num_workers=0)._catalog.layouts
+    threads = []
+    read = catalog._read_footer
+
+    def recorded(fmt, fs, entry):
+        threads.append(threading.current_thread() is threading.main_thread())
+        return read(fmt, fs, entry)
+
+    monkeypatch.setattr(catalog, "_read_footer", recorded)
+    monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 0.0)  # every read counts as slow
+    layouts = StructuredDataset(str(tmp_path), num_workers=0)._catalog.layouts
+    assert threads == [True] + [False] * (len(layout) - 1)
+    assert [layout_.unit_rows for layout_ in layouts] == [tuple(groups) for groups in layout]
+    assert layouts == expected
+
+    threads.clear()
+    monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 60.0)
+    StructuredDataset(str(tmp_path), num_workers=0)
+    assert threads == [True] * len(layout)
