@@ -310,3 +310,33 @@ def test_a_value_that_does_not_fit_the_widened_type_names_column_and_file(tmp_pa
     with pytest.raises(ValueError, match=r"a\.parquet: column 'x' is int64 here but is read as double in all files") as error:
         list(loader)
     assert not isinstance(error.value, DataReadError) and "damaged" not in str(error.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_string_that_is_not_utf8_names_the_column_and_counts_no_batch(tmp_path, workers):
+    """pyarrow writes and reads such a file; the error comes where a batch's strings are built."""
+    good = pa.array(["a", "b"])
+    bad = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(np.array([0, 2, 3], np.int32)), pa.py_buffer(b"\xff\xfeA")])
+    os.makedirs(tmp_path / "data")
+    pq.write_table(pa.table({"s": good, "id": np.array([0, 1])}), tmp_path / "data" / "a.parquet")
+    pq.write_table(pa.table({"s": bad, "id": np.array([2, 3])}), tmp_path / "data" / "b.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "data"), batch_size=2, num_workers=workers)
+    received = []
+    with pytest.raises(ValueError, match=r"column 's' of rows read from .*b\.parquet \(epoch 0\) holds a string that is not valid UTF-8"):
+        for batch in loader:
+            received.append(batch["id"].tolist())
+    assert received == [[0, 1]]
+    assert dataset.state_dict()["batches_delivered"] == 1
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "data"), batch_size=2, num_workers=workers, columns=["id"])
+    assert [batch["id"].tolist() for batch in loader] == [[0, 1], [2, 3]]
+
+
+def test_a_string_that_is_not_utf8_names_the_column_in_a_stateful_dataloader_worker(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    bad = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(np.array([0, 2, 3], np.int32)), pa.py_buffer(b"\xff\xfeA")])
+    os.makedirs(tmp_path / "data")
+    pq.write_table(pa.table({"s": bad, "id": np.array([2, 3])}), tmp_path / "data" / "b.parquet")
+    dataset = StructuredDataset(str(tmp_path / "data"), batch_size=2, num_workers=2)
+    with pytest.raises(ValueError, match=r"column 's' of rows read from .*b\.parquet \(epoch 0\) holds a string that is not valid UTF-8"):
+        list(StatefulDataLoader(dataset, batch_size=None, num_workers=2))

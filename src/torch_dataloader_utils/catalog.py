@@ -89,9 +89,11 @@ def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[t
     if is_local(fs):
         for entry in files:
             started = time.perf_counter()
-            yield _read_footer(fmt, fs, entry)
+            footer = _read_footer(fmt, fs, entry)
+            slow = time.perf_counter() - started > SLOW_LOCAL_FOOTER_S
+            yield footer
             done += 1
-            if time.perf_counter() - started > SLOW_LOCAL_FOOTER_S:
+            if slow:
                 break
     rest = files[done:]
     if rest:

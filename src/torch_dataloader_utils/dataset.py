@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog import Catalog, build_catalog
-from .convert import check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import Where, check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
 from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed, uneven_steps
 from .lanes import Lane, Segment, StreamBook
 from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
@@ -75,8 +75,9 @@ class Chunk:
         columns = {name: replace_leaves(value, torch.Tensor, torch.Tensor.pin_memory) for name, value in self.columns.items()}
         return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped)
 
-    def batches(self, size: int) -> Iterator[tuple[dict[str, Any], int]]:
-        """(batch, lane row after it); the last batch also passes any skipped rows at the end."""
+    def batches(self, size: int, where: Where | None = None) -> Iterator[tuple[dict[str, Any], int]]:
+        """(batch, lane row after it); the last batch also passes any skipped rows at the end.
+        ``where`` describes the chunk's rows for an error message."""
         read = self.num_read
         for offset in range(0, read, size):
             stop = min(offset + size, read)
@@ -84,7 +85,7 @@ class Chunk:
                 end = self.stop
             else:
                 end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
-            yield slice_columns(self.columns, offset, stop), end
+            yield slice_columns(self.columns, offset, stop, where), end
 
 
 def _deal_digest(lanes: list[Lane] | None, target: int | None) -> str | None:
@@ -496,7 +497,7 @@ class StructuredDataset(IterableDataset):
             if chunk.num_read == 0:
                 self._advance(chunk, chunk.stop, following[index])
                 continue
-            for batch, end in chunk.batches(self.batch_size):
+            for batch, end in chunk.batches(self.batch_size, lambda: self._describe_rows(tasks[index])):
                 self._check_pass(current)
                 if stats is not None:
                     stats.handing_out(batch)
@@ -912,11 +913,12 @@ class StructuredDataset(IterableDataset):
                 # chunks aligned to the part's start, as in the uninterrupted run: a chunk's last
                 # batch may be short when on_error="skip" left rows out, so a resume must cut the same chunks
                 stop = min(length, (start // self.chunk_rows + 1) * self.chunk_rows)
-                chunk = self.read_chunk(ChunkTask(worker, start, stop, tuple(lane.slice(start, stop))))
+                task = ChunkTask(worker, start, stop, tuple(lane.slice(start, stop)))
+                chunk = self.read_chunk(task)
                 self._note_skipped(chunk.skipped)
                 if chunk.num_read == 0:
                     self._positions[worker] = base + stop
-                for batch, end in chunk.batches(size):
+                for batch, end in chunk.batches(size, lambda: self._describe_rows(task)):
                     self._positions[worker] = base + end
                     yield batch
             base += length

@@ -84,16 +84,17 @@ def _local_footer(path: str) -> pq.FileMetaData | None:
     """
     path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
     with open(path, "rb") as file:
-        descriptor = file.fileno()
-        size = os.fstat(descriptor).st_size
-        tail = os.pread(descriptor, min(size, FOOTER_READ), max(0, size - FOOTER_READ))
+        size = os.fstat(file.fileno()).st_size
+        file.seek(max(0, size - FOOTER_READ))
+        tail = file.read(FOOTER_READ)
         if len(tail) < 2 * len(MAGIC) + 4 or tail[-4:] != MAGIC:
             return None
         length = int.from_bytes(tail[-8:-4], "little")
         if length + 2 * len(MAGIC) + 4 > size:
             return None
         if length + 8 > len(tail):
-            tail = os.pread(descriptor, length + 8, size - length - 8)
+            file.seek(size - length - 8)
+            tail = file.read(length + 8)
     return pq.ParquetFile(pa.BufferReader(tail)).metadata
 
 
