@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils.tasks import PADDING_LANE, cap_batches, lane_schedule, padding_schedule
+from torch_dataloader_utils.tasks import PADDING_LANE, cap_batches, lane_schedule, padding_schedule, quick_start
 
 lane_states = st.integers(1, 5).flatmap(
     lambda lanes: st.tuples(
@@ -75,3 +75,29 @@ def test_padding_schedule_covers_the_rest_in_aligned_chunks(position, rows, chun
     assert all(lane == PADDING_LANE for lane, _, _ in schedule)
     assert [r for _, start, stop in schedule for r in range(start, stop)] == list(range(position, rows))
     assert all(stop == min(rows, (start // chunk + 1) * chunk) for _, start, stop in schedule)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lane_states, st.integers(1, 4), st.integers(1, 30))
+def test_quick_start_cuts_the_first_chunk_and_keeps_every_entry_on_its_process(case, processes, first_rows):
+    lengths, positions, next_lane, chunk = case
+    schedule = lane_schedule(positions, lengths, next_lane, chunk, keep_slots=True)
+    quick = quick_start(schedule, first_rows, processes)
+    rows = lambda entries: [(lane, r) for lane, start, stop in entries for r in range(start, stop)]  # noqa: E731
+    assert rows(quick) == rows(schedule), "the same rows in the same order"
+    if not schedule or schedule[0][2] - schedule[0][1] <= first_rows:
+        assert quick == schedule
+        return
+    lane, start, stop = schedule[0]
+    assert quick[0] == (lane, start, start + first_rows)
+    assert quick[processes] == (lane, start + first_rows, stop), "the rest of the chunk on the first piece's process"
+    assert all(a == b for _, a, b in quick[1:processes]), "empty slots in between"
+    assert quick[processes + 1 :] == schedule[1:]
+    for index, entry in enumerate(schedule[1:], start=1):
+        assert quick[index + processes] == entry and (index + processes) % processes == index % processes
+
+
+def test_quick_start_leaves_padding_and_short_chunks_alone():
+    assert quick_start([(PADDING_LANE, 0, 100), (0, 0, 10)], 8, 2) == [(PADDING_LANE, 0, 100), (0, 0, 10)]
+    assert quick_start([(0, 0, 8), (1, 0, 100)], 8, 2) == [(0, 0, 8), (1, 0, 100)]
+    assert quick_start([(0, 0, 20)], 8, 3) == [(0, 0, 8), (0, 8, 8), (0, 8, 8), (0, 8, 20)]

@@ -35,7 +35,7 @@ from .state import (
     validate_rank_state,
     validate_worker_state,
 )
-from .tasks import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_schedule
+from .tasks import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_schedule, quick_start
 
 log = logging.getLogger(__name__)
 
@@ -438,6 +438,10 @@ class StructuredDataset(IterableDataset):
             schedule = self._schedule(self._positions, self._next_lane, self._padding_delivered, keep_slots)
         self._supersede("a newer iter(loader)")
         self._warn_if_drop_cuts_most()
+        if keep_slots and self.on_error != "skip":  # (skipped rows would move the batch boundaries of a cut chunk)
+            # the pass's first batches wait for a quarter of a chunk (whole batches), not a whole chunk
+            first_rows = max(1, self.chunk_rows // 4 // self.batch_size) * self.batch_size
+            schedule = quick_start(schedule, first_rows, self.num_workers)
         lanes = self._lanes()
         padding = self._padding_lane()
         tasks = []
