@@ -65,3 +65,25 @@ def test_skip_is_refused_when_it_could_hang_ddp(tmp_path):
     with pytest.raises(ValueError, match="hang DDP"):
         StructuredDataset(str(tmp_path), rank=0, world_size=2, on_error="skip")
     StructuredDataset(str(tmp_path), rank=0, world_size=2, on_error="skip", equalize="none")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_skip_keeps_the_batches_of_a_whole_first_chunk(tmp_path, workers):
+    """A pass's first chunk is read in two pieces with workers (tasks.quick_start), but not with
+    on_error="skip": a batch joins the rows around a lost file, and a cut would move its boundary."""
+    root = str(tmp_path / "data")
+    write_dataset(root, [[4], [40], [40]])
+    corrupt_data_pages(os.path.join(root, "part-00001.parquet"))
+    config = dict(batch_size=8, chunk_rows=64, on_error="skip")
+    reference = [batch["id"].tolist() for batch in StructuredDataset.create_dataloader(root, num_workers=0, **config)[0]]
+    assert reference[0] == [0, 1, 2, 3, 44, 45, 46, 47]
+    loader, dataset = StructuredDataset.create_dataloader(root, num_workers=workers, **config)
+    states, full = [], []
+    for batch in loader:
+        full.append(batch["id"].tolist())
+        states.append(json.loads(json.dumps(dataset.state_dict())))
+    assert full == reference
+    for k, state in enumerate(states):
+        again, restored = StructuredDataset.create_dataloader(root, num_workers=workers, **config)
+        restored.load_state_dict(state)
+        assert [batch["id"].tolist() for batch in again] == full[k + 1 :], f"resume after batch {k} differs"
