@@ -1,8 +1,8 @@
 """The catalog: files, their footers and the split plan, built once per dataset.
 
 Footers of local files are read one after another while that is fast, the rest in parallel
-threads. The catalog is pickled to DataLoader
-workers together with the dataset, so workers never read a footer again.
+threads. The catalog is pickled to DataLoader workers together with the dataset, so workers
+never read a footer again.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ aligned to the start of the lane. Chunks are delivered in cycles: chunk c of lan
 0, 1, ..., W-1, then chunk c+1, skipping finished lanes. Given the rows delivered
 per lane and the lane that is next, ``lane_schedule`` returns exactly the rest of
 the uninterrupted run's sequence. Padding (for equal batch counts across ranks)
-comes after all real rows.
+comes after all real rows. ``quick_start`` reads a pass's first chunk in two pieces
+(the same rows in the same order), so that its first batches come sooner.
 """
 
 from __future__ import annotations
