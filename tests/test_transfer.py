@@ -5,6 +5,7 @@ it still holds them."""
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -52,12 +53,14 @@ def test_buffers_are_recycled_when_batches_are_dropped(data):
     assert board.recycled >= board.received // 2, (board.received, board.recycled)
 
 
-def test_held_batches_are_never_overwritten(data):
+@pytest.mark.parametrize("persistent", [True, False])
+def test_held_batches_are_never_overwritten(data, persistent):
     """Every batch of two epochs is kept (so no buffer is released) and compared at the end;
-    in a third epoch one batch in twelve is kept (chunks are 4 batches) and the rest dropped."""
+    in a third epoch one batch in twelve is kept (chunks are 4 batches) and the rest dropped.
+    (Workers that are not persistent start anew each epoch, in files of their own.)"""
     expected = _expected(data)
     loader, _ = StructuredDataset.create_dataloader(
-        str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200, persistent_workers=True
+        str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200, persistent_workers=persistent
     )
     held = [list(loader), list(loader)]
     kept = []
@@ -114,6 +117,20 @@ def test_a_release_frees_a_buffer_only_for_the_same_use():
     assert fourth.release.buffer not in (first.release.buffer, second.release.buffer)
 
 
+def test_a_buffer_made_for_part_of_a_chunk_is_reused_by_whole_chunks():
+    """A quick first piece (a quarter of a chunk) gets a buffer sized for whole chunks."""
+    pool = WorkerPool()
+    piece = pool.pack(_joined(1000), board=-1, scale=4.0)
+    pool.release((piece.release,))
+    whole = pool.pack(_joined(4000), board=-1)
+    assert (whole.release.buffer, whole.release.use) == (piece.release.buffer, 2)
+    pool.release((whole.release,))
+    unscaled = WorkerPool()
+    piece = unscaled.pack(_joined(1000), board=-1)
+    unscaled.release((piece.release,))
+    assert unscaled.pack(_joined(4000), board=-1).release.buffer != piece.release.buffer
+
+
 def test_the_pool_stays_bounded_when_nothing_is_released():
     pool = WorkerPool()
     packed = [pool.pack(_joined(100 * i + 1), board=-1) for i in range(3 * transfer.MAX_POOLED_BUFFERS)]
@@ -130,13 +147,85 @@ def test_each_release_rides_on_a_bounded_number_of_tasks():
 
 def test_spawned_workers_recycle_buffers_too(data):
     """Workers started with "spawn" (the dataset pickled to a fresh interpreter) send through
-    their own pools; two epochs deliver every row exactly once."""
+    their own pools, each buffer's descriptor with its first chunk (nothing is inherited); two
+    epochs deliver every row exactly once."""
     loader, _ = StructuredDataset.create_dataloader(
         str(data), batch_size=50, columns=["id"], num_workers=2, chunk_rows=200, multiprocessing_context="spawn"
     )
     for _ in range(2):
         assert sorted(int(i) for batch in loader for i in batch["id"]) == list(range(3000))
     assert loader._board.recycled > 0
+    assert loader._board.mapped["inherited"] == 0 and loader._board.mapped["sent"] > 0
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_forked_workers_build_buffers_in_files_the_main_process_made(data, persistent):
+    """With forked workers no descriptor crosses: every buffer is in a file the main process
+    created before the fork. Persistent workers keep one set of files for all passes; other
+    workers get new files each pass."""
+    expected = _expected(data)
+    loader, _ = StructuredDataset.create_dataloader(
+        str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200, persistent_workers=persistent
+    )
+    files = []
+    for _ in range(3):
+        for batch, want in zip(loader, expected, strict=True):
+            assert _same(batch, want)
+        files.append(loader._loader.dataset.files)
+    assert loader._board.mapped["sent"] == 0
+    assert loader._board.mapped["inherited"] >= (2 if persistent else 6)  # a buffer or more per worker and pass
+    if persistent:
+        assert files[0] is files[2] is not None
+    else:
+        assert files == [None] * 3  # each pass's own files are held by that pass only
+
+
+def test_buffers_past_the_inherited_files_send_their_descriptors(data, monkeypatch):
+    monkeypatch.setattr(transfer, "INHERITED_BUFFERS", 1)  # one file per worker (read at the fork)
+    monkeypatch.setattr(transfer.InheritedFiles.__init__, "__defaults__", (1,))
+    expected = _expected(data)
+    loader, _ = StructuredDataset.create_dataloader(str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200)
+    held = []
+    for index, batch in enumerate(loader):  # held batches keep buffers busy: workers need more than one
+        assert _same(batch, expected[index])
+        held.append(batch)
+    assert all(_same(batch, want) for batch, want in zip(held, expected))
+    assert loader._board.mapped["inherited"] == 2 and loader._board.mapped["sent"] > 0
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_the_main_process_closes_the_files_it_made_for_workers(data):
+    """Files the workers did not use are closed when their pass ends, finished or abandoned:
+    the descriptors open in the main process do not grow with the passes. (The mappings of
+    the last pass's buffers, each holding a descriptor, are kept until the next pass.)"""
+    loader, _ = StructuredDataset.create_dataloader(str(data), batch_size=50, columns=["id"], num_workers=2, chunk_rows=200)
+
+    def cycle() -> None:
+        iterator = iter(loader)
+        next(iterator)
+        del iterator  # abandoned after one batch
+        gc.collect()
+        assert sum(len(batch["id"]) for batch in loader) == 3000 - 50  # the rest of the epoch
+        gc.collect()
+
+    cycle()
+    before = _open_descriptors()
+    for _ in range(5):
+        cycle()
+    assert _open_descriptors() <= before + 3  # files left open would add about 8 per cycle
+
+
+def test_inherited_files_do_not_travel_by_pickle():
+    import pickle
+
+    files = transfer.InheritedFiles(workers=2, per_worker=1)
+    assert pickle.loads(pickle.dumps(files)) is None
+    with pytest.raises(RuntimeError, match="internal error"):
+        files.adopt(0)  # only a forked worker adopts its share
 
 
 def test_without_a_new_buffer_chunks_go_the_plain_way(monkeypatch, caplog):
@@ -164,14 +253,14 @@ def test_a_buffer_descriptor_crosses_once_and_retired_buffers_are_announced():
     board = ReleaseBoard(spread=1)
     pool = WorkerPool()
     first = pool.pack(_joined(1000), board=board.id)
-    assert first.fd is not None and first.retired == ()
+    assert isinstance(first.handle, int) and first.retired == ()
     received = pickle.loads(ForkingPickler.dumps(first))
     assert torch.equal(received["x"], torch.arange(1000))
     del received
     gc.collect()
     pool.release(board.take())
     second = pool.pack(table_to_joined(pa.table({"x": np.arange(1000) * 3}), lambda: "test"), board=board.id)
-    assert (second.release.buffer, second.release.use, second.fd) == (first.release.buffer, 2, None)
+    assert (second.release.buffer, second.release.use, second.handle) == (first.release.buffer, 2, None)
     assert torch.equal(pickle.loads(ForkingPickler.dumps(second))["x"], torch.arange(1000) * 3)
     held = [pool.pack(_joined(5000 + i), board=board.id) for i in range(transfer.MAX_POOLED_BUFFERS)]
     assert first.release.buffer in held[-1].retired  # the pool was full of held buffers: the oldest closed

@@ -35,15 +35,19 @@ class _ChunkSource(Dataset):
     def __init__(self, dataset: StructuredDataset, board: int | None):
         self.dataset = dataset
         self.board = board
+        self.files: transfer.InheritedFiles | None = None  # for the workers forked next
 
     def __getitem__(self, index: _Index) -> Chunk:
         task, releases = index
-        if self.board is None or get_worker_info() is None:
+        worker = get_worker_info()
+        if self.board is None or worker is None:
             return self.dataset.read_chunk(task)
-        pool = transfer.worker_pool()
+        pool = transfer.worker_pool(self.files, worker.id)
         pool.release(releases)
         chunk = self.dataset.read_chunk(task, joined=True)
-        chunk.columns = pool.pack(chunk.columns, self.board)
+        rows = task.stop - task.start
+        # a quick first piece or a lane's last chunk: its buffer is made for whole chunks, which reuse it
+        chunk.columns = pool.pack(chunk.columns, self.board, scale=self.dataset.chunk_rows / rows if rows else 1.0)
         return chunk
 
     def __len__(self) -> int:
@@ -136,6 +140,7 @@ class StructuredDataLoader:
         self.stats = LoaderStats()
         """Delivery statistics (batches, rows, time waiting for data), separate from the checkpoint state."""
         workers = dataset.num_workers
+        self._forks = workers > 0 and _forks(multiprocessing_context)
         self._board = transfer.ReleaseBoard(spread=2 * workers) if workers and transfer.SUPPORTED else None
         self._sampler = _TaskSampler(self._board)
         if workers:
@@ -150,13 +155,14 @@ class StructuredDataLoader:
             persistent_workers=persistent_workers and workers > 0,
             timeout=timeout,
             multiprocessing_context=multiprocessing_context if workers else None,
-            worker_init_fn=_WorkerStart(os.getpid() if _forks(multiprocessing_context) else None) if workers else None,
+            worker_init_fn=_WorkerStart(os.getpid() if self._forks else None) if workers else None,
         )
         self._loader = DataLoader(self._source(), **self._loader_kwargs)
 
     def _source(self) -> _ChunkSource:
         if self._board is not None:
             self._board.clear()  # releases meant for workers that are gone
+        self._workers_started = False
         return _ChunkSource(self.dataset, self._board.id if self._board else None)
 
     @property
@@ -178,13 +184,25 @@ class StructuredDataLoader:
         self._sampler.tasks = tasks
         return self.dataset.deliver(tasks, self._chunks(), self.stats)
 
+    def _new_workers_files(self) -> transfer.InheritedFiles | None:
+        """Files for the buffers of the workers the next ``iter()`` forks (None when it forks
+        none: persistent workers already running, or workers that are spawned)."""
+        if self._board is None or not self._forks or self._workers_started:
+            return None
+        self._workers_started = self._loader_kwargs["persistent_workers"]
+        self._loader.dataset.files = transfer.InheritedFiles(self.dataset.num_workers)
+        return self._loader.dataset.files
+
     def _chunks(self) -> Iterator[Chunk]:
         """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
         next pass starts new worker processes (persistent ones included, after any error:
         torch's persistent iterator does not recover from a timeout or a worker's exception)."""
         chunks = None
+        files = self._new_workers_files()  # held while this pass's workers may send chunks
         try:
-            chunks = iter(self._loader)
+            chunks = iter(self._loader)  # forks the workers (they copy the files)
+            if not self._loader_kwargs["persistent_workers"]:
+                self._loader.dataset.files = None  # this pass holds them: they close when it ends
             yield from chunks
         except (KeyboardInterrupt, SystemExit):
             # Interrupted inside torch's iterator (Ctrl-C, a signal handler's exception): a persistent
@@ -212,6 +230,9 @@ class StructuredDataLoader:
                 "dataset.state_dict() still counts exactly the batches you received: iterate the loader "
                 "again to continue, or resume from your last checkpoint"
             ) from error
+        finally:
+            chunks = None  # torch's iterator first (its workers shut down), then the files they sent chunks in
+            del files
 
 
 def _is_worker_death(error: BaseException) -> bool:
