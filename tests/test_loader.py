@@ -43,6 +43,18 @@ def test_workers_start_without_transparent_huge_pages(tmp_path, context):
     assert "THP_enabled:\t1" in open("/proc/self/status").read()  # the main process keeps the kernel's default
 
 
+def test_worker_start_shortens_the_gil_switch_interval():
+    """So that torch's queue feeder thread hands a finished chunk over without waiting 5 ms for
+    the GIL (run in a new interpreter: the setting is process-wide)."""
+    script = (
+        "import sys; from torch_dataloader_utils.loader import _WorkerStart, WORKER_SWITCH_INTERVAL_S as want; "
+        "before = sys.getswitchinterval(); _WorkerStart(None)(0); print(before, sys.getswitchinterval(), want)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    before, after, want = map(float, out.stdout.split())
+    assert after == pytest.approx(want) and want < before
+
+
 def test_a_forked_worker_whose_process_is_gone_exits_at_once(tmp_path):
     """torch's worker would wait forever for a parent that died before it read its pid."""
     write_dataset(tmp_path, [[10]])

@@ -85,6 +85,7 @@ def _preload_worker_imports() -> None:
 
 
 PR_SET_THP_DISABLE = 41  # linux/prctl.h
+WORKER_SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval in worker processes (Python's default: 0.005)
 
 
 class _WorkerStart:
@@ -95,6 +96,11 @@ class _WorkerStart:
       2 MiB at once, and the workers' many short-lived decode buffers paid that over and over.
       Measured (0.5 GiB, 5 interleaved epochs): numeric 1.36M -> 1.62M rows/s (CPU 1.51 ->
       1.36 s), text 0.82M -> 1.09M (CPU 2.39 -> 1.97 s).
+    - A shorter GIL switch interval (``WORKER_SWITCH_INTERVAL_S``). A finished chunk is pickled into
+      torch's queue by the queue's feeder thread, which waited for the GIL while the worker went on
+      with the next chunk: up to the default 5 ms (measured 2 to 4 ms before each first batch, 0.6
+      to 1 ms after). Paired epochs, 0.25 GiB set: 0.87x -> 0.91x of the ceiling numeric, 0.93x ->
+      0.98x text.
     - A forked worker whose process is already gone exits. torch's worker notices its parent's
       death by comparing ``os.getppid()`` with the parent pid it reads only after this function,
       so a worker whose process died (``kill -9``, ``os._exit``) while it started waited forever,
@@ -107,6 +113,7 @@ class _WorkerStart:
     def __call__(self, worker_id: int) -> None:
         if self.parent is not None and os.getppid() != self.parent:
             os._exit(0)
+        sys.setswitchinterval(WORKER_SWITCH_INTERVAL_S)
         if not sys.platform.startswith("linux"):
             return
         try:
