@@ -55,6 +55,26 @@ def test_worker_start_shortens_the_gil_switch_interval():
     assert after == pytest.approx(want) and want < before
 
 
+def test_an_error_kept_by_the_caller_does_not_keep_torchs_iterator():
+    """torch chains the errors raised inside its iterator; their frames would keep it (and its
+    workers) alive as long as the caller keeps the loader's error."""
+    from torch_dataloader_utils.loader import _drop_tracebacks
+
+    def inner():
+        raise ConnectionResetError("worker gone")
+
+    try:
+        try:
+            inner()
+        except ConnectionResetError as error:
+            raise RuntimeError("DataLoader worker exited unexpectedly") from error
+    except RuntimeError as caught:
+        kept = caught
+    assert kept.__traceback__ is not None and kept.__cause__.__traceback__ is not None
+    _drop_tracebacks(kept)
+    assert kept.__traceback__ is None and kept.__cause__.__traceback__ is None
+
+
 def test_a_forked_worker_whose_process_is_gone_exits_at_once(tmp_path):
     """torch's worker would wait forever for a parent that died before it read its pid."""
     write_dataset(tmp_path, [[10]])

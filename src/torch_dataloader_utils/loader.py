@@ -207,9 +207,11 @@ class StructuredDataLoader:
         chunks = None
         files = self._new_workers_files()  # held while this pass's workers may send chunks
         try:
-            chunks = iter(self._loader)  # forks the workers (they copy the files)
-            if not self._loader_kwargs["persistent_workers"]:
-                self._loader.dataset.files = None  # this pass holds them: they close when it ends
+            try:
+                chunks = iter(self._loader)  # forks the workers (they copy the files)
+            finally:
+                if not self._loader_kwargs["persistent_workers"]:
+                    self._loader.dataset.files = None  # this pass holds them: they close when it ends
             yield from chunks
         except (KeyboardInterrupt, SystemExit):
             # Interrupted inside torch's iterator (Ctrl-C, a signal handler's exception): a persistent
@@ -226,7 +228,7 @@ class StructuredDataLoader:
             # here and not in some later garbage collection: the traceback pins its frames too.
             # (An error raised in a worker carries the worker's traceback in its message.)
             chunks = None
-            error.__traceback__ = None
+            _drop_tracebacks(error)
             death = _is_worker_death(error)
             if death or self._loader_kwargs["persistent_workers"]:
                 self._loader = DataLoader(self._source(), **self._loader_kwargs)
@@ -240,6 +242,17 @@ class StructuredDataLoader:
         finally:
             chunks = None  # torch's iterator first (its workers shut down), then the files they sent chunks in
             del files
+
+
+def _drop_tracebacks(error: BaseException | None) -> None:
+    """Clear the tracebacks of ``error`` and the exceptions it chains: torch's own errors chain
+    ones raised inside its iterator, whose frames would keep the iterator, and so its workers,
+    alive as long as the error is kept."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def _is_worker_death(error: BaseException) -> bool:

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 ALIGN = 64
 MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
-INHERITED_BUFFERS = 6  # per worker: files the main process creates for the first buffers
+INHERITED_BUFFERS = 4  # per worker: files the main process creates for the first buffers (worker 0 used 4 in a benchmark pass)
+SPARE_DESCRIPTORS = 64  # left free for torch's pipes and the rest, besides 8 per worker, when creating them
 SUPPORTED = hasattr(os, "memfd_create")
 _FILE_NAME = "torch_dataloader_utils-chunk"
 
@@ -124,6 +125,19 @@ def _not_inherited() -> None:
     return None
 
 
+def _free_descriptors() -> int | None:
+    """How many more file descriptors this process may open (None: no limit, or unknown)."""
+    import resource
+
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        return soft - len(os.listdir("/proc/self/fd"))
+    except (OSError, ValueError):
+        return None
+
+
 class InheritedFiles:
     """Empty shared-memory files that the main process creates just before it forks a pass's
     workers, ``per_worker`` for each: a worker builds its first buffers in its share, and the
@@ -140,12 +154,21 @@ class InheritedFiles:
         self._lock = threading.Lock()
         self._rows: list[list[int | None]] = [[] for _ in range(workers)]
         self._closer = weakref.finalize(self, _close_files, self._rows)
+        spare = _free_descriptors()
+        if spare is not None and workers:  # the files count against this process's limit, and every fork's
+            affordable = max(0, (spare - SPARE_DESCRIPTORS - 8 * workers) // workers)
+            if affordable < per_worker:
+                log.info("%d free file descriptors: %d of %d shared files per worker made in advance", spare, affordable, per_worker)
+                per_worker = affordable
         try:
             for _ in range(per_worker):
                 for row in self._rows:
                     row.append(os.memfd_create(_FILE_NAME, os.MFD_CLOEXEC))
-        except OSError as error:  # out of descriptors: the rest of the buffers send theirs
-            log.debug("created fewer shared files than planned: %s", error)
+        except OSError as error:  # out of descriptors after all: none, so that torch can still make its pipes
+            log.info("no shared files made in advance: %s", error)
+            _close_files(self._rows)
+            for row in self._rows:
+                row.clear()
         self._live[self.id] = self
 
     def __reduce__(self) -> tuple:
@@ -228,17 +251,27 @@ class WorkerPool:
         try:
             buffer = self._take(size, max(size, int(size * scale)))
         except OSError as error:  # out of file descriptors or memory for a new buffer: the plain way
-            if not self._warned:
-                self._warned = True
-                log.warning("no shared buffer for a chunk (%s); sending chunks through torch's queue instead", error)
-            return build_columns(columns, copy=False)
+            return self._plain(columns, error)
+        handle: Handle = None if buffer.mapped_by_main else buffer.origin if buffer.origin is not None else buffer.fd
+        if isinstance(handle, int):
+            try:  # here, not when torch's feeder thread pickles the chunk: an error there loses the chunk
+                handle = DupFd(handle)
+            except OSError as error:
+                buffer.free = True
+                return self._plain(columns, error)
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
         layout = _write(columns, target)
         del target  # no export of the mapping may outlive this call (the buffer may be closed later)
-        handle = None if buffer.mapped_by_main else buffer.origin if buffer.origin is not None else buffer.fd
         buffer.mapped_by_main = True
         retired, self._retired = tuple(self._retired), []
         return _PackedColumns(layout, handle, buffer.capacity, size, Release(self.name, buffer.number, buffer.use), board, retired)
+
+    def _plain(self, columns: dict[str, Any], error: OSError) -> dict[str, Any]:
+        """The chunk's columns built in this process (torch's queue copies them), with one warning."""
+        if not self._warned:
+            self._warned = True
+            log.warning("no shared buffer for a chunk (%s); sending chunks through torch's queue instead", error)
+        return build_columns(columns, copy=False)
 
     def _take(self, size: int, new_size: int) -> _Buffer:
         fitting = [b for b in self._buffers.values() if b.free and b.capacity >= size]
@@ -288,7 +321,7 @@ def worker_pool(files: InheritedFiles | None, worker: int) -> WorkerPool:
     return _POOL[1]
 
 
-Handle = Inherited | int | None  # how the main process maps a buffer: its inherited file, a sent descriptor, or already mapped
+Handle = Any  # how the main process maps a buffer: Inherited, a DupFd, or None (mapped already)
 
 
 class _PackedColumns:
@@ -300,8 +333,7 @@ class _PackedColumns:
         self.release, self.board, self.retired = release, board, retired
 
     def __reduce__(self) -> tuple:
-        handle = DupFd(self.handle) if isinstance(self.handle, int) else self.handle
-        return (_receive, (self.layout, handle, self.capacity, self.size, self.release, self.board, self.retired))
+        return (_receive, (self.layout, self.handle, self.capacity, self.size, self.release, self.board, self.retired))
 
 
 # ------------------------------------------------------------ main side
@@ -394,6 +426,10 @@ def _receive(layout: dict[str, Any], handle: Inherited | DupFd | None, capacity:
     owner = ReleaseBoard.find(board)
     if owner is None:
         raise RuntimeError("internal error: a chunk arrived for a loader that no longer exists")
+    if isinstance(handle, Inherited) and InheritedFiles.find(handle.files) is None:
+        # Its pass has ended (the files go with it), but a traceback kept torch's iterator, whose
+        # pin-memory thread still takes chunks off the queue: nothing will read this one.
+        return {}
     view = memoryview(owner.mapping(release, handle, capacity, retired))[:size]
     owner.received += 1
     owner.recycled += release.use > 1
