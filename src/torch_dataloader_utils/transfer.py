@@ -20,8 +20,8 @@ first chunk carries the file descriptor, through multiprocessing's resource shar
 a handshake and a thread in the worker that waits for the worker's GIL. Measured on the
 0.25 GiB benchmark set (8 buffers per epoch): 22 to 44 ms of the main process's time per
 epoch, up to 26 ms for a single buffer (the first batch's too); with inherited files 2 to
-5 ms. Paired epochs: numeric 1.02x, text 1.14x rows/s; first batch 57 -> 53 ms numeric,
-70 -> 52 ms text.
+5 ms. Paired epochs: numeric 1.02x and 1.03x rows/s, text 0.97x to 1.14x (noise); first batch
+57 -> 53 ms numeric, 70 -> 52 ms text.
 
 Linux only (``os.memfd_create``); elsewhere, and for chunks without tensor data, chunks
 travel the plain way.
