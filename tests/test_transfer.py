@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -303,9 +305,6 @@ for _ in range(2):
 def test_files_made_in_advance_leave_descriptors_for_torch(data):
     """Many workers under a tight descriptor limit: torch's pipes for 40 workers fit in 300
     descriptors, 4 files per worker on top would not; the files made in advance shrink to fit."""
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-c", _FEW_DESCRIPTORS, str(data), "300", "40"], capture_output=True, text=True, timeout=110)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["3000", "3000"]

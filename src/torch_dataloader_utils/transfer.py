@@ -114,11 +114,12 @@ def _read(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
 
 # --------------------------------------------------- files for the buffers
 def _close_files(rows: list[list[int | None]]) -> None:
+    """Close every descriptor still in ``rows`` and empty the rows (in place: a finalizer holds them)."""
     for row in rows:
-        for index, fd in enumerate(row):
+        for fd in row:
             if fd is not None:
-                row[index] = None
                 os.close(fd)
+        row.clear()
 
 
 def _not_inherited() -> None:
@@ -167,8 +168,6 @@ class InheritedFiles:
         except OSError as error:  # out of descriptors after all: none, so that torch can still make its pipes
             log.info("no shared files made in advance: %s", error)
             _close_files(self._rows)
-            for row in self._rows:
-                row.clear()
         self._live[self.id] = self
 
     def __reduce__(self) -> tuple:
@@ -417,7 +416,7 @@ def _descriptor(handle: Inherited | DupFd) -> int:
     files = InheritedFiles.find(handle.files)
     fd = files.take(handle.worker, handle.index) if files is not None else None
     if fd is None:
-        raise RuntimeError(f"internal error: a chunk came in file {handle} made for workers of a pass that has ended")
+        raise RuntimeError(f"internal error: a chunk came in file {handle}, which is closed or was mapped already")
     return fd
 
 
