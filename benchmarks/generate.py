@@ -61,21 +61,23 @@ def make_table(index: int, rows: int, fixed_list: bool = True) -> pa.Table:
     return pa.table({"id": ids, "label": label, "feat": feat, "text": _text(rng, rows)})
 
 
-def write_file(path: str, index: int, rows: int, row_group_rows: int, fmt: str) -> None:
+def write_file(path: str, index: int, rows: int, row_group_rows: int, fmt: str, page_index: bool = True) -> None:
+    """One file; Parquet with a page index unless ``page_index`` is False (Spark and parquet-mr
+    write one by default, pyarrow when asked: resumes inside a row group seek with it)."""
     table = make_table(index, rows, fixed_list=fmt == "parquet")
     tmp = path + ".tmp"
     if fmt == "parquet":
-        pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd")
+        pq.write_table(table, tmp, row_group_size=row_group_rows, compression="zstd", write_page_index=page_index)
     else:
         orc.write_table(table, tmp, compression="zstd", stripe_size=row_group_rows * ROW_BYTES)
     os.replace(tmp, path)
 
 
-def ensure_dataset(root: str, files: int, rows_per_file: int, row_group_rows: int, fmt: str = "parquet") -> list[str]:
+def ensure_dataset(root: str, files: int, rows_per_file: int, row_group_rows: int, fmt: str = "parquet", page_index: bool = True) -> list[str]:
     """Write the files that are missing (or were made with other parameters); return their paths."""
     os.makedirs(root, exist_ok=True)
     manifest_path = os.path.join(root, "manifest.json")
-    params = {"rows_per_file": rows_per_file, "row_group_rows": row_group_rows, "format": fmt}
+    params = {"rows_per_file": rows_per_file, "row_group_rows": row_group_rows, "format": fmt, "page_index": page_index}
     if os.path.exists(manifest_path):
         with open(manifest_path) as f:
             if json.load(f) != params:
@@ -88,7 +90,7 @@ def ensure_dataset(root: str, files: int, rows_per_file: int, row_group_rows: in
     for index in range(files):
         path = os.path.join(root, f"part-{index:05d}.{fmt}")
         if not os.path.exists(path):
-            write_file(path, index, rows_per_file, row_group_rows, fmt)
+            write_file(path, index, rows_per_file, row_group_rows, fmt, page_index)
         paths.append(path)
     return paths
 

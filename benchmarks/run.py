@@ -315,6 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.25, help="decoded size of the dataset (GiB); the 4x set is 4 times that")
     parser.add_argument("--row-group-rows", type=int, default=65536)
+    parser.add_argument("--no-page-index", action="store_true", help="write the Parquet files without a page index")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
@@ -335,9 +336,9 @@ def main(argv: list[str] | None = None) -> None:
 
     rows = rows_for(args.size_gb, FILES)
     scaling = not args.no_rss_scaling
-    data = os.path.join(args.data_dir, f"rows{rows}-rg{args.row_group_rows}")
+    data = os.path.join(args.data_dir, f"rows{rows}-rg{args.row_group_rows}" + ("-nopi" if args.no_page_index else ""))
     log(f"data: {FILES * (4 if scaling else 1)} files x {rows} rows in {data}")
-    files = ensure_dataset(data, FILES * (4 if scaling else 1), rows, args.row_group_rows)
+    files = ensure_dataset(data, FILES * (4 if scaling else 1), rows, args.row_group_rows, page_index=not args.no_page_index)
     _read_once(files)
     total = FILES * rows
     work = os.path.join(HERE, "results", "work", args.name)

@@ -29,9 +29,14 @@ def make_table(first_id: int, rows: int, fixed_list: bool = True) -> pa.Table:
     )
 
 
-def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt: str = "parquet", first_id: int = 0) -> int:
+#: ParquetWriter options for files with a page index and pages of about 5 rows
+PAGED = dict(write_page_index=True, data_page_size=16, write_batch_size=5)  # (at 1 byte, pyarrow 26 writes 1-row row groups it cannot read back)
+
+
+def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt: str = "parquet", first_id: int = 0, paged: bool = False) -> int:
     """Write one file per entry of ``layout``; each entry lists the row counts of its row groups
-    (Parquet) or stripes (ORC). Returns the total rows."""
+    (Parquet) or stripes (ORC). With ``paged``, Parquet files have a page index and pages of
+    about 5 rows. Returns the total rows."""
     os.makedirs(root, exist_ok=True)
     next_id = first_id
     for index, groups in enumerate(layout):
@@ -39,7 +44,7 @@ def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt:
         path = os.path.join(root, f"part-{index:05d}.{fmt}")
         if fmt == "parquet":
             table = make_table(next_id, total)
-            with pq.ParquetWriter(path, table.schema) as writer:
+            with pq.ParquetWriter(path, table.schema, **(PAGED if paged else {})) as writer:
                 offset = 0
                 for size in groups:
                     writer.write_table(table.slice(offset, size), row_group_size=max(1, size))

@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 
 import pyarrow as pa
+import pytest
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.formats import parquet_seek
 from torch_dataloader_utils.reader import StreamReader
 
 from datagen import write_dataset
@@ -19,8 +21,11 @@ def _reads(dataset: StructuredDataset, stream_rows: int, order: list[int]) -> di
     return {i: reader.read_segments(dataset._book, tasks[i].segments).table for i in order}
 
 
-def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path):
-    write_dataset(tmp_path, [[130, 70, 200], [45], [300, 1, 99]])
+@pytest.mark.parametrize("paged", [False, True])
+def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, monkeypatch, paged):
+    """With ``paged`` (a page index), a read that starts inside a piece seeks to its page."""
+    monkeypatch.setattr(parquet_seek, "FOOTER_BYTES_PER_ROW", 10**6)
+    write_dataset(tmp_path, [[130, 70, 200], [45], [300, 1, 99]], paged=paged)
     _, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=10, chunk_rows=40, num_workers=0)
     count = len(dataset.begin_pass(keep_slots=False))
     whole = _reads(dataset, 0, list(range(count)))

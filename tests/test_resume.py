@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from torch_dataloader_utils.formats import parquet, parquet_seek
+
 from datagen import write_dataset
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 
@@ -19,6 +21,9 @@ def data(tmp_path_factory):
         root = tmp_path_factory.mktemp(fmt)
         write_dataset(root, LAYOUT, fmt)
         paths[fmt] = str(root)
+    root = tmp_path_factory.mktemp("paged")
+    write_dataset(root, LAYOUT, "parquet", paged=True)
+    paths["parquet_paged"] = str(root)
     return paths
 
 
@@ -50,6 +55,31 @@ def test_resume_at_every_interruption_point(data, fmt, shuffle, workers):
     for k in range(len(full)):
         after = resume(data[fmt], states[k], **config)
         assert after == full[k + 1 :], f"resume after batch {k} differs"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_resume_inside_row_groups_seeks_through_the_page_index(data, workers, monkeypatch):
+    """Files with a page index and pages of ~5 rows: resumes start decoding at the page that
+    holds the saved row (parquet_seek; its footer threshold lowered for these tiny files)."""
+    monkeypatch.setattr(parquet_seek, "FOOTER_BYTES_PER_ROW", 10**6)
+    seeks = []
+
+    def counted(*args):
+        batches = parquet_seek.iter_from_row(*args)
+        seeks.append(batches is not None)
+        return batches
+
+    monkeypatch.setattr(parquet, "iter_from_row", counted)  # counts in this process (workers=0)
+    config = _config(workers, False, "parquet")
+    loader, dataset = make(data["parquet_paged"], **config)
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    assert_exactly_once(full, ROWS)
+    for k in range(len(full)):
+        after = resume(data["parquet_paged"], states[k], **config)
+        assert after == full[k + 1 :], f"resume after batch {k} differs"
+    if workers == 0:
+        assert sum(seeks) > len(full) // 2, seeks
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "orc"])

@@ -111,7 +111,7 @@ class StreamReader:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
-            streamed = _StreamedPiece(lambda: self._piece_batches(pieces[0]), pieces[0].num_rows)
+            streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first), pieces[0].num_rows)
             self._remember(key, streamed)
             return streamed
         tables, skipped = [], {}
@@ -139,17 +139,17 @@ class StreamReader:
             return False
         return getattr(self._catalog.format, "streams_local_units", False) and is_local(self._catalog.fs)
 
-    def _piece_batches(self, piece: Piece) -> Iterator[pa.Table]:
-        """The piece's rows in decoded batches; errors name the file and split."""
+    def _piece_batches(self, piece: Piece, first: int) -> Iterator[pa.Table]:
+        """The piece's rows from its row ``first`` on, in decoded batches; errors name the file and split."""
         try:
-            batches = iter_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows)
+            row = piece.start + first
+            batches = iter_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
             unit_rows = self._catalog.layouts[piece.file].unit_rows[piece.unit]
-            row = 0
             for table in batches:
-                start, stop = max(piece.start - row, 0), min(piece.stop - row, table.num_rows)
+                stop = min(piece.stop - row, table.num_rows)
                 row += table.num_rows
-                if stop > start:
-                    yield table.slice(start, stop - start)
+                if stop > 0:
+                    yield table.slice(0, stop)
                 if row >= piece.stop and piece.stop < unit_rows:
                     return  # the rest of the unit is not this piece's (else: run on, to the row count check)
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
@@ -226,11 +226,12 @@ def _check_unchanged(fs: Any, entry: Any) -> None:
 class _StreamedPiece:
     """An unshuffled one-piece window decoded batch by batch as reads reach it: the first rows
     of a row group are ready before the rest is decoded, and a worker holds about one chunk of
-    it instead of the whole decoded row group. Reads go forward; a read behind the batches
-    held (a new pass after an interruption) starts decoding the piece again."""
+    it instead of the whole decoded row group. Reads go forward; the first read may start
+    anywhere (a resume: decoding starts there, see ``iter_conformed``), and a read behind the
+    batches held (a new pass after an interruption) starts decoding again."""
 
-    def __init__(self, batches: Callable[[], Iterator[pa.Table]], num_rows: int):
-        self._start = batches
+    def __init__(self, batches: Callable[[int], Iterator[pa.Table]], num_rows: int):
+        self._start = batches  # window row -> the window's rows from there on
         self._num_rows = num_rows
         self._restart()
 
@@ -254,10 +255,11 @@ class _StreamedPiece:
         return Rows(held.slice(offset - self._first, take))
 
     def _fill(self, offset: int, stop: int) -> None:
-        """Decode up to window row ``stop``; batches wholly before ``offset`` (the rows a resume
-        skips) are dropped as they come, so their memory is reused by the next batch."""
+        """Decode up to window row ``stop``; batches wholly before ``offset`` are dropped as they
+        come, so their memory is reused by the next batch."""
         if self._batches is None:
-            self._batches = self._start()
+            self._batches = self._start(offset)
+            self._first = self._end = offset
         while self._end < stop:
             table = next(self._batches, None)
             if table is None:

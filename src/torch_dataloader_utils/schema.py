@@ -259,15 +259,18 @@ def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
     return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
 
 
-def iter_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> Iterator[pa.Table]:
-    """``read_conformed`` in consecutive tables of about ``batch_rows`` rows, decoded as they are
-    asked for (``reader`` must have ``iter_unit``); the row count is checked at the end."""
+def iter_conformed(
+    reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int, first_row: int = 0
+) -> Iterator[pa.Table]:
+    """``read_conformed``'s rows from ``first_row`` on, in consecutive tables of about ``batch_rows``
+    rows, decoded as they are asked for (``reader`` must have ``iter_unit``); the row count is
+    checked at the end."""
     plan = _unit_read(unit, columns, catalog, file)
     if plan.nulls is not None:
-        yield plan.nulls
+        yield plan.nulls.slice(first_row)
         return
-    seen = 0
-    for table in reader.iter_unit(unit, plan.wanted, batch_rows):
+    seen = first_row
+    for table in reader.iter_unit(unit, plan.wanted, batch_rows, first_row):
         seen += table.num_rows
         if seen > plan.rows:
             raise _changed(unit, f"more than {plan.rows}", plan.rows)

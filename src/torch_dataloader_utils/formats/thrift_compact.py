@@ -1,0 +1,195 @@
+"""A schema-less reader and writer of Thrift's compact protocol, the encoding of Parquet's footer,
+page headers and page indexes.
+
+A struct decodes to a ``Struct``: its fields in order as ``[field_id, type, value]``, so that a
+caller can read, change or drop the fields it knows and write the rest back unchanged.
+"""
+
+from __future__ import annotations
+
+import struct as _struct
+from typing import Any
+
+STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
+_INTEGERS = (BYTE, I16, I32, I64)
+MAX_DEPTH = 64  # Parquet's metadata nests a few levels; deeper input is damaged
+
+
+class ThriftError(ValueError):
+    """Bytes that are not valid compact-protocol Thrift."""
+
+
+class Struct:
+    """A decoded struct: ``fields`` as ``[field_id, type, value]`` in the order read."""
+
+    def __init__(self, fields: list[list[Any]] | None = None):
+        self.fields = fields if fields is not None else []
+
+    def get(self, field_id: int, default: Any = None) -> Any:
+        for fid, _, value in self.fields:
+            if fid == field_id:
+                return value
+        return default
+
+    def set(self, field_id: int, kind: int, value: Any) -> None:
+        """Set a field (added in field-id order when absent)."""
+        for field in self.fields:
+            if field[0] == field_id:
+                field[1], field[2] = kind, value
+                return
+        self.fields.append([field_id, kind, value])
+        self.fields.sort(key=lambda f: f[0])
+
+    def drop(self, *field_ids: int) -> None:
+        self.fields = [f for f in self.fields if f[0] not in field_ids]
+
+
+class ThriftList:
+    """A decoded list or set: its element type and values."""
+
+    def __init__(self, element: int, values: list[Any]):
+        self.element = element
+        self.values = values
+
+
+def decode_struct(data: bytes | memoryview, offset: int = 0) -> tuple[Struct, int]:
+    """The struct at ``offset`` and the offset after it."""
+    reader = _Reader(memoryview(data), offset)
+    value = reader.struct(0)
+    return value, reader.pos
+
+
+def encode_struct(value: Struct) -> bytes:
+    out = bytearray()
+    _write_struct(out, value)
+    return bytes(out)
+
+
+class _Reader:
+    def __init__(self, data: memoryview, pos: int):
+        self.data = data
+        self.pos = pos
+
+    def byte(self) -> int:
+        if self.pos >= len(self.data):
+            raise ThriftError("unexpected end of data")
+        self.pos += 1
+        return self.data[self.pos - 1]
+
+    def varint(self) -> int:
+        shift = result = 0
+        while True:
+            b = self.byte()
+            result |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return result
+            shift += 7
+            if shift > 70:
+                raise ThriftError("varint too long")
+
+    def zigzag(self) -> int:
+        n = self.varint()
+        return (n >> 1) ^ -(n & 1)
+
+    def value(self, kind: int, depth: int) -> Any:
+        if kind in (TRUE, FALSE):  # (a list's booleans are one byte each: 1 true)
+            return kind == TRUE
+        if kind in _INTEGERS:
+            return self.zigzag() if kind != BYTE else _struct.unpack("b", bytes([self.byte()]))[0]
+        if kind == DOUBLE:
+            end = self.pos + 8
+            if end > len(self.data):
+                raise ThriftError("unexpected end of data")
+            self.pos = end
+            return _struct.unpack("<d", self.data[end - 8 : end])[0]
+        if kind == BINARY:
+            size = self.varint()
+            end = self.pos + size
+            if end > len(self.data):
+                raise ThriftError("unexpected end of data")
+            self.pos = end
+            return bytes(self.data[end - size : end])
+        if kind in (LIST, SET):
+            header = self.byte()
+            size, element = header >> 4, header & 0x0F
+            if size == 15:
+                size = self.varint()
+            if element in (TRUE, FALSE):
+                return ThriftList(element, [self.byte() == TRUE for _ in range(size)])
+            return ThriftList(element, [self.value(element, depth + 1) for _ in range(size)])
+        if kind == STRUCT:
+            return self.struct(depth + 1)
+        if kind == MAP:
+            raise ThriftError("maps do not occur in Parquet's metadata")
+        raise ThriftError(f"unknown type {kind}")
+
+    def struct(self, depth: int) -> Struct:
+        if depth > MAX_DEPTH:
+            raise ThriftError("structs nested too deeply")
+        fields, last = [], 0
+        while True:
+            header = self.byte()
+            kind = header & 0x0F
+            if kind == STOP:
+                return Struct(fields)
+            delta = header >> 4
+            last = last + delta if delta else self.zigzag()
+            fields.append([last, kind, self.value(kind, depth)])
+
+
+def _varint(out: bytearray, n: int) -> None:
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def _zigzag(out: bytearray, n: int) -> None:
+    _varint(out, (n << 1) ^ (n >> 63))
+
+
+def _write_value(out: bytearray, kind: int, value: Any) -> None:
+    if kind in (TRUE, FALSE):
+        return  # in the field header
+    if kind == BYTE:
+        out += _struct.pack("b", value)
+    elif kind in _INTEGERS:
+        _zigzag(out, value)
+    elif kind == DOUBLE:
+        out += _struct.pack("<d", value)
+    elif kind == BINARY:
+        _varint(out, len(value))
+        out += value
+    elif kind in (LIST, SET):
+        size, element = len(value.values), value.element
+        if size < 15:
+            out.append(size << 4 | element)
+        else:
+            out.append(0xF0 | element)
+            _varint(out, size)
+        for item in value.values:
+            if element in (TRUE, FALSE):
+                out.append(TRUE if item else FALSE)
+            else:
+                _write_value(out, element, item)
+    elif kind == STRUCT:
+        _write_struct(out, value)
+    else:
+        raise ThriftError(f"cannot write type {kind}")
+
+
+def _write_struct(out: bytearray, value: Struct) -> None:
+    last = 0
+    for fid, kind, item in value.fields:
+        if kind in (TRUE, FALSE):
+            kind = TRUE if item else FALSE
+        if 0 < fid - last <= 15:
+            out.append((fid - last) << 4 | kind)
+        else:
+            out.append(kind)
+            _zigzag(out, fid)
+        last = fid
+        _write_value(out, kind, item)
+    out.append(STOP)
