@@ -13,11 +13,19 @@ import pytest
 
 from torch_dataloader_utils.formats import parquet_seek
 from torch_dataloader_utils.formats.parquet import _ParquetReader
-from torch_dataloader_utils.formats.parquet_seek import footer_struct, iter_from_row, leaf_columns, worth_seeking
+from torch_dataloader_utils.formats.parquet_seek import decode_batch_rows, footer_struct, iter_from_row, leaf_columns, worth_seeking
+from torch_dataloader_utils.formats.thrift_compact import I32, Struct, ThriftList, decode_struct, encode_struct
 
 from datagen import PAGED
 
 ROWS = 300
+
+
+@pytest.fixture(autouse=True)
+def seek_small_files(monkeypatch):
+    """These files are tiny: seek whatever the footer's size and the page headers to read."""
+    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
+    monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)
 
 
 def _table(rows: int = ROWS) -> pa.Table:
@@ -89,18 +97,53 @@ def test_struct_columns_are_not_cut_but_the_others_are(tmp_path):
     footer = pq.ParquetFile(path).metadata
     assert leaf_columns(footer, None) is None
     assert leaf_columns(footer, ["id", "pair"]) is None
-    assert leaf_columns(footer, ["text", "id"]) == {"id": 0, "text": 2}  # fixed's one leaf comes between
-    got = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer), 0, ["id", "text"], 200, 64, 4096)
-    assert pa.concat_tables(list(got)).to_pylist() == table.select(["id", "text"]).slice(200).to_pylist()
+    assert list(leaf_columns(footer, ["text", "id"]).items()) == [("text", 2), ("id", 0)]  # fixed's one leaf comes between
+    assert leaf_columns(footer, ["id", "pair.a"]) is None  # a nested path: left to pyarrow
+    got = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer), 0, ["text", "id"], 200, 64, 4096)
+    assert pa.concat_tables(list(got)).to_pylist() == table.select(["text", "id"]).slice(200).to_pylist()
 
 
-def test_worth_seeking_weighs_the_footer_against_the_rows_skipped(tmp_path, monkeypatch):
+def test_schema_metadata_is_kept(tmp_path):
+    path = tmp_path / "f.parquet"
+    pq.write_table(_table().replace_schema_metadata({"k": "v"}), path, row_group_size=ROWS, **PAGED)
+    got = _rows_from(path, 0, 200, 64)
+    assert got.schema.metadata == pq.ParquetFile(path).read_row_group(0).schema.metadata
+    assert got.schema.metadata[b"k"] == b"v"
+
+
+@pytest.mark.parametrize("lead, batch_rows", [(0, 64), (5, 64), (63, 64), (64, 64), (5869, 4096), (16589, 4096), (10**6, 4096)])
+def test_decode_batches_stay_within_batch_rows_and_end_near_the_first_wanted_rows(lead, batch_rows):
+    size = decode_batch_rows(lead, batch_rows)
+    batches = -(-(lead + batch_rows) // size)  # decoded until the first batch_rows wanted rows are in
+    assert size <= batch_rows
+    assert batches * size - (lead + batch_rows) < batches  # at most one extra row per batch
+
+
+def test_page_headers_that_cost_more_than_the_bytes_saved_leave_the_column_whole(tmp_path, monkeypatch):
+    path = tmp_path / "f.parquet"
+    pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)  # pages of 2 to 5 rows: tiny
+    monkeypatch.setattr(parquet_seek, "HEADER_COST", 64 * 1024)
+    assert _rows_from(path, 0, 150, 64) is None  # every column whole: nothing to gain
+    monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)
+    assert _rows_from(path, 0, 150, 64).to_pylist() == _table().slice(150).to_pylist()
+    seeked = set()
+    for cost in (50, 200, 1000):  # some columns cut, others read whole and trimmed
+        monkeypatch.setattr(parquet_seek, "HEADER_COST", cost)
+        for row in (100, 200, 299):
+            got = _rows_from(path, 0, row, 64)
+            assert got is None or got.to_pylist() == _table().slice(row).to_pylist(), (cost, row)
+            seeked.add(got is not None)
+    assert seeked == {True, False}
+
+
+def test_worth_seeking_weighs_the_footer_against_the_bytes_before_the_row(tmp_path, monkeypatch):
     plain, paged = tmp_path / "plain.parquet", tmp_path / "paged.parquet"
     pq.write_table(_table(), plain, row_group_size=ROWS)
     pq.write_table(_table(), paged, row_group_size=ROWS, **PAGED)
     footer = pq.ParquetFile(paged).metadata
-    assert not worth_seeking(footer, 0, ["id"], 200)  # a footer of ~3 KB for 200 rows
-    monkeypatch.setattr(parquet_seek, "FOOTER_BYTES_PER_ROW", 100)
+    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 128)
+    assert not worth_seeking(footer, 0, ["id"], 200)  # a footer of ~3 KB against ~2 KB of ids
+    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
     assert worth_seeking(footer, 0, ["id"], 200)
     assert not worth_seeking(pq.ParquetFile(plain).metadata, 0, ["id"], 200)
 
@@ -110,15 +153,35 @@ def _offset_index_range(path, leaf: int) -> tuple[int, int]:
     return chunk.get(4), chunk.get(5)
 
 
-@pytest.mark.parametrize("damage", [b"\xff", b"\x00"])
-def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, monkeypatch, damage):
+def _shifted_page(index: bytes) -> bytes:
+    """The offset index with page 30's first row moved from 150 to 153 (same encoded length)."""
+    decoded = decode_struct(index)[0]
+    location = decoded.get(1).values[30]
+    assert location.get(3) == 150
+    location.set(3, location.fields[2][1], 153)
+    return encode_struct(decoded)
+
+
+_NOT_AN_OFFSET_INDEX = encode_struct(Struct([[1, 9, ThriftList(I32, [1, 2, 3])]]))  # a list of i32, not of structs
+
+
+@pytest.mark.parametrize("damage", ["ff", "00", "deep lists", "other struct", "shifted row"])
+def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage):
     path = tmp_path / "f.parquet"
     pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)
     offset, length = _offset_index_range(path, 0)
     data = bytearray(path.read_bytes())
-    data[offset : offset + length] = damage * length
+    index = bytes(data[offset : offset + length])
+    replacement = {
+        "ff": b"\xff" * length,
+        "00": b"\x00" * length,
+        "deep lists": b"\x19" * length,  # lists of lists, nested past any limit
+        "other struct": _NOT_AN_OFFSET_INDEX.ljust(length, b"\x00"),
+        "shifted row": _shifted_page(index) if damage == "shifted row" else b"",
+    }[damage]
+    assert len(replacement) == length
+    data[offset : offset + length] = replacement
     path.write_bytes(bytes(data))
-    monkeypatch.setattr(parquet_seek, "FOOTER_BYTES_PER_ROW", 100)
     footer = pq.ParquetFile(path).metadata
     reader = _ParquetReader(pa.OSFile(str(path)), footer, False)
     got = pa.concat_tables(list(reader.iter_unit(0, ["id", "var"], 64, 200)))
@@ -129,7 +192,6 @@ def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, monkeypatch
 def test_the_local_reader_reads_from_any_row(tmp_path, monkeypatch, paged):
     path = tmp_path / "f.parquet"
     pq.write_table(_table(), path, row_group_size=ROWS, **(PAGED if paged else {}))
-    monkeypatch.setattr(parquet_seek, "FOOTER_BYTES_PER_ROW", 100)
     footer = pq.ParquetFile(path).metadata
     reader = _ParquetReader(pa.OSFile(str(path)), footer, False)
     for row in range(ROWS):

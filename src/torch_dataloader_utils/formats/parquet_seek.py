@@ -29,7 +29,7 @@ from .thrift_compact import I64, LIST, STRUCT, Struct, ThriftError, ThriftList, 
 MAGIC = b"PAR1"
 # Parquet's thrift field ids (parquet.thrift)
 _FILE_NUM_ROWS, _FILE_ROW_GROUPS = 3, 4
-_GROUP_COLUMNS, _GROUP_BYTES, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED, _GROUP_ORDINAL = 1, 2, 3, 5, 6, 7
+_GROUP_COLUMNS, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED, _GROUP_ORDINAL = 1, 3, 5, 6, 7
 _CHUNK_FILE_OFFSET, _CHUNK_META, _CHUNK_INDEXES, _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 2, 3, (4, 5, 6, 7), 8, 9
 _META_NUM_VALUES, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 7, 9, 10
 _META_DICT_OFFSET, _META_STATISTICS, _META_BLOOM, _META_SIZE_STATISTICS = 11, 12, (14, 15), 16
@@ -38,8 +38,16 @@ _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 _ENCRYPTION_ALGORITHM = 8  # in FileMetaData: set for encrypted files with a plaintext footer
 _HEADER_READ = 1024  # bytes read for a page header first
-#: seek only when the footer has at most this many bytes per row the seek may save decoding
-FOOTER_BYTES_PER_ROW = 1
+# What this module's Python costs, in compressed column bytes pyarrow decodes in the same time
+# (measured: Thrift decodes at 2 to 4 MB/s here, a page header read takes about 0.15 ms, and
+# pyarrow decodes compressed column bytes at 2 ns (plain int64) to 6 ns (zstd text) each;
+# rounded up, so that a doubtful seek is left to the plain read):
+#: per byte of footer or page index decoded
+THRIFT_BYTE_COST = 256
+#: per page header read
+HEADER_COST = 64 * 1024
+#: bytes of one page's entry in an offset index (about: three varints and their field headers)
+PAGE_LOCATION_BYTES = 12
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,16 @@ class _Cut:
     num_values: int
 
 
+@dataclass(frozen=True)
+class _Page:
+    """What a data page's header says: its level values, its rows (V2 pages only) and whether
+    its values are dictionary-encoded."""
+
+    values: int
+    rows: int | None
+    dictionary: bool
+
+
 def footer_struct(footer: pq.FileMetaData) -> Struct:
     """The footer as decoded Thrift (pyarrow serialises it: the bytes between the magics)."""
     sink = pa.BufferOutputStream()
@@ -63,29 +81,35 @@ def footer_struct(footer: pq.FileMetaData) -> Struct:
 
 
 def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None, row: int) -> bool:
-    """Whether a read from ``row`` of row group ``unit`` should try to seek: every projected leaf
-    has a page index, and the footer is small against the rows a seek may save decoding (this
-    module decodes the footer in Python, at about 4 MB/s: a byte per row saved stays well below
-    what decoding a row costs)."""
-    if footer.serialized_size > row * FOOTER_BYTES_PER_ROW:
-        return False
+    """Whether a read from ``row`` of row group ``unit`` should try to seek: every projected
+    column is one leaf with a page index, and decoding the footer costs less than decoding the
+    column bytes before ``row`` (estimated; ``_cut`` weighs each column's page index and
+    headers the same way)."""
     leaves = leaf_columns(footer, columns)
+    if not leaves:
+        return False
     group = footer.row_group(unit)
-    return bool(leaves) and all(group.column(leaf).has_offset_index for leaf in leaves.values())
+    chunks = [group.column(leaf) for leaf in leaves.values()]
+    before_row = sum(chunk.total_compressed_size for chunk in chunks) * row // max(1, group.num_rows)
+    return footer.serialized_size * THRIFT_BYTE_COST <= before_row and all(chunk.has_offset_index for chunk in chunks)
 
 
 def leaf_columns(footer: pq.FileMetaData, columns: list[str] | None) -> dict[str, int] | None:
-    """Projected top-level column -> the index of its one leaf column; None when a projected
-    column has several leaves (a struct or a map)."""
-    leaves, first = {}, 0
-    for field in footer.schema.to_arrow_schema():
-        count = _leaf_count(field.type)
-        if columns is None or field.name in columns:
-            if count != 1:
-                return None
-            leaves[field.name] = first
-        first += count
-    return leaves
+    """Projected top-level column -> the index of its one leaf column, in the order ``columns``
+    names them (else the file's); None when a projected column has several leaves (a struct or
+    a map), a name is not a top-level column (a nested path), or names repeat."""
+    schema = footer.schema.to_arrow_schema()
+    names = schema.names
+    wanted = names if columns is None else list(columns)
+    if len(set(names)) != len(names) or len(set(wanted)) != len(wanted) or not set(wanted) <= set(names):
+        return None
+    first_leaf, leaf = {}, 0
+    for field in schema:
+        first_leaf[field.name] = leaf if _leaf_count(field.type) == 1 else None
+        leaf += _leaf_count(field.type)
+    if any(first_leaf[name] is None for name in wanted):
+        return None
+    return {name: first_leaf[name] for name in wanted}
 
 
 def _leaf_count(kind: pa.DataType) -> int:
@@ -103,63 +127,95 @@ def iter_from_row(
 ) -> Iterator[pa.Table] | None:
     """Rows ``row``.. of row group ``unit`` in tables of ``batch_rows`` rows, each column decoded
     from the page that holds ``row``; None when that cannot be done or gains nothing (no page
-    index, a column with several leaves, an encrypted file, ``row`` in every column's first page)."""
+    index, a column with several leaves, an encrypted file, no column worth cutting). Raises
+    ThriftError for a page index that does not describe its column chunk."""
     if row <= 0 or thrift.get(_ENCRYPTION_ALGORITHM) is not None:
         return None
     leaves = leaf_columns(footer, columns)
     if not leaves:
         return None
-    group = thrift.get(_FILE_ROW_GROUPS).values[unit]
-    chunks = group.get(_GROUP_COLUMNS).values
-    try:
-        cuts = {name: _cut(source, chunks[leaf], row) for name, leaf in leaves.items()}
-    except ThriftError:
-        return None  # a damaged index: decode from the first row, which names the damage if it matters
+    group = thrift.structs(_FILE_ROW_GROUPS)[unit]
+    chunks = group.structs(_GROUP_COLUMNS)
+    num_rows = group.integer(_GROUP_NUM_ROWS)
+    cuts = {}
+    for name, leaf in leaves.items():
+        cuts[name] = _cut(source, chunks[leaf], row, num_rows, repeated=footer.schema.column(leaf).max_repetition_level > 0)
     if any(cut is None for cut in cuts.values()) or all(cut.first_row == 0 for cut in cuts.values()):
         return None
-    num_rows = group.get(_GROUP_NUM_ROWS)
     streams = {}
     for name, cut in cuts.items():
         spliced = _one_chunk_file(source, thrift, group, leaves[name], cut, num_rows)
         reader = pq.ParquetFile(spliced, pre_buffer=False, buffer_size=buffer_size)
-        lead = row - cut.first_row  # decoded and dropped: the first batch holds it and the first rows wanted
-        streams[name] = _ColumnStream(reader.iter_batches(batch_size=lead + batch_rows, columns=[name], use_threads=False), lead)
-    return _aligned(streams, num_rows - row, batch_rows)
+        lead = row - cut.first_row  # decoded and dropped
+        batches = reader.iter_batches(batch_size=decode_batch_rows(lead, batch_rows), columns=[name], use_threads=False)
+        streams[name] = _ColumnStream(batches, lead, num_rows - cut.first_row)
+    metadata = footer.schema.to_arrow_schema().metadata
+    return _aligned(streams, num_rows - row, batch_rows, metadata)
 
 
-def _cut(source: Any, chunk: Struct, row: int) -> _Cut | None:
+def decode_batch_rows(lead: int, batch_rows: int) -> int:
+    """A decode batch size of at most ``batch_rows`` whose batches end close after the first
+    ``batch_rows`` rows past ``lead`` (fewer rows than there are batches to get there): the
+    first wanted rows wait for little more than themselves and the rows before them."""
+    wanted = lead + batch_rows
+    batches = -(-wanted // batch_rows)
+    return -(-wanted // batches)
+
+
+def _cut(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool) -> _Cut | None:
+    """``chunk`` cut at the page that holds ``row``, or whole (first_row 0) when reading its page
+    index and headers would cost more than the decoding it saves; None when it has no page index
+    or is encrypted."""
     if chunk.get(_CHUNK_CRYPTO) is not None or chunk.get(_CHUNK_ENCRYPTED_META) is not None:
         return None
-    index_offset, index_length = chunk.get(_CHUNK_INDEXES[0]), chunk.get(_CHUNK_INDEXES[1])
-    meta = chunk.get(_CHUNK_META)
-    if index_offset is None or not index_length or meta is None:
+    if chunk.get(_CHUNK_INDEXES[0]) is None or not chunk.get(_CHUNK_INDEXES[1]):
         return None
-    locations = decode_struct(_read(source, index_offset, index_length))[0].get(1)
-    if not isinstance(locations, ThriftList) or not locations.values:
-        return None
-    firsts = [location.get(3) for location in locations.values]
+    meta = chunk.struct(_CHUNK_META)
+    data_offset = meta.integer(_META_DATA_OFFSET)
+    start = min(meta.integer(_META_DICT_OFFSET, data_offset) or data_offset, data_offset)
+    end = start + meta.integer(_META_COMPRESSED)
+    whole = _Cut((start, data_offset - start), (data_offset, end - data_offset), 0, meta.integer(_META_NUM_VALUES))
+    index_length = chunk.integer(_CHUNK_INDEXES[1])
+    index_cost = index_length * THRIFT_BYTE_COST
+    headers_to_read = index_length // PAGE_LOCATION_BYTES * min(row, group_rows - row) // group_rows  # (estimated)
+    if index_cost + headers_to_read * HEADER_COST > (end - start) * row // group_rows:
+        return whole  # (before reading the index: its decoding alone may cost more than it saves)
+    index = decode_struct(_read(source, chunk.integer(_CHUNK_INDEXES[0]), index_length))[0]
+    locations = [(location.integer(1), location.integer(2), location.integer(3)) for location in index.structs(1)]
+    firsts = [first for _, _, first in locations]
+    if not locations or firsts[0] != 0 or firsts != sorted(firsts) or firsts[-1] > group_rows:
+        raise ThriftError("page index rows out of order")
     # the last page that starts at or before the row: pages begin at row boundaries when a file
     # has a page index (parquet.thrift); of pages that start at the same row, all but the last
     # are empty (pyarrow writes such pages)
-    page = max(0, bisect.bisect_right(firsts, row) - 1)
-    first_page = locations.values[0].get(1)
-    start = meta.get(_META_DICT_OFFSET) or meta.get(_META_DATA_OFFSET)
-    start = min(start, meta.get(_META_DATA_OFFSET))
-    end = start + meta.get(_META_COMPRESSED)
-    kept = [(location.get(1), location.get(2)) for location in locations.values[page:]]
-    if not start <= first_page <= kept[0][0] or sum(size for _, size in kept) != end - kept[0][0]:
+    page = bisect.bisect_right(firsts, row) - 1
+    first_page, kept = locations[0][0], locations[page][0]
+    if first_page != data_offset or sum(size for _, size, _ in locations[page:]) != end - kept:
         raise ThriftError("page index does not match its column chunk")
-    headers = [_data_page(source, offset, size) for offset, size in kept]
-    num_values = sum(values for values, _ in headers)
-    needs_dictionary = any(dictionary for _, dictionary in headers)
-    dictionary = (start, first_page - start) if needs_dictionary else (start, 0)
-    return _Cut(dictionary, (kept[0][0], end - kept[0][0]), firsts[page], num_values)
+    # The kept pages' level values (the cut chunk's num_values), from the page headers on the
+    # shorter side of the cut. The rows the headers count (a flat column's values, a V2 page's
+    # rows) must be the rows the index gives that side, so that a damaged index cannot shift rows.
+    before, after = locations[:page], locations[page:]
+    counted = before if len(before) < len(after) else after
+    if page == 0 or index_cost + (len(counted) + 1) * HEADER_COST > kept - first_page:
+        return whole
+    headers = [_data_page(source, offset, size) for offset, size, _ in counted]
+    side_rows = firsts[page] if counted is before else group_rows - firsts[page]
+    rows = [header.rows if header.rows is not None else None if repeated else header.values for header in headers]
+    if None not in rows and sum(rows) != side_rows:
+        raise ThriftError(f"the pages hold {sum(rows)} rows where the page index says {side_rows}")
+    values = sum(header.values for header in headers)
+    num_values = meta.integer(_META_NUM_VALUES) - values if counted is before else values
+    # Writers fall back from dictionary to plain encoding once per column chunk, never back: the
+    # kept pages need the dictionary page when their first one does.
+    first_kept = headers[0] if counted is after else _data_page(source, kept, locations[page][1])
+    dictionary = (start, first_page - start if first_kept.dictionary else 0)
+    return _Cut(dictionary, (kept, end - kept), firsts[page], num_values)
 
 
-def _data_page(source: Any, offset: int, size: int) -> tuple[int, bool]:
-    """The level values of the data page at ``offset`` and whether they are dictionary-encoded
-    ((0, False) for another kind of page), from its header (the first bytes of the page;
-    statistics in it may make it long)."""
+def _data_page(source: Any, offset: int, size: int) -> _Page:
+    """The header of the page at ``offset`` (the first bytes of the page; statistics in it may
+    make it long); a page that is not a data page has no values."""
     prefix = min(size, _HEADER_READ)
     while True:
         try:
@@ -169,22 +225,24 @@ def _data_page(source: Any, offset: int, size: int) -> tuple[int, bool]:
             if prefix == size:
                 raise
             prefix = min(size, prefix * 16)
-    kind = header.get(_PAGE_TYPE)
-    if kind not in (_DATA_PAGE, _DATA_PAGE_V2):
-        return 0, False
-    data = header.get(_PAGE_DATA_V1 if kind == _DATA_PAGE else _PAGE_DATA_V2)
-    encoding = data.get(2 if kind == _DATA_PAGE else 4)
-    return data.get(1), encoding in _DICTIONARY_ENCODINGS
+    kind = header.integer(_PAGE_TYPE)
+    if kind == _DATA_PAGE:
+        data = header.struct(_PAGE_DATA_V1)
+        return _Page(data.integer(1), None, data.integer(2) in _DICTIONARY_ENCODINGS)
+    if kind == _DATA_PAGE_V2:
+        data = header.struct(_PAGE_DATA_V2)
+        return _Page(data.integer(1), data.integer(3), data.integer(4) in _DICTIONARY_ENCODINGS)
+    return _Page(0, 0, False)
 
 
-def _one_chunk_file(source: Any, thrift: Struct, group: Struct, leaf: int, cut: _Cut, group_rows: int) -> "SplicedFile":
+def _one_chunk_file(source: Any, thrift: Struct, group: Struct, leaf: int, cut: _Cut, group_rows: int) -> SplicedFile:
     """A Parquet file of one row group in which leaf ``leaf`` is ``cut`` (other leaves keep their
     metadata but point outside the file: they are not projected, so never read). Its bytes are
     read from ``source`` as pyarrow asks for them."""
     dictionary_size, pages_size = cut.dictionary[1], cut.pages[1]
     size = dictionary_size + pages_size
-    chunk = group.get(_GROUP_COLUMNS).values[leaf]
-    meta = Struct([list(field) for field in chunk.get(_CHUNK_META).fields])
+    chunk = group.structs(_GROUP_COLUMNS)[leaf]
+    meta = Struct([list(field) for field in chunk.struct(_CHUNK_META).fields])
     meta.set(_META_NUM_VALUES, I64, cut.num_values)
     meta.set(_META_COMPRESSED, I64, size)
     meta.set(_META_DATA_OFFSET, I64, len(MAGIC) + dictionary_size)
@@ -196,13 +254,12 @@ def _one_chunk_file(source: Any, thrift: Struct, group: Struct, leaf: int, cut: 
     new_chunk = Struct([list(field) for field in chunk.fields if field[0] not in _CHUNK_INDEXES])
     new_chunk.set(_CHUNK_FILE_OFFSET, I64, len(MAGIC))
     new_chunk.set(_CHUNK_META, STRUCT, meta)
-    columns = list(group.get(_GROUP_COLUMNS).values)
+    columns = list(group.structs(_GROUP_COLUMNS))
     columns[leaf] = new_chunk
     rows = group_rows - cut.first_row
     new_group = Struct([list(field) for field in group.fields])
     new_group.set(_GROUP_COLUMNS, LIST, ThriftList(STRUCT, columns))
     new_group.set(_GROUP_NUM_ROWS, I64, rows)
-    new_group.set(_GROUP_BYTES, I64, size)
     new_group.set(_GROUP_OFFSET, I64, len(MAGIC))
     new_group.set(_GROUP_COMPRESSED, I64, size)
     new_group.drop(_GROUP_ORDINAL)
@@ -217,10 +274,10 @@ def _one_chunk_file(source: Any, thrift: Struct, group: Struct, leaf: int, cut: 
 class SplicedFile(io.RawIOBase):
     """A read-only file made of parts: bytes, or (offset, size) ranges of ``source``."""
 
-    def __init__(self, source: Any, parts: list[bytes | tuple[int, int]]):
+    def __init__(self, source: Any, parts: list[bytes | tuple[int, int]]) -> None:
         super().__init__()
         self._source = source
-        self._parts = [p for p in parts if len(p) if isinstance(p, bytes) or p[1]]
+        self._parts = [p for p in parts if (len(p) if isinstance(p, bytes) else p[1])]
         sizes = [len(p) if isinstance(p, bytes) else p[1] for p in self._parts]
         self._starts = [0]
         for size in sizes:
@@ -257,11 +314,13 @@ class SplicedFile(io.RawIOBase):
 
 
 class _ColumnStream:
-    """One column's decoded arrays, the first ``lead`` rows dropped; ``take(n)`` returns the next n."""
+    """One column's decoded arrays, the first ``lead`` rows dropped; ``take(n)`` returns the next
+    n, and the column must hold exactly ``rows`` rows (lead included)."""
 
-    def __init__(self, batches: Iterator[pa.RecordBatch], lead: int):
+    def __init__(self, batches: Iterator[pa.RecordBatch], lead: int, rows: int) -> None:
         self._batches = batches
         self._lead = lead
+        self._left = rows - lead  # rows still to take
         self._held: list[pa.Array] = []
         self._rows = 0
         self.field: pa.Field | None = None
@@ -290,16 +349,19 @@ class _ColumnStream:
                 self._held[0] = array.slice(need)
                 need = 0
         self._rows -= rows
+        self._left -= rows
+        if self._left == 0 and (self._rows or next(self._batches, None) is not None):
+            raise ValueError("a cut column chunk holds more rows than its page index says")
         return pa.chunked_array(out, type=self.field.type)
 
 
-def _aligned(streams: dict[str, _ColumnStream], rows: int, batch_rows: int) -> Iterator[pa.Table]:
+def _aligned(streams: dict[str, _ColumnStream], rows: int, batch_rows: int, metadata: dict | None) -> Iterator[pa.Table]:
     done = 0
     while done < rows:
         take = min(batch_rows, rows - done)
         arrays = {name: stream.take(take) for name, stream in streams.items()}
         fields = [streams[name].field for name in arrays]
-        yield pa.Table.from_arrays(list(arrays.values()), schema=pa.schema(fields))
+        yield pa.Table.from_arrays(list(arrays.values()), schema=pa.schema(fields, metadata=metadata))
         done += take
 
 

@@ -22,7 +22,7 @@ class ThriftError(ValueError):
 class Struct:
     """A decoded struct: ``fields`` as ``[field_id, type, value]`` in the order read."""
 
-    def __init__(self, fields: list[list[Any]] | None = None):
+    def __init__(self, fields: list[list[Any]] | None = None) -> None:
         self.fields = fields if fields is not None else []
 
     def get(self, field_id: int, default: Any = None) -> Any:
@@ -30,6 +30,27 @@ class Struct:
             if fid == field_id:
                 return value
         return default
+
+    def integer(self, field_id: int, default: int | None = None) -> int:
+        """An integer field; ThriftError when it is missing (without ``default``) or not an integer."""
+        value = self.get(field_id, default)
+        if type(value) is not int:
+            raise ThriftError(f"field {field_id} is {type(value).__name__}, not an integer")
+        return value
+
+    def struct(self, field_id: int) -> Struct:
+        """A struct field; ThriftError when it is missing or not a struct."""
+        value = self.get(field_id)
+        if not isinstance(value, Struct):
+            raise ThriftError(f"field {field_id} is {type(value).__name__}, not a struct")
+        return value
+
+    def structs(self, field_id: int) -> list[Struct]:
+        """A list-of-structs field; ThriftError when it is missing or holds anything else."""
+        value = self.get(field_id)
+        if not isinstance(value, ThriftList) or not all(isinstance(item, Struct) for item in value.values):
+            raise ThriftError(f"field {field_id} is not a list of structs")
+        return value.values
 
     def set(self, field_id: int, kind: int, value: Any) -> None:
         """Set a field (added in field-id order when absent)."""
@@ -47,7 +68,7 @@ class Struct:
 class ThriftList:
     """A decoded list or set: its element type and values."""
 
-    def __init__(self, element: int, values: list[Any]):
+    def __init__(self, element: int, values: list[Any]) -> None:
         self.element = element
         self.values = values
 
@@ -66,7 +87,7 @@ def encode_struct(value: Struct) -> bytes:
 
 
 class _Reader:
-    def __init__(self, data: memoryview, pos: int):
+    def __init__(self, data: memoryview, pos: int) -> None:
         self.data = data
         self.pos = pos
 
@@ -92,6 +113,8 @@ class _Reader:
         return (n >> 1) ^ -(n & 1)
 
     def value(self, kind: int, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise ThriftError("values nested too deeply")
         if kind in (TRUE, FALSE):  # (a list's booleans are one byte each: 1 true)
             return kind == TRUE
         if kind in _INTEGERS:
@@ -125,7 +148,7 @@ class _Reader:
 
     def struct(self, depth: int) -> Struct:
         if depth > MAX_DEPTH:
-            raise ThriftError("structs nested too deeply")
+            raise ThriftError("values nested too deeply")
         fields, last = [], 0
         while True:
             header = self.byte()
