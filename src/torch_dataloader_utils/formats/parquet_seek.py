@@ -10,8 +10,10 @@ a small Parquet file of its own, read from the original file as pyarrow asks: th
 footer with one row group whose one real column chunk is the cut one. Every column is cut at
 its own page and then trimmed to the row, so the columns line up.
 
-Nothing here is used when a file has no page index, a projected column has more than one
-leaf (a struct or a map) or the file is encrypted: the caller decodes from the first row.
+A column whose page index and page headers would cost more Python than the decoding they
+save is read whole and trimmed. Nothing is cut when a file has no page index, a projected
+column has more than one leaf (a struct or a map), the file is encrypted, or the page index
+does not match the pages (``ThriftError``): the caller then decodes from the first row.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ _GROUP_COLUMNS, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED, _GROUP_ORDINA
 _CHUNK_FILE_OFFSET, _CHUNK_META, _CHUNK_INDEXES, _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 2, 3, (4, 5, 6, 7), 8, 9
 _META_NUM_VALUES, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 7, 9, 10
 _META_DICT_OFFSET, _META_STATISTICS, _META_BLOOM, _META_SIZE_STATISTICS = 11, 12, (14, 15), 16
-_PAGE_TYPE, _PAGE_COMPRESSED_SIZE, _PAGE_DATA_V1, _PAGE_DATA_V2 = 1, 3, 5, 8
+_PAGE_TYPE, _PAGE_DATA_V1, _PAGE_DATA_V2 = 1, 5, 8
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 _ENCRYPTION_ALGORITHM = 8  # in FileMetaData: set for encrypted files with a plaintext footer
