@@ -22,10 +22,8 @@ ROWS = 300
 
 
 @pytest.fixture(autouse=True)
-def seek_small_files(monkeypatch):
-    """These files are tiny: seek whatever the footer's size and the page headers to read."""
-    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
-    monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)
+def _seek_tiny_files(seek_tiny_files):
+    """These files are tiny: seek whatever the footer, page index and headers cost."""
 
 
 def _table(rows: int = ROWS) -> pa.Table:

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pytest
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.formats import parquet_seek
 from torch_dataloader_utils.reader import StreamReader
 
 from datagen import write_dataset
@@ -22,10 +21,8 @@ def _reads(dataset: StructuredDataset, stream_rows: int, order: list[int]) -> di
 
 
 @pytest.mark.parametrize("paged", [False, True])
-def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, monkeypatch, paged):
+def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, seek_tiny_files, paged):
     """With ``paged`` (a page index), a read that starts inside a piece seeks to its page."""
-    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
-    monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)
     write_dataset(tmp_path, [[130, 70, 200], [45], [300, 1, 99]], paged=paged)
     _, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=10, chunk_rows=40, num_workers=0)
     count = len(dataset.begin_pass(keep_slots=False))

@@ -58,11 +58,9 @@ def test_resume_at_every_interruption_point(data, fmt, shuffle, workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resume_inside_row_groups_seeks_through_the_page_index(data, workers, monkeypatch):
+def test_resume_inside_row_groups_seeks_through_the_page_index(data, workers, monkeypatch, seek_tiny_files):
     """Files with a page index and pages of ~5 rows: resumes start decoding at the page that
-    holds the saved row (parquet_seek; its thresholds lowered for these tiny files)."""
-    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
-    monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)
+    holds the saved row (parquet_seek)."""
     seeks = []
 
     def counted(*args):

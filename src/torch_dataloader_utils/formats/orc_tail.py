@@ -15,6 +15,8 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from .varint import read_varint
+
 _CODECS = {2: "snappy", 4: "lz4_raw"}  # block codecs; zlib (1) and zstd (5) are decoded as streams
 _TAIL_GUESS = 64 * 1024
 
@@ -42,26 +44,15 @@ class OrcTail:
     compression: int
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, pos
-
-
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
     pos = 0
     while pos < len(data):
-        key, pos = _varint(data, pos)
+        key, pos = read_varint(data, pos)
         number, wire = key >> 3, key & 7
         if wire == 0:
-            value, pos = _varint(data, pos)
+            value, pos = read_varint(data, pos)
         elif wire == 2:
-            length, pos = _varint(data, pos)
+            length, pos = read_varint(data, pos)
             value, pos = data[pos : pos + length], pos + length
         elif wire == 1:
             value, pos = data[pos : pos + 8], pos + 8
@@ -120,7 +111,7 @@ def _decompress(data: bytes, kind: int) -> bytes:
         elif kind == 5:  # a zstd frame need not state its decoded size: the stream finds its end
             out.append(pa.CompressedInputStream(pa.py_buffer(chunk), "zstd").read())
         elif kind in _CODECS:
-            size = _varint(chunk, 0)[0] if kind == 2 else _lz4_block_size(chunk)
+            size = read_varint(chunk, 0)[0] if kind == 2 else _lz4_block_size(chunk)
             out.append(pa.Codec(_CODECS[kind]).decompress(chunk, decompressed_size=size).to_pybytes())
         else:
             raise ValueError(f"unsupported ORC compression kind {kind}")
@@ -133,7 +124,7 @@ def _varints(value: int | bytes) -> list[int]:
         return [value]
     out, pos = [], 0
     while pos < len(value):
-        number, pos = _varint(value, pos)
+        number, pos = read_varint(value, pos)
         out.append(number)
     return out
 

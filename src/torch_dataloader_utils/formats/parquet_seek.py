@@ -358,12 +358,13 @@ class _ColumnStream:
 
 
 def _aligned(streams: dict[str, _ColumnStream], rows: int, batch_rows: int, metadata: dict | None) -> Iterator[pa.Table]:
-    done = 0
+    done, schema = 0, None
     while done < rows:
         take = min(batch_rows, rows - done)
-        arrays = {name: stream.take(take) for name, stream in streams.items()}
-        fields = [streams[name].field for name in arrays]
-        yield pa.Table.from_arrays(list(arrays.values()), schema=pa.schema(fields, metadata=metadata))
+        arrays = [stream.take(take) for stream in streams.values()]
+        if schema is None:  # (the fields are known once each stream has decoded a batch)
+            schema = pa.schema([stream.field for stream in streams.values()], metadata=metadata)
+        yield pa.Table.from_arrays(arrays, schema=schema)
         done += take
 
 

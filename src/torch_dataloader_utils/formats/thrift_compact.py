@@ -10,6 +10,8 @@ from __future__ import annotations
 import struct as _struct
 from typing import Any
 
+from .varint import read_varint
+
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 _INTEGERS = (BYTE, I16, I32, I64)
 MAX_DEPTH = 64  # Parquet's metadata nests a few levels; deeper input is damaged
@@ -98,15 +100,13 @@ class _Reader:
         return self.data[self.pos - 1]
 
     def varint(self) -> int:
-        shift = result = 0
-        while True:
-            b = self.byte()
-            result |= (b & 0x7F) << shift
-            if not b & 0x80:
-                return result
-            shift += 7
-            if shift > 70:
-                raise ThriftError("varint too long")
+        try:
+            value, self.pos = read_varint(self.data, self.pos)
+        except IndexError:
+            raise ThriftError("unexpected end of data") from None
+        except ValueError as error:
+            raise ThriftError(str(error)) from None
+        return value
 
     def zigzag(self) -> int:
         n = self.varint()
