@@ -18,6 +18,8 @@ from resume_helpers import assert_exactly_once, make, resume, run_epoch
 from servers import BUCKET, get_store, object_store, s3, s3_options, store_registry  # noqa: F401 - fixtures
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.errors import DataReadError
+from torch_dataloader_utils.formats import parquet, parquet_seek
+from torch_dataloader_utils.formats.io import RangeFile
 from torch_dataloader_utils.remote import RemoteStore
 
 LAYOUT = [[120, 80], [150], [60, 90, 70], [110, 40]]
@@ -28,9 +30,9 @@ ROWS = sum(map(sum, LAYOUT))
 def uploaded(tmp_path_factory):
     """The LAYOUT dataset (Parquet and ORC) on every server that gets started, uploaded once."""
     roots = {}
-    for fmt in ("parquet", "orc"):
+    for fmt in ("parquet", "orc", "parquet_paged"):
         roots[fmt] = tmp_path_factory.mktemp(f"src-{fmt}")
-        write_dataset(roots[fmt], LAYOUT, fmt)
+        write_dataset(roots[fmt], LAYOUT, fmt.split("_")[0], paged=fmt.endswith("paged"))
     done: set = set()
 
     def ensure(store, fmt="parquet"):
@@ -54,6 +56,31 @@ def _config(store, shuffle, **extra):
         storage_options=store.options,
     )
     return {**config, **extra}
+
+
+def test_resume_inside_row_groups_seeks_through_the_page_index(object_store, uploaded, monkeypatch, seek_tiny_files):
+    """A remote row group is decoded from the page that holds the saved row too (parquet_seek),
+    and its page index comes with the column chunks: nothing is fetched on demand."""
+    url = uploaded(object_store, "parquet_paged")
+    seeks, readers = [], []
+
+    def counted(source, *args):
+        batches = parquet_seek.iter_from_row(source, *args)
+        seeks.append(batches is not None)
+        readers.append(source)
+        return batches
+
+    monkeypatch.setattr(parquet, "iter_from_row", counted)  # in this process: no workers
+    config = _config(object_store, False, num_workers=0)
+    loader, dataset = make(url, **config)
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    assert_exactly_once(full, ROWS)
+    for k in range(len(full)):
+        assert resume(url, states[k], **config) == full[k + 1 :], f"resume after batch {k} differs"
+    assert sum(seeks) > len(full) // 2, seeks
+    assert all(isinstance(source, RangeFile) for source in readers)
+    assert sum(source.on_demand for source in readers) == 0
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

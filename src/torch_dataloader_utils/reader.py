@@ -17,7 +17,7 @@ import pyarrow as pa
 from .catalog import Catalog
 from .discovery import check_version
 from .errors import DataReadError, FileChangedError
-from .formats.io import is_local
+from .formats.io import is_local, is_remote
 from .lanes import Segment, StreamBook
 from .remote import RemoteReadError
 from .schema import WideningError, iter_conformed, read_conformed
@@ -134,10 +134,11 @@ class StreamReader:
 
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
         """Whether a window is read batch by batch: one piece, rows in file order, errors raised
-        (a skipped piece must be left out whole), and a format that can (Parquet, local)."""
+        (a skipped piece must be left out whole), and a format that can (Parquet, on local disk or an object store)."""
         if not self._stream_rows or self._skip_errors or stream.shuffle or len(pieces) != 1:
             return False
-        return getattr(self._catalog.format, "streams_local_units", False) and is_local(self._catalog.fs)
+        fs = self._catalog.fs
+        return getattr(self._catalog.format, "streams_units", False) and (is_local(fs) or is_remote(fs))
 
     def _piece_batches(self, piece: Piece, first: int) -> Iterator[pa.Table]:
         """The piece's rows from its row ``first`` on, in decoded batches; errors name the file and split."""

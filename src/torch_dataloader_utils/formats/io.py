@@ -78,11 +78,21 @@ class RangeFile:
             bisect.insort(self._starts, start)
         self._parts[start] = data
 
-    def fetch(self, ranges: Sequence[tuple[int, int]]) -> None:
-        """Fetch these ranges concurrently (retried, cached) and keep them."""
+    def fetch(self, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, bytes]]:
+        """Fetch these ranges concurrently (retried, cached) and keep them; returns them as
+        (start, bytes) for ``forget``."""
         ranges = [(s, min(e, self._size)) for s, e in ranges if s < min(e, self._size)]
-        for (start, _), data in zip(ranges, self._store.read_ranges(self._path, ranges, self._ident)):
+        fetched = list(zip((start for start, _ in ranges), self._store.read_ranges(self._path, ranges, self._ident)))
+        for start, data in fetched:
             self.add(start, data)
+        return fetched
+
+    def forget(self, fetched: Iterable[tuple[int, bytes]]) -> None:
+        """Drop ranges that ``fetch`` returned, unless a later fetch replaced them."""
+        for start, data in fetched:
+            if self._parts.get(start) is data:
+                del self._parts[start]
+        self._starts = sorted(self._parts)
 
     def keep_only(self, starts: Iterable[int]) -> None:
         """Forget all ranges but those starting at ``starts`` (bounds memory between units)."""
@@ -102,9 +112,14 @@ class RangeFile:
         self.add(start, data)
         return memoryview(data)
 
-    def read_at(self, start: int, end: int) -> Any:
+    def read_range(self, start: int, end: int) -> Any:
         """Bytes [start, end) as a memoryview (fetched if not held)."""
         return self._slice(start, end)
+
+    def read_at(self, nbytes: int, offset: int) -> Any:
+        """``nbytes`` bytes from ``offset`` (fewer at the end of the file), as pyarrow's files
+        read them (parquet_seek reads page indexes and headers this way)."""
+        return self._slice(offset, min(self._size, offset + nbytes)) if offset < self._size else b""
 
     # ------------------------------------------------------ file protocol
     def read(self, nbytes: int = -1) -> Any:

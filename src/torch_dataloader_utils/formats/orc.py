@@ -60,7 +60,7 @@ class _RemoteOrcReader:
             self._source.fetch([(stripe.offset, stripe.offset + stripe.length)])
         else:
             self._source.fetch([(stripe.footer_start, stripe.offset + stripe.length)])
-            footer = bytes(self._source.read_at(stripe.footer_start, stripe.offset + stripe.length))
+            footer = bytes(self._source.read_range(stripe.footer_start, stripe.offset + stripe.length))
             self._source.fetch(stream_ranges(stripe, footer, self._footer.layout, columns))
         try:
             if self._file is None:
@@ -72,11 +72,11 @@ class _RemoteOrcReader:
 
 def _remote_footer(source: RangeFile, size: int, layout: OrcTail) -> RemoteOrcFooter:
     """The file's tail as one block: a worker opens the file from it without a request."""
-    last = source.read_at(size - 1, size)[0]
-    postscript = dict(_fields(bytes(source.read_at(size - 1 - last, size - 1))))
+    last = source.read_range(size - 1, size)[0]
+    postscript = dict(_fields(bytes(source.read_range(size - 1 - last, size - 1))))
     need = last + 1 + int(postscript.get(1, 0)) + int(postscript.get(5, 0))
     start = max(0, size - max(_ORC_TAIL_MIN, need))
-    return RemoteOrcFooter(start, bytes(source.read_at(start, size)), layout)
+    return RemoteOrcFooter(start, bytes(source.read_range(start, size)), layout)
 
 
 class OrcFormat:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..planner import FileLayout
 from .io import RangeFile, coalesce, is_local, is_remote, open_input
-from .parquet_seek import footer_struct, iter_from_row, worth_seeking
+from .parquet_seek import footer_struct, iter_from_row, offset_index_ranges, worth_seeking
 from .thrift_compact import Struct, ThriftError
 
 FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
@@ -28,14 +28,15 @@ log = logging.getLogger(__name__)
 
 
 class _ParquetReader:
-    def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool):
+    def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool, buffer_size: int = READ_BUFFER_BYTES):
         self._source = source
         self._footer = footer
         self._thrift: Struct | None = None  # the footer decoded, for parquet_seek (on the first seek)
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
         # open file (measured: ~18 MB per file of the benchmark); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
-        self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=READ_BUFFER_BYTES)
+        self._buffer_size = buffer_size
+        self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
         self._use_threads = use_threads
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
@@ -61,14 +62,17 @@ class _ParquetReader:
         if not first_row or not worth_seeking(self._footer, unit, columns, first_row):
             return None
         try:
-            if self._thrift is None:
-                self._thrift = footer_struct(self._footer)
-            return iter_from_row(self._source, self._footer, self._thrift, unit, columns, first_row, batch_rows, READ_BUFFER_BYTES)
+            return iter_from_row(self._source, self._footer, self._footer_thrift(), unit, columns, first_row, batch_rows, self._buffer_size)
         except (ThriftError, pa.ArrowException) as error:
             # a page index or cut file pyarrow does not take: decoding from the first row names
             # any damage that matters to the rows read
             log.debug("decoding row group %d from its first row, not seeking to row %d: %s", unit, first_row, error)
             return None
+
+    def _footer_thrift(self) -> Struct:
+        if self._thrift is None:
+            self._thrift = footer_struct(self._footer)
+        return self._thrift
 
 
 def unit_ranges(footer: pq.FileMetaData, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
@@ -87,21 +91,34 @@ def unit_ranges(footer: pq.FileMetaData, unit: int, columns: list[str] | None) -
     return coalesce(ranges)
 
 
-class _RemoteParquetReader:
-    """Fetches only the projected column chunks of a row group, concurrently, then decodes."""
+class _RemoteParquetReader(_ParquetReader):
+    """Fetches only the projected column chunks of a row group, concurrently, then decodes them
+    as a local file's (a read that starts inside the row group fetches the columns' page
+    indexes with them, for parquet_seek)."""
 
     def __init__(self, store: Any, path: str, footer: pq.FileMetaData, use_threads: bool):
-        self._source = RangeFile(store, path)
-        self._footer = footer
-        self._use_threads = use_threads
+        # buffer_size 0: pyarrow reads each column chunk in one call, from the bytes in memory
+        super().__init__(RangeFile(store, path), footer, use_threads, buffer_size=0)
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        self._source.fetch(unit_ranges(self._footer, unit, columns))
+        fetched = self._source.fetch(unit_ranges(self._footer, unit, columns))
         try:
-            reader = pq.ParquetFile(self._source, metadata=self._footer, pre_buffer=False)  # the bytes are in memory already
-            return reader.read_row_group(unit, columns=columns, use_threads=self._use_threads)
+            return super().read_unit(unit, columns)
         finally:
-            self._source.keep_only([])  # decoded: the raw bytes are not needed any more
+            self._source.forget(fetched)  # decoded: the raw bytes are not needed any more
+
+    def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
+        ranges = unit_ranges(self._footer, unit, columns)
+        if first_row and worth_seeking(self._footer, unit, columns, first_row):
+            try:
+                ranges = coalesce(ranges + offset_index_ranges(self._footer, self._footer_thrift(), unit, columns))
+            except ThriftError as error:  # (a footer pyarrow read but this module cannot: no seek, see _seek)
+                log.debug("not fetching row group %d's page index: %s", unit, error)
+        fetched = self._source.fetch(ranges)
+        try:
+            yield from super().iter_unit(unit, columns, batch_rows, first_row)
+        finally:
+            self._source.forget(fetched)
 
 
 def _local_footer(path: str) -> pq.FileMetaData | None:
@@ -131,7 +148,7 @@ def _local_footer(path: str) -> pq.FileMetaData | None:
 
 class ParquetFormat:
     name = "parquet"
-    streams_local_units = True  # local readers have iter_unit (row groups decoded in batches)
+    streams_units = True  # its readers have iter_unit (row groups decoded in batches)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         footer = _local_footer(path) if is_local(fs) else None

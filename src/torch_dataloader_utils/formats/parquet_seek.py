@@ -96,6 +96,19 @@ def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None,
     return footer.serialized_size * THRIFT_BYTE_COST <= before_row and all(chunk.has_offset_index for chunk in chunks)
 
 
+def offset_index_ranges(footer: pq.FileMetaData, thrift: Struct, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
+    """[start, end) of the projected columns' offset indexes in row group ``unit`` (those it
+    has): what ``iter_from_row`` reads first, for a caller that fetches bytes ahead."""
+    group = thrift.structs(_FILE_ROW_GROUPS)[unit]
+    chunks = group.structs(_GROUP_COLUMNS)
+    ranges = []
+    for leaf in (leaf_columns(footer, columns) or {}).values():
+        offset, length = chunks[leaf].integer(_CHUNK_INDEXES[0], 0), chunks[leaf].integer(_CHUNK_INDEXES[1], 0)
+        if length > 0:
+            ranges.append((offset, offset + length))
+    return ranges
+
+
 def leaf_columns(footer: pq.FileMetaData, columns: list[str] | None) -> dict[str, int] | None:
     """Projected top-level column -> the index of its one leaf column, in the order ``columns``
     names them (else the file's); None when a projected column has several leaves (a struct or
