@@ -58,9 +58,12 @@ def _config(store, shuffle, **extra):
     return {**config, **extra}
 
 
-def test_resume_inside_row_groups_seeks_through_the_page_index(object_store, uploaded, monkeypatch, seek_tiny_files):
-    """A remote row group is decoded from the page that holds the saved row too (parquet_seek),
-    and its page index comes with the column chunks: nothing is fetched on demand."""
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_resume_inside_row_groups_seeks_through_the_page_index(object_store, uploaded, monkeypatch, seek_tiny_files, rounds):
+    """A remote row group is decoded from the page that holds the saved row too (parquet_seek).
+    Its page index comes with the column chunks (one round of requests), or first, followed by
+    only the pages from the saved row's (two rounds): nothing is fetched on demand."""
+    monkeypatch.setattr(parquet, "REMOTE_CUT_MIN_BYTES", 0 if rounds == 2 else 1 << 40)
     url = uploaded(object_store, "parquet_paged")
     seeks, readers = [], []
 
@@ -81,6 +84,32 @@ def test_resume_inside_row_groups_seeks_through_the_page_index(object_store, upl
     assert sum(seeks) > len(full) // 2, seeks
     assert all(isinstance(source, RangeFile) for source in readers)
     assert sum(source.on_demand for source in readers) == 0
+
+
+def test_a_resume_deep_in_a_row_group_downloads_the_pages_from_its_row_only(s3, tmp_path, monkeypatch, seek_tiny_files):
+    """One row group of 40,000 rows with a page index: resuming at row 36,000 fetches the page
+    indexes and the last tenth of the column chunks, not the chunks whole."""
+    monkeypatch.setattr(parquet, "REMOTE_CUT_MIN_BYTES", 0)
+    rows = 40_000
+    table = pa.table({"id": pa.array(range(rows), pa.int64()), "x": pa.array(np.random.default_rng(2).random(rows))})
+    path = tmp_path / "one.parquet"
+    pq.write_table(table, path, row_group_size=rows, write_page_index=True, data_page_size=8192, compression="none", use_dictionary=False)
+    s3.upload(str(tmp_path), "deep")
+    chunks = sum(pq.read_metadata(path).row_group(0).column(c).total_compressed_size for c in range(2))
+    options = dict(batch_size=4000, num_workers=0, chunk_rows=4000, storage_options=s3.options)
+    loader, dataset = make(s3.url("deep"), **options)
+    full, states = [], []
+    for batch in loader:
+        full.append(batch["id"].tolist())
+        states.append(dataset.state_dict())
+    faults = s3.server.faults
+    loader, dataset = make(s3.url("deep"), **options)
+    dataset.load_state_dict(states[8])  # after 36,000 rows
+    planned, _ = faults.counters()
+    rest = [batch["id"].tolist() for batch in loader]
+    sent = faults.counters()[0] - planned
+    assert rest == full[9:]
+    assert sent < 0.15 * chunks, f"sent {sent} bytes after planning; the chunks hold {chunks}"
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

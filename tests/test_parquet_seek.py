@@ -13,7 +13,7 @@ import pytest
 
 from torch_dataloader_utils.formats import parquet_seek
 from torch_dataloader_utils.formats.parquet import _ParquetReader
-from torch_dataloader_utils.formats.parquet_seek import decode_batch_rows, footer_struct, iter_from_row, leaf_columns, worth_seeking
+from torch_dataloader_utils.formats.parquet_seek import decode_batch_rows, footer_struct, iter_from_row, leaf_columns, offset_index_ranges, worth_seeking
 from torch_dataloader_utils.formats.thrift_compact import I32, Struct, ThriftList, decode_struct, encode_struct
 
 from datagen import PAGED
@@ -40,16 +40,41 @@ def _table(rows: int = ROWS) -> pa.Table:
     )
 
 
-def _rows_from(path, unit: int, row: int, batch_rows: int) -> pa.Table | None:
+class _FetchedOnly:
+    """A file that serves only the byte ranges announced: the page indexes, then what
+    ``iter_from_row`` passes to ``fetch`` (as a remote file holds only what it fetched)."""
+
+    def __init__(self, path, ranges: list[tuple[int, int]]):
+        self._file = pa.OSFile(str(path))
+        self.ranges = list(ranges)
+
+    def fetch(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges += ranges
+
+    def read_at(self, nbytes: int, offset: int) -> bytes:
+        assert any(start <= offset and offset + nbytes <= end for start, end in self.ranges), (offset, nbytes, self.ranges)
+        return self._file.read_at(nbytes, offset)
+
+
+def _rows_from(path, unit: int, row: int, batch_rows: int, fetching: bool = False) -> pa.Table | None:
     footer = pq.ParquetFile(path).metadata
-    batches = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer), unit, None, row, batch_rows, 4096)
+    thrift = footer_struct(footer)
+    if fetching:
+        source = _FetchedOnly(path, offset_index_ranges(footer, thrift, unit, None))
+        batches = iter_from_row(source, footer, thrift, unit, None, row, batch_rows, 0, source.fetch)
+    else:
+        batches = iter_from_row(pa.OSFile(str(path)), footer, thrift, unit, None, row, batch_rows, 4096)
     return None if batches is None else pa.concat_tables(list(batches))
 
 
 @pytest.mark.parametrize(
-    "version, compression, dictionary", list(itertools.product(["1.0", "2.0"], ["zstd", "none"], [True, False]))
+    "version, compression, dictionary, fetching",
+    list(itertools.product(["1.0", "2.0"], ["zstd", "none"], [True, False], [False]))
+    + [("1.0", "zstd", True, True), ("2.0", "none", False, True)],
 )
-def test_reading_from_any_row_gives_the_rows_from_there(tmp_path, version, compression, dictionary):
+def test_reading_from_any_row_gives_the_rows_from_there(tmp_path, version, compression, dictionary, fetching):
+    """Every row of every row group; ``fetching``: as from an object store, reading only the
+    page indexes and then the bytes announced (the dictionary and kept pages, or whole chunks)."""
     path = tmp_path / "f.parquet"
     options = dict(data_page_version=version, compression=compression, use_dictionary=dictionary)
     pq.write_table(_table(), path, row_group_size=120, write_page_index=True, data_page_size=256, write_batch_size=7, **options)
@@ -59,7 +84,7 @@ def test_reading_from_any_row_gives_the_rows_from_there(tmp_path, version, compr
         whole = source.read_row_group(unit)
         for row in range(1, whole.num_rows):
             batch_rows = 3 if row % 2 else 64
-            got = _rows_from(path, unit, row, batch_rows)
+            got = _rows_from(path, unit, row, batch_rows, fetching)
             if got is None:
                 continue
             seeks += 1

@@ -8,7 +8,9 @@ a row group) decodes every row before it only to drop them. When the file has a 
 the kept pages use it) and the pages from the one holding the row on, and gives pyarrow that as
 a small Parquet file of its own, read from the original file as pyarrow asks: the original
 footer with one row group whose one real column chunk is the cut one. Every column is cut at
-its own page and then trimmed to the row, so the columns line up.
+its own page and then trimmed to the row, so the columns line up. A caller that holds only the
+bytes it fetched (an object store's file) is told which ranges the cut reads, after the page
+indexes and before anything else (``fetch``).
 
 A column whose page index and page headers would cost more Python than the decoding they
 save is read whole and trimmed. Nothing is cut when a file has no page index, a projected
@@ -21,7 +23,7 @@ from __future__ import annotations
 import bisect
 import io
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -85,7 +87,7 @@ def footer_struct(footer: pq.FileMetaData) -> Struct:
 def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None, row: int) -> bool:
     """Whether a read from ``row`` of row group ``unit`` should try to seek: every projected
     column is one leaf with a page index, and decoding the footer costs less than decoding the
-    column bytes before ``row`` (estimated; ``_cut`` weighs each column's page index and
+    column bytes before ``row`` (estimated; ``_plan`` weighs each column's page index and
     headers the same way)."""
     leaves = leaf_columns(footer, columns)
     if not leaves:
@@ -138,12 +140,25 @@ def _leaf_count(kind: pa.DataType) -> int:
 
 
 def iter_from_row(
-    source: Any, footer: pq.FileMetaData, thrift: Struct, unit: int, columns: list[str] | None, row: int, batch_rows: int, buffer_size: int
+    source: Any,
+    footer: pq.FileMetaData,
+    thrift: Struct,
+    unit: int,
+    columns: list[str] | None,
+    row: int,
+    batch_rows: int,
+    buffer_size: int,
+    fetch: Callable[[list[tuple[int, int]]], None] | None = None,
 ) -> Iterator[pa.Table] | None:
     """Rows ``row``.. of row group ``unit`` in tables of ``batch_rows`` rows, each column decoded
     from the page that holds ``row``; None when that cannot be done or gains nothing (no page
     index, a column with several leaves, an encrypted file, no column worth cutting). Raises
-    ThriftError for a page index that does not describe its column chunk."""
+    ThriftError for a page index that does not describe its column chunk.
+
+    ``fetch(ranges)``, if given, is called once with every [start, end) byte range read after
+    the page indexes (the dictionary and kept pages of each column, whole chunks for columns not
+    cut), before they are read: a remote file downloads only those. The check of a cut then reads
+    the kept pages' headers (else the shorter side's)."""
     if row <= 0 or thrift.get(_ENCRYPTION_ALGORITHM) is not None:
         return None
     leaves = leaf_columns(footer, columns)
@@ -152,11 +167,15 @@ def iter_from_row(
     group = thrift.structs(_FILE_ROW_GROUPS)[unit]
     chunks = group.structs(_GROUP_COLUMNS)
     num_rows = group.integer(_GROUP_NUM_ROWS)
-    cuts = {}
-    for name, leaf in leaves.items():
-        cuts[name] = _cut(source, chunks[leaf], row, num_rows, repeated=footer.schema.column(leaf).max_repetition_level > 0)
-    if any(cut is None for cut in cuts.values()) or all(cut.first_row == 0 for cut in cuts.values()):
+    plans = {name: _plan(source, chunks[leaf], row, num_rows, count_kept=fetch is not None) for name, leaf in leaves.items()}
+    if any(plan is None for plan in plans.values()) or all(isinstance(plan, _Cut) for plan in plans.values()):
         return None
+    if fetch is not None:
+        fetch([r for plan in plans.values() for r in (plan.ranges() if isinstance(plan, _Plan) else _whole_range(plan))])
+    cuts = {}
+    for name, plan in plans.items():
+        repeated = footer.schema.column(leaves[name]).max_repetition_level > 0
+        cuts[name] = _cut_at(source, plan, num_rows, repeated) if isinstance(plan, _Plan) else plan
     streams = {}
     for name, cut in cuts.items():
         spliced = _one_chunk_file(source, thrift, group, leaves[name], cut, num_rows)
@@ -177,10 +196,30 @@ def decode_batch_rows(lead: int, batch_rows: int) -> int:
     return -(-wanted // batches)
 
 
-def _cut(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool) -> _Cut | None:
-    """``chunk`` cut at the page that holds ``row``, or whole (first_row 0) when reading its page
-    index and headers would cost more than the decoding it saves; None when it has no page index
-    or is encrypted."""
+@dataclass(frozen=True)
+class _Plan:
+    """Where a column chunk is cut, decided from its page index alone: its bytes [start, end),
+    its first data page, the index's (offset, size, first row) per page and the page kept
+    first. The page headers of one side of the cut are read next (``_cut_at``)."""
+
+    start: int
+    first_page: int
+    end: int
+    num_values: int
+    locations: tuple[tuple[int, int, int], ...]
+    page: int
+    count_kept: bool  # count the kept pages' headers (else those of the shorter side)
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The bytes ``_cut_at`` and the cut file read: the dictionary page (if any) and the kept pages."""
+        return [(self.start, self.first_page), (self.locations[self.page][0], self.end)]
+
+
+def _plan(source: Any, chunk: Struct, row: int, group_rows: int, count_kept: bool) -> _Plan | _Cut | None:
+    """Where to cut ``chunk`` for ``row``: a plan, or the chunk whole (a ``_Cut`` at row 0) when
+    reading its page index and headers would cost more than the decoding it saves; None when it
+    has no page index or is encrypted. ``count_kept``: the kept pages' headers will be checked,
+    not the shorter side's (for a caller that fetches only the kept pages)."""
     if chunk.get(_CHUNK_CRYPTO) is not None or chunk.get(_CHUNK_ENCRYPTED_META) is not None:
         return None
     if chunk.get(_CHUNK_INDEXES[0]) is None or not chunk.get(_CHUNK_INDEXES[1]):
@@ -192,11 +231,12 @@ def _cut(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool) 
     whole = _Cut((start, data_offset - start), (data_offset, end - data_offset), 0, meta.integer(_META_NUM_VALUES))
     index_length = chunk.integer(_CHUNK_INDEXES[1])
     index_cost = index_length * THRIFT_BYTE_COST
-    headers_to_read = index_length // PAGE_LOCATION_BYTES * min(row, group_rows - row) // group_rows  # (estimated)
+    pages = index_length // PAGE_LOCATION_BYTES  # (estimated)
+    headers_to_read = pages * (group_rows - row if count_kept else min(row, group_rows - row)) // group_rows
     if index_cost + headers_to_read * HEADER_COST > (end - start) * row // group_rows:
         return whole  # (before reading the index: its decoding alone may cost more than it saves)
     index = decode_struct(_read(source, chunk.integer(_CHUNK_INDEXES[0]), index_length))[0]
-    locations = [(location.integer(1), location.integer(2), location.integer(3)) for location in index.structs(1)]
+    locations = tuple((location.integer(1), location.integer(2), location.integer(3)) for location in index.structs(1))
     firsts = [first for _, _, first in locations]
     if not locations or firsts[0] != 0 or firsts != sorted(firsts) or firsts[-1] > group_rows:
         raise ThriftError("page index rows out of order")
@@ -207,25 +247,38 @@ def _cut(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool) 
     first_page, kept = locations[0][0], locations[page][0]
     if first_page != data_offset or sum(size for _, size, _ in locations[page:]) != end - kept:
         raise ThriftError("page index does not match its column chunk")
-    # The kept pages' level values (the cut chunk's num_values), from the page headers on the
-    # shorter side of the cut. The rows the headers count (a flat column's values, a V2 page's
-    # rows) must be the rows the index gives that side, so that a damaged index cannot shift rows.
-    before, after = locations[:page], locations[page:]
-    counted = before if len(before) < len(after) else after
-    if page == 0 or index_cost + (len(counted) + 1) * HEADER_COST > kept - first_page:
+    count_kept = count_kept or len(locations) - page <= page
+    counted = len(locations) - page if count_kept else page
+    if page == 0 or index_cost + (counted + 1) * HEADER_COST > kept - first_page:
         return whole
+    return _Plan(start, first_page, end, meta.integer(_META_NUM_VALUES), locations, page, count_kept)
+
+
+def _cut_at(source: Any, plan: _Plan, group_rows: int, repeated: bool) -> _Cut:
+    """The cut of ``plan``, checked against the page headers of one side of the cut: the rows
+    they count (a flat column's values, a V2 page's rows) must be the rows the index gives that
+    side, so that a damaged index cannot shift rows. Counts the kept pages' level values (the cut
+    chunk's num_values) and whether they need the dictionary page."""
+    locations, page = plan.locations, plan.page
+    counted = locations[page:] if plan.count_kept else locations[:page]
+    kept_first = locations[page][2]
     headers = [_data_page(source, offset, size) for offset, size, _ in counted]
-    side_rows = firsts[page] if counted is before else group_rows - firsts[page]
+    side_rows = group_rows - kept_first if plan.count_kept else kept_first
     rows = [header.rows if header.rows is not None else None if repeated else header.values for header in headers]
     if None not in rows and sum(rows) != side_rows:
         raise ThriftError(f"the pages hold {sum(rows)} rows where the page index says {side_rows}")
     values = sum(header.values for header in headers)
-    num_values = meta.integer(_META_NUM_VALUES) - values if counted is before else values
+    num_values = values if plan.count_kept else plan.num_values - values
     # Writers fall back from dictionary to plain encoding once per column chunk, never back: the
     # kept pages need the dictionary page when their first one does.
-    first_kept = headers[0] if counted is after else _data_page(source, kept, locations[page][1])
-    dictionary = (start, first_page - start if first_kept.dictionary else 0)
-    return _Cut(dictionary, (kept, end - kept), firsts[page], num_values)
+    first_kept = headers[0] if plan.count_kept else _data_page(source, locations[page][0], locations[page][1])
+    kept = locations[page][0]
+    dictionary = (plan.start, plan.first_page - plan.start if first_kept.dictionary else 0)
+    return _Cut(dictionary, (kept, plan.end - kept), kept_first, num_values)
+
+
+def _whole_range(cut: _Cut) -> list[tuple[int, int]]:
+    return [(cut.dictionary[0], cut.pages[0] + cut.pages[1])]
 
 
 def _data_page(source: Any, offset: int, size: int) -> _Page:
