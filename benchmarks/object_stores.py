@@ -15,7 +15,13 @@ uploads the same files to each and measures:
    the cached footer, fetched concurrently), pyarrow ``pre_buffer`` over a file that
    fetches exactly what it is asked, and ``fsspec.parquet.open_parquet_file``;
 4. planning over many small files (S3): seconds to build the dataset next to the
-   seconds the same number of footer requests take one after another.
+   seconds the same number of footer requests take one after another;
+5. resuming deep in a row group (S3, files of 65,536-row groups with a page index, the
+   numeric columns, no workers): seconds from ``load_state_dict`` to the first batch, bytes
+   and requests, for a state saved at 90% of the epoch, read in two rounds (the page indexes,
+   then the pages from the saved row's: the default past ``REMOTE_CUT_MIN_BYTES``) and in one
+   (the whole column chunks with their page indexes), next to a fresh start's first batch;
+   every object read is delayed by ``--latency`` seconds, a network's round trip.
 
 The servers are emulators on loopback: they measure request counts and server CPU,
 not network latency or bandwidth. Writes JSON to benchmarks/results/<name>.json.
@@ -44,6 +50,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from torch_dataloader_utils import StructuredDataset  # noqa: E402
 from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
+from torch_dataloader_utils.formats import parquet  # noqa: E402
 from torch_dataloader_utils.formats.parquet import PARQUET  # noqa: E402
 from torch_dataloader_utils.remote import RemoteStore, open_store  # noqa: E402
 
@@ -180,6 +187,53 @@ def _planning(store: servers.Store, files: int, latency: float = 0.03) -> dict:
     }
 
 
+RESUME_COLUMNS = ["id", "label", "feat"]
+
+
+def _first_batch(url: str, options: dict, state: dict | None) -> dict:
+    """A new dataset (planned before the clock) that loads ``state``; seconds to its first batch,
+    and the bytes and requests that took."""
+    dataset = StructuredDataset(url, batch_size=1024, num_workers=0, columns=RESUME_COLUMNS, storage_options=options)
+    stats = dataset._catalog.fs.stats
+    before = (stats["bytes"], stats["requests"])
+    start = time.perf_counter()
+    if state is not None:
+        dataset.load_state_dict(state)
+    next(iter(dataset))
+    return {"first_batch_s": time.perf_counter() - start, "bytes": stats["bytes"] - before[0], "requests": stats["requests"] - before[1]}
+
+
+def _resume(store: servers.Store, paths: list[str], latency: float, repeats: int) -> dict:
+    upload = tempfile.mkdtemp()
+    try:
+        for path in paths:
+            os.link(path, os.path.join(upload, os.path.basename(path)))
+        store.upload(upload, "resume")
+    finally:
+        shutil.rmtree(upload, ignore_errors=True)
+    url = store.url("resume")
+    dataset = StructuredDataset(url, batch_size=1024, num_workers=0, columns=RESUME_COLUMNS, storage_options=store.options)
+    batches, state = dataset.num_batches(), None
+    for index, _ in enumerate(dataset):
+        if index + 1 == batches * 9 // 10:
+            state = dataset.state_dict()
+            break
+    modes = {"fresh start": (None, parquet.REMOTE_CUT_MIN_BYTES), "resume, two rounds": (state, 0), "resume, one round": (state, 1 << 60)}
+    runs: dict = {name: [] for name in modes}
+    default = parquet.REMOTE_CUT_MIN_BYTES
+    store.server.faults.inject("stall", -1, stall_seconds=latency)
+    try:
+        for _ in range(repeats):
+            for name, (saved, threshold) in modes.items():  # interleaved
+                parquet.REMOTE_CUT_MIN_BYTES = threshold
+                runs[name].append(_first_batch(url, store.options, saved))
+    finally:
+        parquet.REMOTE_CUT_MIN_BYTES = default
+        store.server.faults.clear()
+    medians = {name: {key: statistics.median(run[key] for run in results) for key in results[0]} for name, results in runs.items()}
+    return {"latency_s": latency, "modes": medians}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.1, help="decoded size of the dataset (GiB)")
@@ -189,6 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stores", default="s3,gcs,azure")
     parser.add_argument("--rounds", type=int, default=3, help="epochs per location (best is reported)")
     parser.add_argument("--plan-files", type=int, default=1000, help="files for the planning measurement (S3)")
+    parser.add_argument("--resume-rows", type=int, default=300_000, help="rows per file (2 files) for the resume measurement; 0 skips it")
+    parser.add_argument("--latency", type=float, default=0.03, help="seconds added to every object read in the resume measurement")
     parser.add_argument("--name", default="object_stores")
     args = parser.parse_args(argv)
 
@@ -219,6 +275,9 @@ def main(argv: list[str] | None = None) -> None:
             report["read_paths"][name] = _read_paths(store)
             if name == "s3" and args.plan_files:
                 report["planning"] = _planning(store, args.plan_files)
+            if name == "s3" and args.resume_rows:
+                resume_files = ensure_dataset(os.path.join(tempfile.gettempdir(), "tdu-bench-resume"), 2, args.resume_rows, 65536)
+                report["resume"] = _resume(store, resume_files, args.latency, args.rounds + 2)
     finally:
         for store in registry.values():
             store.server.stop()
@@ -247,6 +306,11 @@ def _print(report: dict) -> None:
             projection, full = paths[f"projection/{path}"], paths[f"all/{path}"]
             sent = projection["server_bytes_per_group"]
             print(f"| {name} | {path} | {projection['median_ms']:.1f} | {full['median_ms']:.1f} | {'-' if sent is None else f'{sent:,.0f}'} |")
+    resume = report.get("resume")
+    if resume:
+        print(f"\n| S3, {1000 * resume['latency_s']:.0f} ms added per read | first batch s | MB fetched | requests |\n|---|---|---|---|")
+        for name, row in resume["modes"].items():
+            print(f"| {name} | {row['first_batch_s']:.3f} | {row['bytes'] / 1e6:.1f} | {row['requests']:.0f} |")
     plan = report.get("planning")
     if plan:
         print(
