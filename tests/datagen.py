@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
+
+from torch_dataloader_utils.formats.parquet_seek import footer_struct
+from torch_dataloader_utils.formats.thrift_compact import Struct, decode_struct, encode_struct
 
 
 def make_table(first_id: int, rows: int, fixed_list: bool = True) -> pa.Table:
@@ -69,3 +72,30 @@ def corrupt_data_pages(path) -> None:
     with open(path, "r+b") as f:
         f.seek(4)
         f.write(b"\xff" * (size // 2))
+
+
+# ------------------------------------------------------------ damaged page indexes
+def offset_index_range(path: str | os.PathLike, leaf: int, unit: int = 0) -> tuple[int, int]:
+    """(offset, length) of the offset index of leaf column ``leaf`` in row group ``unit``."""
+    chunk = footer_struct(pq.ParquetFile(path).metadata).get(4).values[unit].get(1).values[leaf]
+    return chunk.get(4), chunk.get(5)
+
+
+def set_location(location: Struct, field: int, value: int) -> None:
+    """Set a field of a decoded page location (offset 1, size 2, first row 3)."""
+    location.set(field, next(kind for fid, kind, _ in location.fields if fid == field), value)
+
+
+def rewrite_page_index(path: str | os.PathLike, leaf: int, change: Callable[[list[Struct]], None]) -> None:
+    """Edit, in place, the offset index of leaf column ``leaf`` (row group 0): ``change`` edits its
+    decoded page locations; the encoding must keep its length."""
+    offset, length = offset_index_range(path, leaf)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    decoded = decode_struct(bytes(data[offset : offset + length]))[0]
+    change(decoded.get(1).values)
+    encoded = encode_struct(decoded)
+    assert len(encoded) == length, "the damaged page index must keep its encoded length"
+    data[offset : offset + length] = encoded
+    with open(path, "wb") as f:
+        f.write(bytes(data))

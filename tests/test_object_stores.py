@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from datagen import write_dataset
+from datagen import rewrite_page_index, set_location, write_dataset
 from resume_helpers import assert_exactly_once, make, resume, run_epoch
 from servers import BUCKET, get_store, object_store, s3, s3_options, store_registry  # noqa: F401 - fixtures
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
@@ -112,6 +112,34 @@ def test_a_resume_deep_in_a_row_group_downloads_the_pages_from_its_row_only(s3, 
     sent = faults.counters()[0] - planned
     assert rest == full[9:]
     assert sent < 0.15 * chunks, f"sent {sent} bytes after planning; the chunks hold {chunks}"
+
+
+def test_a_cut_failing_its_check_after_the_second_round_reads_whole_chunks_and_keeps_nothing(s3, tmp_path, monkeypatch, seek_tiny_files):
+    """Column b's page index says the page holding row 36,000 starts a row early: its cut fails
+    the header check once its pages are fetched, and the read starts over with the whole chunks,
+    with no request on demand and no bytes kept afterwards."""
+    monkeypatch.setattr(parquet, "REMOTE_CUT_MIN_BYTES", 0)
+    rows, row = 40_000, 36_000
+    table = pa.table({"a": pa.array(np.arange(rows)), "b": pa.array(np.arange(rows) * 3)})
+    path = tmp_path / "f.parquet"
+    pq.write_table(table, path, write_page_index=True, data_page_size=8192, data_page_version="2.0", use_dictionary=False, compression="none")
+
+    def early(locations):
+        page = max(i for i, location in enumerate(locations) if location.get(3) <= row)
+        set_location(locations[page], 3, locations[page].get(3) - 1)
+
+    rewrite_page_index(path, 1, early)
+    s3.upload(str(tmp_path), "early")
+    dataset = StructuredDataset(s3.url("early"), num_workers=0, storage_options=s3.options)
+    catalog = dataset._catalog
+    reader = parquet.PARQUET.open(catalog.fs, catalog.files[0].fs_path, catalog.footers[0], False)
+    fetches = []  # the fetch callback of each seek: given when the read takes two rounds
+    monkeypatch.setattr(parquet, "iter_from_row", lambda *args: fetches.append(args[-1]) or parquet_seek.iter_from_row(*args))
+    got = pa.concat_tables(list(reader.iter_unit(0, None, 4096, row)))
+    assert got.to_pylist() == table.slice(row).to_pylist()
+    assert len(fetches) == 1 and fetches[0] is not None
+    assert reader._source.on_demand == 0
+    assert not reader._source._parts
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -14,9 +14,9 @@ import pytest
 from torch_dataloader_utils.formats import parquet_seek
 from torch_dataloader_utils.formats.parquet import _ParquetReader
 from torch_dataloader_utils.formats.parquet_seek import decode_batch_rows, footer_struct, iter_from_row, leaf_columns, offset_index_ranges, worth_seeking
-from torch_dataloader_utils.formats.thrift_compact import I32, Struct, ThriftList, decode_struct, encode_struct
+from torch_dataloader_utils.formats.thrift_compact import I32, Struct, ThriftError, ThriftList, encode_struct
 
-from datagen import PAGED
+from datagen import PAGED, offset_index_range, rewrite_page_index, set_location
 
 ROWS = 300
 
@@ -171,44 +171,69 @@ def test_worth_seeking_weighs_the_footer_against_the_bytes_before_the_row(tmp_pa
     assert not worth_seeking(pq.ParquetFile(plain).metadata, 0, ["id"], 200)
 
 
-def _offset_index_range(path, leaf: int) -> tuple[int, int]:
-    chunk = footer_struct(pq.ParquetFile(path).metadata).get(4).values[0].get(1).values[leaf]
-    return chunk.get(4), chunk.get(5)
+def _shift_page_30(locations: list[Struct]) -> None:
+    """Page 30's first row moved from 150 to 153."""
+    assert locations[30].get(3) == 150
+    set_location(locations[30], 3, 153)
 
 
-def _shifted_page(index: bytes) -> bytes:
-    """The offset index with page 30's first row moved from 150 to 153 (same encoded length)."""
-    decoded = decode_struct(index)[0]
-    location = decoded.get(1).values[30]
-    assert location.get(3) == 150
-    location.set(3, location.fields[2][1], 153)
-    return encode_struct(decoded)
+def _resize_kept_page(locations: list[Struct]) -> None:
+    """The page holding row 200 said to start one byte later (and to be one byte shorter), the
+    page before it one byte longer."""
+    page = max(i for i, location in enumerate(locations) if location.get(3) <= 200)
+    set_location(locations[page - 1], 2, locations[page - 1].get(2) + 1)
+    set_location(locations[page], 1, locations[page].get(1) + 1)
+    set_location(locations[page], 2, locations[page].get(2) - 1)
+
+
+def _shift_kept_page(locations: list[Struct]) -> None:
+    """The page holding row 200 said to start one row later (still at or before 200)."""
+    page = max(i for i, location in enumerate(locations) if location.get(3) < 200)
+    assert locations[page + 1].get(3) > locations[page].get(3) + 1
+    set_location(locations[page], 3, locations[page].get(3) + 1)
 
 
 _NOT_AN_OFFSET_INDEX = encode_struct(Struct([[1, 9, ThriftList(I32, [1, 2, 3])]]))  # a list of i32, not of structs
+_DAMAGES = {  # name: (leaf column, bytes of the same length, or a change of the page locations)
+    "ff": (0, lambda length: b"\xff" * length),
+    "00": (0, lambda length: b"\x00" * length),
+    "deep lists": (0, lambda length: b"\x19" * length),  # lists of lists, nested past any limit
+    "other struct": (0, lambda length: _NOT_AN_OFFSET_INDEX.ljust(length, b"\x00")),
+    "shifted row": (0, _shift_page_30),
+    "resized page": (0, _resize_kept_page),
+    "shifted list row": (3, _shift_kept_page),  # "var": V1 pages of a list column count no rows
+}
 
 
-@pytest.mark.parametrize("damage", ["ff", "00", "deep lists", "other struct", "shifted row"])
-def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage):
+@pytest.mark.parametrize("fetching", [False, True])
+@pytest.mark.parametrize("damage", list(_DAMAGES))
+def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fetching):
+    """The read is right or falls back (ThriftError) whatever the damage; ``fetching``: as from
+    an object store, reading only the bytes announced."""
     path = tmp_path / "f.parquet"
     pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)
-    offset, length = _offset_index_range(path, 0)
-    data = bytearray(path.read_bytes())
-    index = bytes(data[offset : offset + length])
-    replacement = {
-        "ff": b"\xff" * length,
-        "00": b"\x00" * length,
-        "deep lists": b"\x19" * length,  # lists of lists, nested past any limit
-        "other struct": _NOT_AN_OFFSET_INDEX.ljust(length, b"\x00"),
-        "shifted row": _shifted_page(index) if damage == "shifted row" else b"",
-    }[damage]
-    assert len(replacement) == length
-    data[offset : offset + length] = replacement
-    path.write_bytes(bytes(data))
+    leaf, change = _DAMAGES[damage]
+    if damage in ("ff", "00", "deep lists", "other struct"):
+        offset, length = offset_index_range(path, leaf)
+        data = bytearray(path.read_bytes())
+        data[offset : offset + length] = change(length)
+        path.write_bytes(bytes(data))
+    else:
+        rewrite_page_index(path, leaf, change)
     footer = pq.ParquetFile(path).metadata
+    expected = _table().select(["id", "var"]).slice(200).to_pylist()
+    if fetching:
+        thrift = footer_struct(footer)
+        source = _FetchedOnly(path, offset_index_ranges(footer, thrift, 0, ["id", "var"]))
+        try:
+            batches = iter_from_row(source, footer, thrift, 0, ["id", "var"], 200, 64, 0, source.fetch)
+        except ThriftError:
+            batches = None
+        if batches is not None:
+            assert pa.concat_tables(list(batches)).to_pylist() == expected
+        return
     reader = _ParquetReader(pa.OSFile(str(path)), footer, False)
-    got = pa.concat_tables(list(reader.iter_unit(0, ["id", "var"], 64, 200)))
-    assert got.to_pylist() == _table().select(["id", "var"]).slice(200).to_pylist()
+    assert pa.concat_tables(list(reader.iter_unit(0, ["id", "var"], 64, 200))).to_pylist() == expected
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -70,7 +70,8 @@ class RangeFile:
         self._parts: dict[int, bytes] = {}
         self._pos = 0
         self.closed = False
-        self.on_demand = 0
+        self.on_demand = 0  # reads served by a request of their own
+        self._fetched_on_demand: list[tuple[int, bytes]] = []
 
     # ---------------------------------------------------------- ranges
     def add(self, start: int, data: bytes) -> None:
@@ -88,8 +89,10 @@ class RangeFile:
         return fetched
 
     def forget(self, fetched: Iterable[tuple[int, bytes]]) -> None:
-        """Drop ranges that ``fetch`` returned, unless a later fetch replaced them."""
-        for start, data in fetched:
+        """Drop ranges that ``fetch`` returned, unless a later fetch replaced them, and every
+        range fetched on demand so far."""
+        on_demand, self._fetched_on_demand = self._fetched_on_demand, []
+        for start, data in [*fetched, *on_demand]:
             if self._parts.get(start) is data:
                 del self._parts[start]
         self._starts = sorted(self._parts)
@@ -99,10 +102,10 @@ class RangeFile:
         keep = set(starts)
         self._parts = {s: d for s, d in self._parts.items() if s in keep}
         self._starts = sorted(self._parts)
+        self._fetched_on_demand = [(s, d) for s, d in self._fetched_on_demand if self._parts.get(s) is d]
 
     def _slice(self, start: int, end: int) -> Any:
-        index = bisect.bisect_right(self._starts, start) - 1
-        if index >= 0:
+        for index in range(bisect.bisect_right(self._starts, start) - 1, -1, -1):  # (parts may overlap)
             first = self._starts[index]
             data = self._parts[first]
             if end <= first + len(data):
@@ -110,6 +113,7 @@ class RangeFile:
         self.on_demand += 1
         (data,) = self._store.read_ranges(self._path, [(start, end)], self._ident)
         self.add(start, data)
+        self._fetched_on_demand.append((start, data))
         return memoryview(data)
 
     def read_range(self, start: int, end: int) -> Any:
@@ -152,7 +156,7 @@ class RangeFile:
 
     def close(self) -> None:
         self.closed = True
-        self._parts, self._starts = {}, []
+        self._parts, self._starts, self._fetched_on_demand = {}, [], []
 
     def __enter__(self) -> "RangeFile":
         return self

@@ -135,7 +135,9 @@ class _RemoteParquetReader(_ParquetReader):
                 if seeking is not None:
                     yield from seeking
                     return
-                if two_rounds:
+                if two_rounds:  # (the cut failed its check after fetching pages: start over with whole chunks)
+                    self._source.forget(fetched)
+                    fetched.clear()
                     fetch(chunks)
             else:
                 fetch(chunks)

@@ -37,7 +37,7 @@ _GROUP_COLUMNS, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED, _GROUP_ORDINA
 _CHUNK_FILE_OFFSET, _CHUNK_META, _CHUNK_INDEXES, _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 2, 3, (4, 5, 6, 7), 8, 9
 _META_NUM_VALUES, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 7, 9, 10
 _META_DICT_OFFSET, _META_STATISTICS, _META_BLOOM, _META_SIZE_STATISTICS = 11, 12, (14, 15), 16
-_PAGE_TYPE, _PAGE_DATA_V1, _PAGE_DATA_V2 = 1, 5, 8
+_PAGE_TYPE, _PAGE_COMPRESSED_SIZE, _PAGE_DATA_V1, _PAGE_DATA_V2 = 1, 3, 5, 8
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 _ENCRYPTION_ALGORITHM = 8  # in FileMetaData: set for encrypted files with a plaintext footer
@@ -167,15 +167,17 @@ def iter_from_row(
     group = thrift.structs(_FILE_ROW_GROUPS)[unit]
     chunks = group.structs(_GROUP_COLUMNS)
     num_rows = group.integer(_GROUP_NUM_ROWS)
-    plans = {name: _plan(source, chunks[leaf], row, num_rows, count_kept=fetch is not None) for name, leaf in leaves.items()}
+    plans = {
+        name: _plan(source, chunks[leaf], row, num_rows, footer.schema.column(leaf).max_repetition_level > 0, count_kept=fetch is not None)
+        for name, leaf in leaves.items()
+    }
     if any(plan is None for plan in plans.values()) or all(isinstance(plan, _Cut) for plan in plans.values()):
         return None
     if fetch is not None:
         fetch([r for plan in plans.values() for r in (plan.ranges() if isinstance(plan, _Plan) else _whole_range(plan))])
     cuts = {}
     for name, plan in plans.items():
-        repeated = footer.schema.column(leaves[name]).max_repetition_level > 0
-        cuts[name] = _cut_at(source, plan, num_rows, repeated) if isinstance(plan, _Plan) else plan
+        cuts[name] = _cut_at(source, plan, num_rows) if isinstance(plan, _Plan) else plan
     streams = {}
     for name, cut in cuts.items():
         spliced = _one_chunk_file(source, thrift, group, leaves[name], cut, num_rows)
@@ -209,17 +211,21 @@ class _Plan:
     locations: tuple[tuple[int, int, int], ...]
     page: int
     count_kept: bool  # count the kept pages' headers (else those of the shorter side)
+    repeated: bool  # a list column: with V1 pages it is read whole (see _cut_at)
 
     def ranges(self) -> list[tuple[int, int]]:
-        """The bytes ``_cut_at`` and the cut file read: the dictionary page (if any) and the kept pages."""
+        """The bytes ``_cut_at`` and the cut file may read: the dictionary page (if any) and the
+        kept pages; the whole chunk for a repeated column."""
+        if self.repeated:
+            return [(self.start, self.end)]
         return [(self.start, self.first_page), (self.locations[self.page][0], self.end)]
 
 
-def _plan(source: Any, chunk: Struct, row: int, group_rows: int, count_kept: bool) -> _Plan | _Cut | None:
+def _plan(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool, count_kept: bool) -> _Plan | _Cut | None:
     """Where to cut ``chunk`` for ``row``: a plan, or the chunk whole (a ``_Cut`` at row 0) when
     reading its page index and headers would cost more than the decoding it saves; None when it
     has no page index or is encrypted. ``count_kept``: the kept pages' headers will be checked,
-    not the shorter side's (for a caller that fetches only the kept pages)."""
+    not the shorter side's (for a caller that fetches only the bytes ``_Plan.ranges`` names)."""
     if chunk.get(_CHUNK_CRYPTO) is not None or chunk.get(_CHUNK_ENCRYPTED_META) is not None:
         return None
     if chunk.get(_CHUNK_INDEXES[0]) is None or not chunk.get(_CHUNK_INDEXES[1]):
@@ -251,21 +257,24 @@ def _plan(source: Any, chunk: Struct, row: int, group_rows: int, count_kept: boo
     counted = len(locations) - page if count_kept else page
     if page == 0 or index_cost + (counted + 1) * HEADER_COST > kept - first_page:
         return whole
-    return _Plan(start, first_page, end, meta.integer(_META_NUM_VALUES), locations, page, count_kept)
+    return _Plan(start, first_page, end, meta.integer(_META_NUM_VALUES), locations, page, count_kept, repeated)
 
 
-def _cut_at(source: Any, plan: _Plan, group_rows: int, repeated: bool) -> _Cut:
+def _cut_at(source: Any, plan: _Plan, group_rows: int) -> _Cut:
     """The cut of ``plan``, checked against the page headers of one side of the cut: the rows
     they count (a flat column's values, a V2 page's rows) must be the rows the index gives that
-    side, so that a damaged index cannot shift rows. Counts the kept pages' level values (the cut
-    chunk's num_values) and whether they need the dictionary page."""
+    side, so that a damaged index cannot shift rows. A repeated column's V1 pages count no rows,
+    so such a column is left whole. Counts the kept pages' level values (the cut chunk's
+    num_values) and whether they need the dictionary page."""
     locations, page = plan.locations, plan.page
     counted = locations[page:] if plan.count_kept else locations[:page]
     kept_first = locations[page][2]
     headers = [_data_page(source, offset, size) for offset, size, _ in counted]
     side_rows = group_rows - kept_first if plan.count_kept else kept_first
-    rows = [header.rows if header.rows is not None else None if repeated else header.values for header in headers]
-    if None not in rows and sum(rows) != side_rows:
+    rows = [header.rows if header.rows is not None else None if plan.repeated else header.values for header in headers]
+    if None in rows:  # a repeated column's V1 pages do not count rows: the cut cannot be checked
+        return _Cut((plan.start, plan.first_page - plan.start), (plan.first_page, plan.end - plan.first_page), 0, plan.num_values)
+    if sum(rows) != side_rows:
         raise ThriftError(f"the pages hold {sum(rows)} rows where the page index says {side_rows}")
     values = sum(header.values for header in headers)
     num_values = values if plan.count_kept else plan.num_values - values
@@ -283,16 +292,19 @@ def _whole_range(cut: _Cut) -> list[tuple[int, int]]:
 
 def _data_page(source: Any, offset: int, size: int) -> _Page:
     """The header of the page at ``offset`` (the first bytes of the page; statistics in it may
-    make it long); a page that is not a data page has no values."""
+    make it long); a page that is not a data page has no values. ThriftError when the header and
+    its page are not ``size`` bytes, as the page index gives."""
     prefix = min(size, _HEADER_READ)
     while True:
         try:
-            header = decode_struct(_read(source, offset, prefix))[0]
+            header, length = decode_struct(_read(source, offset, prefix))
             break
         except ThriftError:
             if prefix == size:
                 raise
             prefix = min(size, prefix * 16)
+    if length + header.integer(_PAGE_COMPRESSED_SIZE) != size:
+        raise ThriftError(f"the page at offset {offset} is not the {size} bytes its page index gives")
     kind = header.integer(_PAGE_TYPE)
     if kind == _DATA_PAGE:
         data = header.struct(_PAGE_DATA_V1)
