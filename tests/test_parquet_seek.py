@@ -187,10 +187,13 @@ def _resize_kept_page(locations: list[Struct]) -> None:
 
 
 def _shift_kept_page(locations: list[Struct]) -> None:
-    """The page holding row 200 said to start one row later (still at or before 200)."""
-    page = max(i for i, location in enumerate(locations) if location.get(3) < 200)
-    assert locations[page + 1].get(3) > locations[page].get(3) + 1
-    set_location(locations[page], 3, locations[page].get(3) + 1)
+    """The page holding row 200 said to start one row later (still at or before 200), or, if it
+    starts at 200, one row earlier."""
+    page = max(i for i, location in enumerate(locations) if location.get(3) <= 200)
+    first = locations[page].get(3)
+    shift = 1 if first < 200 else -1
+    assert locations[page - 1].get(3) < first + shift < locations[page + 1].get(3)
+    set_location(locations[page], 3, first + shift)
 
 
 _NOT_AN_OFFSET_INDEX = encode_struct(Struct([[1, 9, ThriftList(I32, [1, 2, 3])]]))  # a list of i32, not of structs
@@ -202,6 +205,7 @@ _DAMAGES = {  # name: (leaf column, bytes of the same length, or a change of the
     "shifted row": (0, _shift_page_30),
     "resized page": (0, _resize_kept_page),
     "shifted list row": (3, _shift_kept_page),  # "var": V1 pages of a list column count no rows
+    "shifted fixed-list row": (1, _shift_kept_page),  # "fixed": V1 pages count 4 values a row
 }
 
 
@@ -221,19 +225,30 @@ def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fet
     else:
         rewrite_page_index(path, leaf, change)
     footer = pq.ParquetFile(path).metadata
-    expected = _table().select(["id", "var"]).slice(200).to_pylist()
+    columns = ["id", "fixed", "var"]
+    expected = _table().select(columns).slice(200).to_pylist()
     if fetching:
         thrift = footer_struct(footer)
-        source = _FetchedOnly(path, offset_index_ranges(footer, thrift, 0, ["id", "var"]))
+        source = _FetchedOnly(path, offset_index_ranges(footer, thrift, 0, columns))
         try:
-            batches = iter_from_row(source, footer, thrift, 0, ["id", "var"], 200, 64, 0, source.fetch)
+            batches = iter_from_row(source, footer, thrift, 0, columns, 200, 64, 0, source.fetch)
         except ThriftError:
             batches = None
         if batches is not None:
             assert pa.concat_tables(list(batches)).to_pylist() == expected
         return
     reader = _ParquetReader(pa.OSFile(str(path)), footer, False)
-    assert pa.concat_tables(list(reader.iter_unit(0, ["id", "var"], 64, 200))).to_pylist() == expected
+    assert pa.concat_tables(list(reader.iter_unit(0, columns, 64, 200))).to_pylist() == expected
+
+
+def test_v1_pages_tell_rows_for_flat_columns_and_fixed_size_lists_without_nulls(tmp_path):
+    """What lets a V1 page header's value count be checked against the rows of a cut."""
+    table = _table().append_column("holey", pa.array([None if i % 7 == 0 else [1.0, 2.0] for i in range(ROWS)], pa.list_(pa.float64(), 2)))
+    pq.write_table(table, tmp_path / "f.parquet", **PAGED)
+    footer = pq.ParquetFile(tmp_path / "f.parquet").metadata
+    schema, leaves = footer.schema.to_arrow_schema(), leaf_columns(footer, None)
+    per_row = {name: parquet_seek._values_per_row(footer, 0, leaf, schema.field(name).type) for name, leaf in leaves.items()}
+    assert per_row == {"id": 1, "fixed": 4, "text": 1, "var": None, "category": 1, "sparse": 1, "holey": None}
 
 
 @pytest.mark.parametrize("paged", [False, True])

@@ -167,8 +167,9 @@ def iter_from_row(
     group = thrift.structs(_FILE_ROW_GROUPS)[unit]
     chunks = group.structs(_GROUP_COLUMNS)
     num_rows = group.integer(_GROUP_NUM_ROWS)
+    schema = footer.schema.to_arrow_schema()
     plans = {
-        name: _plan(source, chunks[leaf], row, num_rows, footer.schema.column(leaf).max_repetition_level > 0, count_kept=fetch is not None)
+        name: _plan(source, chunks[leaf], row, num_rows, _values_per_row(footer, unit, leaf, schema.field(name).type), fetch is not None)
         for name, leaf in leaves.items()
     }
     if any(plan is None for plan in plans.values()) or all(isinstance(plan, _Cut) for plan in plans.values()):
@@ -211,17 +212,32 @@ class _Plan:
     locations: tuple[tuple[int, int, int], ...]
     page: int
     count_kept: bool  # count the kept pages' headers (else those of the shorter side)
-    repeated: bool  # a list column: with V1 pages it is read whole (see _cut_at)
+    values_per_row: int | None  # level values per row (see _values_per_row)
 
     def ranges(self) -> list[tuple[int, int]]:
         """The bytes ``_cut_at`` and the cut file may read: the dictionary page (if any) and the
-        kept pages; the whole chunk for a repeated column."""
-        if self.repeated:
+        kept pages; the whole chunk when V1 pages could leave the column whole (see _cut_at)."""
+        if self.values_per_row is None:
             return [(self.start, self.end)]
         return [(self.start, self.first_page), (self.locations[self.page][0], self.end)]
 
 
-def _plan(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool, count_kept: bool) -> _Plan | _Cut | None:
+def _values_per_row(footer: pq.FileMetaData, unit: int, leaf: int, kind: pa.DataType) -> int | None:
+    """The level values every row of a column chunk has, when that is fixed: 1 for a flat
+    column, the size for a fixed-size list without nulls; else None (a V1 page header, which
+    counts values, then does not tell its rows)."""
+    if footer.schema.column(leaf).max_repetition_level == 0:
+        return 1
+    size = 1
+    while pa.types.is_fixed_size_list(kind):
+        size, kind = size * kind.list_size, kind.value_type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        return None
+    statistics = footer.row_group(unit).column(leaf).statistics
+    return size if statistics is not None and statistics.has_null_count and statistics.null_count == 0 else None
+
+
+def _plan(source: Any, chunk: Struct, row: int, group_rows: int, values_per_row: int | None, count_kept: bool) -> _Plan | _Cut | None:
     """Where to cut ``chunk`` for ``row``: a plan, or the chunk whole (a ``_Cut`` at row 0) when
     reading its page index and headers would cost more than the decoding it saves; None when it
     has no page index or is encrypted. ``count_kept``: the kept pages' headers will be checked,
@@ -257,22 +273,24 @@ def _plan(source: Any, chunk: Struct, row: int, group_rows: int, repeated: bool,
     counted = len(locations) - page if count_kept else page
     if page == 0 or index_cost + (counted + 1) * HEADER_COST > kept - first_page:
         return whole
-    return _Plan(start, first_page, end, meta.integer(_META_NUM_VALUES), locations, page, count_kept, repeated)
+    return _Plan(start, first_page, end, meta.integer(_META_NUM_VALUES), locations, page, count_kept, values_per_row)
 
 
 def _cut_at(source: Any, plan: _Plan, group_rows: int) -> _Cut:
     """The cut of ``plan``, checked against the page headers of one side of the cut: the rows
     they count (a flat column's values, a V2 page's rows) must be the rows the index gives that
-    side, so that a damaged index cannot shift rows. A repeated column's V1 pages count no rows,
-    so such a column is left whole. Counts the kept pages' level values (the cut chunk's
-    num_values) and whether they need the dictionary page."""
+    side, so that a damaged index cannot shift rows. The V1 pages of a list column (other than
+    a fixed-size list without nulls) count values, not rows, so such a column is left whole.
+    Counts the kept pages' level values (the cut chunk's num_values) and whether they need the
+    dictionary page."""
     locations, page = plan.locations, plan.page
     counted = locations[page:] if plan.count_kept else locations[:page]
     kept_first = locations[page][2]
     headers = [_data_page(source, offset, size) for offset, size, _ in counted]
     side_rows = group_rows - kept_first if plan.count_kept else kept_first
-    rows = [header.rows if header.rows is not None else None if plan.repeated else header.values for header in headers]
-    if None in rows:  # a repeated column's V1 pages do not count rows: the cut cannot be checked
+    per_row = plan.values_per_row
+    rows = [header.rows if header.rows is not None else header.values // per_row if per_row else None for header in headers]
+    if None in rows:  # V1 pages of a list column count values, not rows: the cut cannot be checked
         return _Cut((plan.start, plan.first_page - plan.start), (plan.first_page, plan.end - plan.first_page), 0, plan.num_values)
     if sum(rows) != side_rows:
         raise ThriftError(f"the pages hold {sum(rows)} rows where the page index says {side_rows}")
