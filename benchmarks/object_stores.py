@@ -49,9 +49,8 @@ from generate import ensure_dataset, rows_for  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from torch_dataloader_utils import StructuredDataset  # noqa: E402
-from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
 from torch_dataloader_utils.formats import parquet  # noqa: E402
-from torch_dataloader_utils.formats.parquet import PARQUET  # noqa: E402
+from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
 from torch_dataloader_utils.remote import RemoteStore, open_store  # noqa: E402
 
 PROJECTION = ["id", "label"]
@@ -100,7 +99,7 @@ def _bytes(store: servers.Store, local_paths: list[str], columns: list[str] | No
 
 # ------------------------------------------------------------------ read paths for one row group
 def _ours(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:
-    return PARQUET.open(store, path, footer, use_threads=True).read_unit(group, columns).num_rows
+    return parquet.PARQUET.open(store, path, footer, use_threads=True).read_unit(group, columns).num_rows
 
 
 def _pre_buffer(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:

@@ -11,11 +11,10 @@ import pyarrow.parquet as pq
 
 from ..planner import FileLayout
 from .io import RangeFile, coalesce, is_local, is_remote, open_input
-from .parquet_seek import footer_struct, iter_from_row, offset_index_ranges, worth_seeking
+from .parquet_seek import MAGIC, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
 from .thrift_compact import Struct, ThriftError
 
 FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
-MAGIC = b"PAR1"
 #: Local column chunks are read through a buffer of this size, a few pages at a time, instead of
 #: whole (up to tens of MB per row group and column) before the first row is decoded. Paired
 #: epochs, 0.25 GiB benchmark set, 2 workers: numeric 1.29M -> 1.37M rows/s, text 0.82M -> 0.92M
@@ -53,7 +52,7 @@ class _ParquetReader:
         """The row group's rows from ``first_row`` on, in tables of about ``batch_rows`` rows, each
         decoded when it is asked for. With a page index, decoding starts at the pages that hold
         ``first_row`` (parquet_seek); without, at the first row, and the rows before are dropped."""
-        seeking = self._seek(unit, columns, batch_rows, first_row)
+        seeking = self._seek(unit, columns, batch_rows, first_row) if self._wants_seek(unit, columns, first_row) else None
         return seeking if seeking is not None else self._batches_from(unit, columns, batch_rows, first_row)
 
     def _batches_from(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int) -> Iterator[pa.Table]:
@@ -66,11 +65,13 @@ class _ParquetReader:
                 table = pa.Table.from_batches([batch])
                 yield table if row - batch.num_rows >= first_row else table.slice(first_row - (row - batch.num_rows))
 
+    def _wants_seek(self, unit: int, columns: list[str] | None, first_row: int) -> bool:
+        return first_row > 0 and worth_seeking(self._footer, unit, columns, first_row)
+
     def _seek(
         self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int, fetch: Callable[[list[tuple[int, int]]], None] | None = None
     ) -> Iterator[pa.Table] | None:
-        if not first_row or not worth_seeking(self._footer, unit, columns, first_row):
-            return None
+        """The rows from ``first_row`` decoded from the page holding it (parquet_seek), or None."""
         try:
             return iter_from_row(self._source, self._footer, self._footer_thrift(), unit, columns, first_row, batch_rows, self._buffer_size, fetch)
         except (ThriftError, pa.ArrowException) as error:
@@ -126,7 +127,7 @@ class _RemoteParquetReader(_ParquetReader):
 
         chunks = unit_ranges(self._footer, unit, columns)
         try:
-            if first_row and worth_seeking(self._footer, unit, columns, first_row):
+            if self._wants_seek(unit, columns, first_row):
                 indexes = self._index_ranges(unit, columns)
                 before_row = sum(end - start for start, end in chunks) * first_row // self._footer.row_group(unit).num_rows
                 two_rounds = bool(indexes) and before_row >= REMOTE_CUT_MIN_BYTES

@@ -115,7 +115,10 @@ def leaf_columns(footer: pq.FileMetaData, columns: list[str] | None) -> dict[str
     """Projected top-level column -> the index of its one leaf column, in the order ``columns``
     names them (else the file's); None when a projected column has several leaves (a struct or
     a map), a name is not a top-level column (a nested path), or names repeat."""
-    schema = footer.schema.to_arrow_schema()
+    return _leaves(footer.schema.to_arrow_schema(), columns)
+
+
+def _leaves(schema: pa.Schema, columns: list[str] | None) -> dict[str, int] | None:
     names = schema.names
     wanted = names if columns is None else list(columns)
     if len(set(names)) != len(names) or len(set(wanted)) != len(wanted) or not set(wanted) <= set(names):
@@ -161,13 +164,13 @@ def iter_from_row(
     the kept pages' headers (else the shorter side's)."""
     if row <= 0 or thrift.get(_ENCRYPTION_ALGORITHM) is not None:
         return None
-    leaves = leaf_columns(footer, columns)
+    schema = footer.schema.to_arrow_schema()
+    leaves = _leaves(schema, columns)
     if not leaves:
         return None
     group = thrift.structs(_FILE_ROW_GROUPS)[unit]
     chunks = group.structs(_GROUP_COLUMNS)
     num_rows = group.integer(_GROUP_NUM_ROWS)
-    schema = footer.schema.to_arrow_schema()
     plans = {
         name: _plan(source, chunks[leaf], row, num_rows, _values_per_row(footer, unit, leaf, schema.field(name).type), fetch is not None)
         for name, leaf in leaves.items()
@@ -186,8 +189,7 @@ def iter_from_row(
         lead = row - cut.first_row  # decoded and dropped
         batches = reader.iter_batches(batch_size=decode_batch_rows(lead, batch_rows), columns=[name], use_threads=False)
         streams[name] = _ColumnStream(batches, lead, num_rows - cut.first_row)
-    metadata = footer.schema.to_arrow_schema().metadata
-    return _aligned(streams, num_rows - row, batch_rows, metadata)
+    return _aligned(streams, num_rows - row, batch_rows, schema.metadata)
 
 
 def decode_batch_rows(lead: int, batch_rows: int) -> int:
