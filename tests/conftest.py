@@ -22,4 +22,5 @@ def seek_tiny_files(monkeypatch):
     from torch_dataloader_utils.formats import parquet_seek
 
     monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
+    monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 0)
     monkeypatch.setattr(parquet_seek, "HEADER_COST", 0)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.formats.parquet_seek import footer_struct
+from torch_dataloader_utils.formats.parquet_seek import footer_struct, row_group
 from torch_dataloader_utils.formats.thrift_compact import Struct, decode_struct, encode_struct
 
 
@@ -77,7 +77,7 @@ def corrupt_data_pages(path) -> None:
 # ------------------------------------------------------------ damaged page indexes
 def offset_index_range(path: str | os.PathLike, leaf: int, unit: int = 0) -> tuple[int, int]:
     """(offset, length) of the offset index of leaf column ``leaf`` in row group ``unit``."""
-    chunk = footer_struct(pq.ParquetFile(path).metadata).get(4).values[unit].get(1).values[leaf]
+    chunk = row_group(footer_struct(pq.ParquetFile(path).metadata, unit), unit).get(1).values[leaf]
     return chunk.get(4), chunk.get(5)
 
 

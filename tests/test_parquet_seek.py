@@ -58,7 +58,7 @@ class _FetchedOnly:
 
 def _rows_from(path, unit: int, row: int, batch_rows: int, fetching: bool = False) -> pa.Table | None:
     footer = pq.ParquetFile(path).metadata
-    thrift = footer_struct(footer)
+    thrift = footer_struct(footer, unit)
     if fetching:
         source = _FetchedOnly(path, offset_index_ranges(footer, thrift, unit, None))
         batches = iter_from_row(source, footer, thrift, unit, None, row, batch_rows, 0, source.fetch)
@@ -97,7 +97,7 @@ def test_batches_have_the_asked_size_and_start_at_the_row(tmp_path):
     path = tmp_path / "f.parquet"
     pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)
     footer = pq.ParquetFile(path).metadata
-    batches = list(iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer), 0, ["id", "text"], 123, 50, 4096))
+    batches = list(iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer, 0), 0, ["id", "text"], 123, 50, 4096))
     assert [b.num_rows for b in batches] == [50, 50, 50, 27]
     assert batches[0].column("id").to_pylist()[:2] == [123, 124]
     assert batches[0].column_names == ["id", "text"]
@@ -122,7 +122,7 @@ def test_struct_columns_are_not_cut_but_the_others_are(tmp_path):
     assert leaf_columns(footer, ["id", "pair"]) is None
     assert list(leaf_columns(footer, ["text", "id"]).items()) == [("text", 2), ("id", 0)]  # fixed's one leaf comes between
     assert leaf_columns(footer, ["id", "pair.a"]) is None  # a nested path: left to pyarrow
-    got = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer), 0, ["text", "id"], 200, 64, 4096)
+    got = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer, 0), 0, ["text", "id"], 200, 64, 4096)
     assert pa.concat_tables(list(got)).to_pylist() == table.select(["text", "id"]).slice(200).to_pylist()
 
 
@@ -132,6 +132,39 @@ def test_schema_metadata_is_kept(tmp_path):
     got = _rows_from(path, 0, 200, 64)
     assert got.schema.metadata == pq.ParquetFile(path).read_row_group(0).schema.metadata
     assert got.schema.metadata[b"k"] == b"v"
+
+
+@pytest.mark.parametrize("store_schema", [True, False])
+def test_columns_keep_their_types_and_metadata_after_nested_columns(tmp_path, store_schema):
+    """A cut file holds the projected columns' schema alone: columns after a struct, a map and a
+    list, types that only the stored Arrow schema gives back (a time zone, a large string, a
+    fixed-size list) and field metadata come out as from the whole row group; so do files
+    written without an Arrow schema."""
+    rng = np.random.default_rng(1)
+    table = pa.table(
+        {
+            "pair": pa.StructArray.from_arrays([pa.array(range(ROWS)), pa.array(range(ROWS))], ["a", "b"]),
+            "tags": pa.array([[("k", i)] for i in range(ROWS)], pa.map_(pa.string(), pa.int64())),
+            "var": pa.array([list(range(i % 4)) for i in range(ROWS)], pa.list_(pa.int16())),
+            "id": pa.array(np.arange(ROWS)),
+            "when": pa.array(np.arange(ROWS) * 1000, pa.timestamp("ms", tz="Europe/Paris")),
+            "big": pa.array(["x" * (i % 9) for i in range(ROWS)], pa.large_string()),
+            "price": pa.array([i / 100 for i in range(ROWS)]).cast(pa.decimal128(10, 2)),
+            "fixed": pa.FixedSizeListArray.from_arrays(pa.array(rng.standard_normal(ROWS * 2).astype("f4")), 2),
+        }
+    )
+    fields = [field.with_metadata({"unit": "row"}) if field.name == "id" else field for field in table.schema]
+    table = table.cast(pa.schema(fields))
+    path = tmp_path / "f.parquet"
+    pq.write_table(table, path, row_group_size=ROWS, store_schema=store_schema, **PAGED)
+    columns = ["fixed", "price", "big", "when", "id", "var"]
+    whole = pq.ParquetFile(path).read_row_group(0, columns=columns)
+    footer = pq.ParquetFile(path).metadata
+    for row in (150, ROWS - 1):  # (row 1 is in every column's first page: not cut)
+        got = pa.concat_tables(list(iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer, 0), 0, columns, row, 64, 4096)))
+        assert got.schema.equals(whole.schema, check_metadata=True), (row, got.schema, whole.schema)
+        assert got.to_pylist() == whole.slice(row).to_pylist(), row
+    assert (whole.schema.field("big").type == pa.large_string()) == store_schema
 
 
 @pytest.mark.parametrize("lead, batch_rows", [(0, 64), (5, 64), (63, 64), (64, 64), (5869, 4096), (16589, 4096), (10**6, 4096)])
@@ -165,10 +198,23 @@ def test_worth_seeking_weighs_the_footer_against_the_bytes_before_the_row(tmp_pa
     pq.write_table(_table(), paged, row_group_size=ROWS, **PAGED)
     footer = pq.ParquetFile(paged).metadata
     monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 128)
+    monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 0)
     assert not worth_seeking(footer, 0, ["id"], 200)  # a footer of ~3 KB against ~2 KB of ids
     monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
     assert worth_seeking(footer, 0, ["id"], 200)
     assert not worth_seeking(pq.ParquetFile(plain).metadata, 0, ["id"], 200)
+    monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 128)  # (every byte is skipped or decoded)
+    assert not worth_seeking(footer, 0, ["id"], 200)
+
+
+def test_the_footer_cost_charges_one_row_group_decoded_and_the_others_skipped(tmp_path, monkeypatch):
+    path = tmp_path / "f.parquet"
+    pq.write_table(_table(), path, row_group_size=ROWS // 10)
+    footer = pq.ParquetFile(path).metadata
+    size = footer.serialized_size
+    monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 100)
+    monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 10)
+    assert parquet_seek._footer_cost(footer) == size * 10 + size // 10 * 100
 
 
 def _shift_page_30(locations: list[Struct]) -> None:
@@ -228,7 +274,7 @@ def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fet
     columns = ["id", "fixed", "var"]
     expected = _table().select(columns).slice(200).to_pylist()
     if fetching:
-        thrift = footer_struct(footer)
+        thrift = footer_struct(footer, 0)
         source = _FetchedOnly(path, offset_index_ranges(footer, thrift, 0, columns))
         try:
             batches = iter_from_row(source, footer, thrift, 0, columns, 200, 64, 0, source.fetch)
@@ -261,3 +307,18 @@ def test_the_local_reader_reads_from_any_row(tmp_path, monkeypatch, paged):
         batches = list(reader.iter_unit(0, None, 64, row))
         assert all(b.num_rows <= 64 for b in batches)
         assert pa.concat_tables(batches).to_pylist() == _table().slice(row).to_pylist(), row
+
+
+def test_footer_bytes_are_the_serialised_footer_or_none(tmp_path):
+    path, other = tmp_path / "f.parquet", tmp_path / "other.parquet"
+    pq.write_table(_table(), path, row_group_size=100, **PAGED)
+    pq.write_table(_table(ROWS // 2), other, **PAGED)
+    footer = pq.ParquetFile(path).metadata
+    sink = pa.BufferOutputStream()
+    footer.write_metadata_file(sink)
+    assert parquet_seek.footer_bytes(pa.OSFile(str(path)), footer) == sink.getvalue().to_pybytes()[4:-8]
+    assert parquet_seek.footer_bytes(pa.OSFile(str(other)), footer) is None  # another footer's size
+    for unit in range(3):
+        assert encode_struct(parquet_seek.row_group(footer_struct(footer, unit, parquet_seek.footer_bytes(pa.OSFile(str(path)), footer)), unit)) == encode_struct(
+            parquet_seek.row_group(footer_struct(footer, unit), unit)
+        )

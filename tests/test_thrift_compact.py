@@ -112,3 +112,41 @@ def test_nesting_beyond_the_limit_raises_thrift_error():
     deep = b"\x1c" * 100 + b"\x00" * 101  # field 1 of type struct, 100 levels down
     with pytest.raises(ThriftError, match="nested too deeply"):
         decode_struct(deep)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 5])
+def test_only_one_element_of_a_list_is_decoded_and_the_rest_skipped(footer, index):
+    whole, end = decode_struct(footer)
+    sparse, sparse_end = decode_struct(footer, only=(4, index))  # the row groups
+    assert sparse_end == end
+    groups = sparse.get(4).values
+    assert len(groups) == 3
+    assert [i for i, group in enumerate(groups) if group is not None] == ([index] if index < 3 else [])
+    if index < 3:
+        assert encode_struct(groups[index]) == encode_struct(whole.get(4).values[index])
+    assert [f[0] for f in sparse.fields] == [f[0] for f in whole.fields]
+    assert encode_struct(Struct([f for f in sparse.fields if f[0] != 4])) == encode_struct(Struct([f for f in whole.fields if f[0] != 4]))
+
+
+def test_skipping_passes_every_value_kind():
+    value = Struct(
+        [
+            [1, LIST, ThriftList(STRUCT, [Struct([[1, TRUE, True], [2, I64, -(2**40)], [3, DOUBLE, 1.5], [30, BINARY, b"xy" * 40]]), Struct([])])],
+            [2, LIST, ThriftList(TRUE, [True, False])],
+            [3, LIST, ThriftList(BINARY, [b"a", b"bc"])],
+            [4, LIST, ThriftList(I32, list(range(20)))],
+            [5, I32, 9],
+        ]
+    )
+    for field in (1, 2, 3, 4):
+        decoded, end = decode_struct(encode_struct(value), only=(field, 1))
+        assert end == len(encode_struct(value))
+        assert decoded.get(5) == 9
+        assert decoded.get(field).values[0] is None
+        assert decoded.get(field).values[1] == value.get(field).values[1] or field == 1
+
+
+def test_every_truncation_of_a_footer_raises_thrift_error_when_skipping(footer):
+    for size in range(len(footer)):
+        with pytest.raises(ThriftError):
+            decode_struct(footer[:size], only=(4, 2))

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from ..planner import FileLayout
 from .io import RangeFile, coalesce, is_local, is_remote, open_input
-from .parquet_seek import MAGIC, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
+from .parquet_seek import MAGIC, footer_bytes, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
 from .thrift_compact import Struct, ThriftError
 
 FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
@@ -37,7 +37,7 @@ class _ParquetReader:
     def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool, buffer_size: int = READ_BUFFER_BYTES):
         self._source = source
         self._footer = footer
-        self._thrift: Struct | None = None  # the footer decoded, for parquet_seek (on the first seek)
+        self._thrift: tuple[int, Struct] | None = None  # (unit, the footer decoded with that row group) for parquet_seek
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
         # open file (measured: ~18 MB per file of the benchmark); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
@@ -73,17 +73,21 @@ class _ParquetReader:
     ) -> Iterator[pa.Table] | None:
         """The rows from ``first_row`` decoded from the page holding it (parquet_seek), or None."""
         try:
-            return iter_from_row(self._source, self._footer, self._footer_thrift(), unit, columns, first_row, batch_rows, self._buffer_size, fetch)
+            return iter_from_row(self._source, self._footer, self._footer_thrift(unit), unit, columns, first_row, batch_rows, self._buffer_size, fetch)
         except (ThriftError, pa.ArrowException) as error:
             # a page index or cut file pyarrow does not take: decoding from the first row names
             # any damage that matters to the rows read
             log.debug("decoding row group %d from its first row, not seeking to row %d: %s", unit, first_row, error)
             return None
 
-    def _footer_thrift(self) -> Struct:
-        if self._thrift is None:
-            self._thrift = footer_struct(self._footer)
-        return self._thrift
+    def _footer_thrift(self, unit: int) -> Struct:
+        if self._thrift is None or self._thrift[0] != unit:
+            self._thrift = (unit, footer_struct(self._footer, unit, self._footer_bytes()))
+        return self._thrift[1]
+
+    def _footer_bytes(self) -> bytes | None:
+        """The footer's bytes from the file (local files: cheaper than serialising the footer)."""
+        return footer_bytes(self._source, self._footer) if isinstance(self._source, pa.NativeFile) else None
 
 
 def unit_ranges(footer: pq.FileMetaData, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
@@ -148,7 +152,7 @@ class _RemoteParquetReader(_ParquetReader):
 
     def _index_ranges(self, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
         try:
-            return offset_index_ranges(self._footer, self._footer_thrift(), unit, columns)
+            return offset_index_ranges(self._footer, self._footer_thrift(unit), unit, columns)
         except ThriftError as error:  # (a footer pyarrow read but this module cannot: _seek will not seek)
             log.debug("not fetching row group %d's page index: %s", unit, error)
             return []

@@ -5,10 +5,10 @@ apache/arrow#45284), so a read that starts deep in a row group (a resume, a spli
 a row group) decodes every row before it only to drop them. When the file has a page index
 (each page's offset and first row: parquet-mr writes one since 1.11, pyarrow with
 ``write_page_index=True``), this module cuts each column chunk down to its dictionary page (if
-the kept pages use it) and the pages from the one holding the row on, and gives pyarrow that as
-a small Parquet file of its own, read from the original file as pyarrow asks: the original
-footer with one row group whose one real column chunk is the cut one. Every column is cut at
-its own page and then trimmed to the row, so the columns line up. A caller that holds only the
+the kept pages use it) and the pages from the one holding the row on, and gives pyarrow the
+columns cut at the same row as a small Parquet file of their own, read from the original file
+as pyarrow asks, under a footer of those columns and one row group. Every column is cut at its
+own page and then trimmed to the row, so the columns line up. A caller that holds only the
 bytes it fetched (an object store's file) is told which ranges the cut reads, after the page
 indexes and before anything else (``fetch``).
 
@@ -20,6 +20,7 @@ does not match the pages (``ThriftError``): the caller then decodes from the fir
 
 from __future__ import annotations
 
+import base64
 import bisect
 import io
 from dataclasses import dataclass
@@ -28,19 +29,21 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .thrift_compact import I64, LIST, STRUCT, Struct, ThriftError, ThriftList, decode_struct, encode_struct
+from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError, ThriftList, decode_struct, encode_struct
 
 MAGIC = b"PAR1"
 # Parquet's thrift field ids (parquet.thrift)
-_FILE_NUM_ROWS, _FILE_ROW_GROUPS = 3, 4
-_GROUP_COLUMNS, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED, _GROUP_ORDINAL = 1, 3, 5, 6, 7
+_FILE_VERSION, _FILE_SCHEMA, _FILE_NUM_ROWS, _FILE_ROW_GROUPS, _FILE_KEY_VALUES, _FILE_CREATED_BY, _FILE_COLUMN_ORDERS = 1, 2, 3, 4, 5, 6, 7
+_SCHEMA_NUM_CHILDREN = 5
+_GROUP_COLUMNS, _GROUP_BYTES, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED = 1, 2, 3, 5, 6
 _CHUNK_FILE_OFFSET, _CHUNK_META, _CHUNK_INDEXES, _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 2, 3, (4, 5, 6, 7), 8, 9
-_META_NUM_VALUES, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 7, 9, 10
+_META_NUM_VALUES, _META_UNCOMPRESSED, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 6, 7, 9, 10
 _META_DICT_OFFSET, _META_STATISTICS, _META_BLOOM, _META_SIZE_STATISTICS = 11, 12, (14, 15), 16
 _PAGE_TYPE, _PAGE_COMPRESSED_SIZE, _PAGE_DATA_V1, _PAGE_DATA_V2 = 1, 3, 5, 8
 _DATA_PAGE, _DATA_PAGE_V2 = 0, 3
 _DICTIONARY_ENCODINGS = (2, 8)  # PLAIN_DICTIONARY, RLE_DICTIONARY
 _ENCRYPTION_ALGORITHM = 8  # in FileMetaData: set for encrypted files with a plaintext footer
+_ARROW_SCHEMA = b"ARROW:schema"  # the key of the Arrow schema pyarrow stores in a file's metadata
 _HEADER_READ = 1024  # bytes read for a page header first
 # What this module's Python costs, in compressed column bytes pyarrow decodes in the same time
 # (measured: Thrift decodes at 2 to 4 MB/s here, a page header read takes about 0.15 ms, and
@@ -48,6 +51,8 @@ _HEADER_READ = 1024  # bytes read for a page header first
 # rounded up, so that a doubtful seek is left to the plain read):
 #: per byte of footer or page index decoded
 THRIFT_BYTE_COST = 256
+#: per byte of footer skipped (the row groups not read)
+THRIFT_SKIP_BYTE_COST = 128
 #: per page header read
 HEADER_COST = 64 * 1024
 #: bytes of one page's entry in an offset index (about: three varints and their field headers)
@@ -76,12 +81,37 @@ class _Page:
     dictionary: bool
 
 
-def footer_struct(footer: pq.FileMetaData) -> Struct:
-    """The footer as decoded Thrift (pyarrow serialises it: the bytes between the magics)."""
-    sink = pa.BufferOutputStream()
-    footer.write_metadata_file(sink)
-    data = sink.getvalue().to_pybytes()
-    return decode_struct(memoryview(data)[4 : len(data) - 8])[0]
+def footer_struct(footer: pq.FileMetaData, unit: int, data: bytes | None = None) -> Struct:
+    """The footer as decoded Thrift, with row group ``unit`` alone decoded (the others are None:
+    see ``row_group``). ``data``: the footer's bytes as the file holds them, when the caller has
+    them (else pyarrow serialises ``footer``, which costs about 0.6 ms in a new process)."""
+    if data is None:
+        sink = pa.BufferOutputStream()
+        footer.write_metadata_file(sink)
+        written = sink.getvalue().to_pybytes()
+        data = written[len(MAGIC) : len(written) - 4 - len(MAGIC)]
+    return decode_struct(data, only=(_FILE_ROW_GROUPS, unit))[0]
+
+
+def footer_bytes(source: Any, footer: pq.FileMetaData) -> bytes | None:
+    """The bytes of ``footer`` read from the end of ``source`` (a local file), or None when the
+    file does not end in a plain footer of that size."""
+    size = source.size()
+    if size < footer.serialized_size + 4 + 2 * len(MAGIC):
+        return None
+    tail = source.read_at(4 + len(MAGIC), size - 4 - len(MAGIC))
+    if tail[4:] != MAGIC or int.from_bytes(tail[:4], "little") != footer.serialized_size:
+        return None
+    return _read(source, size - len(tail) - footer.serialized_size, footer.serialized_size)
+
+
+def row_group(thrift: Struct, unit: int) -> Struct:
+    """Row group ``unit`` of a footer from ``footer_struct(footer, unit)``."""
+    groups = thrift.get(_FILE_ROW_GROUPS)
+    group = groups.values[unit] if isinstance(groups, ThriftList) and 0 <= unit < len(groups.values) else None
+    if not isinstance(group, Struct):
+        raise ThriftError(f"the footer has no row group {unit}")
+    return group
 
 
 def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None, row: int) -> bool:
@@ -95,14 +125,19 @@ def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None,
     group = footer.row_group(unit)
     chunks = [group.column(leaf) for leaf in leaves.values()]
     before_row = sum(chunk.total_compressed_size for chunk in chunks) * row // max(1, group.num_rows)
-    return footer.serialized_size * THRIFT_BYTE_COST <= before_row and all(chunk.has_offset_index for chunk in chunks)
+    return _footer_cost(footer) <= before_row and all(chunk.has_offset_index for chunk in chunks)
+
+
+def _footer_cost(footer: pq.FileMetaData) -> int:
+    """``footer_struct``'s cost, in column bytes: one row group decoded, the others skipped."""
+    size = footer.serialized_size
+    return size * THRIFT_SKIP_BYTE_COST + size // max(1, footer.num_row_groups) * THRIFT_BYTE_COST
 
 
 def offset_index_ranges(footer: pq.FileMetaData, thrift: Struct, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
     """[start, end) of the projected columns' offset indexes in row group ``unit`` (those it
     has): what ``iter_from_row`` reads first, for a caller that fetches bytes ahead."""
-    group = thrift.structs(_FILE_ROW_GROUPS)[unit]
-    chunks = group.structs(_GROUP_COLUMNS)
+    chunks = row_group(thrift, unit).structs(_GROUP_COLUMNS)
     ranges = []
     for leaf in (leaf_columns(footer, columns) or {}).values():
         offset, length = chunks[leaf].integer(_CHUNK_INDEXES[0], 0), chunks[leaf].integer(_CHUNK_INDEXES[1], 0)
@@ -168,7 +203,7 @@ def iter_from_row(
     leaves = _leaves(schema, columns)
     if not leaves:
         return None
-    group = thrift.structs(_FILE_ROW_GROUPS)[unit]
+    group = row_group(thrift, unit)
     chunks = group.structs(_GROUP_COLUMNS)
     num_rows = group.integer(_GROUP_NUM_ROWS)
     plans = {
@@ -179,17 +214,18 @@ def iter_from_row(
         return None
     if fetch is not None:
         fetch([r for plan in plans.values() for r in (plan.ranges() if isinstance(plan, _Plan) else _whole_range(plan))])
-    cuts = {}
-    for name, plan in plans.items():
-        cuts[name] = _cut_at(source, plan, num_rows) if isinstance(plan, _Plan) else plan
-    streams = {}
+    cuts = {name: _cut_at(source, plan, num_rows) if isinstance(plan, _Plan) else plan for name, plan in plans.items()}
+    by_first_row: dict[int, dict[int, str]] = {}  # columns cut at the same row share a file
     for name, cut in cuts.items():
-        spliced = _one_chunk_file(source, thrift, group, leaves[name], cut, num_rows)
+        by_first_row.setdefault(cut.first_row, {})[leaves[name]] = name
+    streams = []
+    for first_row, names in by_first_row.items():
+        spliced = _cut_file(source, thrift, schema, unit, {leaf: (name, cuts[name]) for leaf, name in names.items()}, num_rows - first_row)
         reader = pq.ParquetFile(spliced, pre_buffer=False, buffer_size=buffer_size)
-        lead = row - cut.first_row  # decoded and dropped
-        batches = reader.iter_batches(batch_size=decode_batch_rows(lead, batch_rows), columns=[name], use_threads=False)
-        streams[name] = _ColumnStream(batches, lead, num_rows - cut.first_row)
-    return _aligned(streams, num_rows - row, batch_rows, schema.metadata)
+        lead = row - first_row  # decoded and dropped
+        batches = reader.iter_batches(batch_size=decode_batch_rows(lead, batch_rows), columns=list(names.values()), use_threads=False)
+        streams.append(_RowStream(batches, lead, num_rows - first_row))
+    return _aligned(streams, list(leaves), num_rows - row, batch_rows, schema.metadata)
 
 
 def decode_batch_rows(lead: int, batch_rows: int) -> int:
@@ -335,40 +371,94 @@ def _data_page(source: Any, offset: int, size: int) -> _Page:
     return _Page(0, 0, False)
 
 
-def _one_chunk_file(source: Any, thrift: Struct, group: Struct, leaf: int, cut: _Cut, group_rows: int) -> SplicedFile:
-    """A Parquet file of one row group in which leaf ``leaf`` is ``cut`` (other leaves keep their
-    metadata but point outside the file: they are not projected, so never read). Its bytes are
-    read from ``source`` as pyarrow asks for them."""
-    dictionary_size, pages_size = cut.dictionary[1], cut.pages[1]
-    size = dictionary_size + pages_size
-    chunk = group.structs(_GROUP_COLUMNS)[leaf]
-    meta = Struct([list(field) for field in chunk.struct(_CHUNK_META).fields])
-    meta.set(_META_NUM_VALUES, I64, cut.num_values)
-    meta.set(_META_COMPRESSED, I64, size)
-    meta.set(_META_DATA_OFFSET, I64, len(MAGIC) + dictionary_size)
-    meta.drop(_META_INDEX_OFFSET, _META_STATISTICS, *_META_BLOOM, _META_SIZE_STATISTICS)
-    if dictionary_size:
-        meta.set(_META_DICT_OFFSET, I64, len(MAGIC))
-    else:
-        meta.drop(_META_DICT_OFFSET)
-    new_chunk = Struct([list(field) for field in chunk.fields if field[0] not in _CHUNK_INDEXES])
-    new_chunk.set(_CHUNK_FILE_OFFSET, I64, len(MAGIC))
-    new_chunk.set(_CHUNK_META, STRUCT, meta)
-    columns = list(group.structs(_GROUP_COLUMNS))
-    columns[leaf] = new_chunk
-    rows = group_rows - cut.first_row
-    new_group = Struct([list(field) for field in group.fields])
-    new_group.set(_GROUP_COLUMNS, LIST, ThriftList(STRUCT, columns))
-    new_group.set(_GROUP_NUM_ROWS, I64, rows)
-    new_group.set(_GROUP_OFFSET, I64, len(MAGIC))
-    new_group.set(_GROUP_COMPRESSED, I64, size)
-    new_group.drop(_GROUP_ORDINAL)
-    footer = Struct([list(field) for field in thrift.fields])
-    footer.set(_FILE_NUM_ROWS, I64, rows)
-    footer.set(_FILE_ROW_GROUPS, LIST, ThriftList(STRUCT, [new_group]))
-    encoded = encode_struct(footer)
-    tail = encoded + len(encoded).to_bytes(4, "little") + MAGIC
-    return SplicedFile(source, [MAGIC, cut.dictionary, cut.pages, tail])
+def _cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, _Cut]], rows: int) -> SplicedFile:
+    """A Parquet file of row group ``unit``'s ``columns`` (leaf -> name and cut; all cut at the
+    same row) alone, in one row group of ``rows`` rows: their dictionary and kept pages, read from
+    ``source`` as pyarrow asks for them, under a footer of these columns alone (their schema,
+    Arrow types, column orders and the file's writer)."""
+    chunks = row_group(thrift, unit).structs(_GROUP_COLUMNS)
+    parts: list[bytes | tuple[int, int]] = [MAGIC]
+    new_chunks, offset, uncompressed = [], len(MAGIC), 0
+    for leaf in sorted(columns):  # the file's column order, as the schema's
+        cut = columns[leaf][1]
+        meta = Struct([list(field) for field in chunks[leaf].struct(_CHUNK_META).fields])
+        uncompressed += meta.integer(_META_UNCOMPRESSED)
+        meta.set(_META_NUM_VALUES, I64, cut.num_values)
+        meta.set(_META_COMPRESSED, I64, cut.dictionary[1] + cut.pages[1])
+        meta.set(_META_DATA_OFFSET, I64, offset + cut.dictionary[1])
+        meta.drop(_META_INDEX_OFFSET, _META_STATISTICS, *_META_BLOOM, _META_SIZE_STATISTICS)
+        if cut.dictionary[1]:
+            meta.set(_META_DICT_OFFSET, I64, offset)
+        else:
+            meta.drop(_META_DICT_OFFSET)
+        chunk = Struct([list(field) for field in chunks[leaf].fields if field[0] not in _CHUNK_INDEXES])
+        chunk.set(_CHUNK_FILE_OFFSET, I64, offset)
+        chunk.set(_CHUNK_META, STRUCT, meta)
+        new_chunks.append(chunk)
+        parts += [cut.dictionary, cut.pages]
+        offset += cut.dictionary[1] + cut.pages[1]
+    group = Struct(
+        [
+            [_GROUP_COLUMNS, LIST, ThriftList(STRUCT, new_chunks)],
+            [_GROUP_BYTES, I64, uncompressed],
+            [_GROUP_NUM_ROWS, I64, rows],
+            [_GROUP_OFFSET, I64, len(MAGIC)],
+            [_GROUP_COMPRESSED, I64, offset - len(MAGIC)],
+        ]
+    )
+    encoded = encode_struct(_footer_of(thrift, schema, {leaf: columns[leaf][0] for leaf in sorted(columns)}, rows, group))
+    return SplicedFile(source, parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC])
+
+
+def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: int, group: Struct) -> Struct:
+    """The file footer ``thrift`` cut down to the top-level columns ``leaves`` (first leaf ->
+    name; one leaf each, in the file's order) and to the one row group ``group``."""
+    elements = thrift.structs(_FILE_SCHEMA)
+    subtrees = _subtrees(elements)
+    root = Struct([list(field) for field in elements[0].fields])
+    root.set(_SCHEMA_NUM_CHILDREN, I32, len(leaves))
+    footer = Struct(
+        [
+            [_FILE_VERSION, I32, thrift.integer(_FILE_VERSION)],
+            [_FILE_SCHEMA, LIST, ThriftList(STRUCT, [root] + [element for leaf in leaves for element in subtrees[leaf]])],
+            [_FILE_NUM_ROWS, I64, rows],
+            [_FILE_ROW_GROUPS, LIST, ThriftList(STRUCT, [group])],
+        ]
+    )
+    pairs = thrift.get(_FILE_KEY_VALUES)
+    if pairs is not None and any(pair.get(1) == _ARROW_SCHEMA for pair in pairs.values):
+        # the Arrow types of these columns alone (pyarrow matches them to the file's columns by
+        # position). (Schema.remove: pa.schema's first call in a process costs ~0.6 ms of ABC checks)
+        fields = schema.remove_metadata()
+        for index in reversed(range(len(schema))):
+            if schema.names[index] not in leaves.values():
+                fields = fields.remove(index)
+        arrow_schema = base64.b64encode(fields.serialize().to_pybytes())
+        footer.set(_FILE_KEY_VALUES, LIST, ThriftList(STRUCT, [Struct([[1, BINARY, _ARROW_SCHEMA], [2, BINARY, arrow_schema]])]))
+    if thrift.get(_FILE_CREATED_BY) is not None:  # (pyarrow works around known writer bugs by it)
+        footer.set(_FILE_CREATED_BY, BINARY, thrift.get(_FILE_CREATED_BY))
+    orders = thrift.get(_FILE_COLUMN_ORDERS)
+    if orders is not None:
+        footer.set(_FILE_COLUMN_ORDERS, LIST, ThriftList(orders.element, [orders.values[leaf] for leaf in leaves]))
+    return footer
+
+
+def _subtrees(elements: list[Struct]) -> dict[int, list[Struct]]:
+    """The schema elements of each top-level column (a depth-first list under the root), by
+    the index of its first leaf column."""
+    out, index, leaf = {}, 1, 0
+    while index < len(elements):
+        start, pending, leaves = index, 1, 0
+        while pending:
+            if index >= len(elements):
+                raise ThriftError("the schema ends inside a column")
+            children = elements[index].get(_SCHEMA_NUM_CHILDREN)
+            pending += (children or 0) - 1
+            leaves += children is None
+            index += 1
+        out[leaf] = elements[start:index]
+        leaf += leaves
+    return out
 
 
 class SplicedFile(io.RawIOBase):
@@ -413,56 +503,56 @@ class SplicedFile(io.RawIOBase):
         return out[0] if len(out) == 1 else b"".join(out)
 
 
-class _ColumnStream:
-    """One column's decoded arrays, the first ``lead`` rows dropped; ``take(n)`` returns the next
-    n, and the column must hold exactly ``rows`` rows (lead included)."""
+class _RowStream:
+    """Some columns' decoded batches, the first ``lead`` rows dropped; ``take(n)`` returns the
+    next n rows, and the columns must hold exactly ``rows`` rows (lead included)."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch], lead: int, rows: int) -> None:
         self._batches = batches
         self._lead = lead
         self._left = rows - lead  # rows still to take
-        self._held: list[pa.Array] = []
+        self._held: list[pa.RecordBatch] = []
         self._rows = 0
-        self.field: pa.Field | None = None
 
-    def take(self, rows: int) -> pa.ChunkedArray:
+    def take(self, rows: int) -> pa.Table:
         while self._rows < rows:
             batch = next(self._batches, None)
             if batch is None:
                 raise ValueError(f"a cut column chunk ended {rows - self._rows} rows early")
-            self.field = batch.schema.field(0)
-            array = batch.column(0)
             if self._lead:
-                dropped = min(self._lead, len(array))
-                array, self._lead = array.slice(dropped), self._lead - dropped
-            if len(array):
-                self._held.append(array)
-                self._rows += len(array)
+                dropped = min(self._lead, batch.num_rows)
+                batch, self._lead = batch.slice(dropped), self._lead - dropped
+            if batch.num_rows:
+                self._held.append(batch)
+                self._rows += batch.num_rows
         out, need = [], rows
         while need:
-            array = self._held[0]
-            if len(array) <= need:
+            batch = self._held[0]
+            if batch.num_rows <= need:
                 out.append(self._held.pop(0))
-                need -= len(array)
+                need -= batch.num_rows
             else:
-                out.append(array.slice(0, need))
-                self._held[0] = array.slice(need)
+                out.append(batch.slice(0, need))
+                self._held[0] = batch.slice(need)
                 need = 0
         self._rows -= rows
         self._left -= rows
         if self._left == 0 and (self._rows or next(self._batches, None) is not None):
             raise ValueError("a cut column chunk holds more rows than its page index says")
-        return pa.chunked_array(out, type=self.field.type)
+        return pa.Table.from_batches(out)
 
 
-def _aligned(streams: dict[str, _ColumnStream], rows: int, batch_rows: int, metadata: dict | None) -> Iterator[pa.Table]:
-    done, schema = 0, None
+def _aligned(streams: list[_RowStream], names: list[str], rows: int, batch_rows: int, metadata: dict | None) -> Iterator[pa.Table]:
+    """Tables of ``batch_rows`` rows of the columns ``names``, taken from the streams in step."""
+    done = 0
     while done < rows:
         take = min(batch_rows, rows - done)
-        arrays = [stream.take(take) for stream in streams.values()]
-        if schema is None:  # (the fields are known once each stream has decoded a batch)
-            schema = pa.schema([stream.field for stream in streams.values()], metadata=metadata)
-        yield pa.Table.from_arrays(arrays, schema=schema)
+        tables = [stream.take(take) for stream in streams]
+        table = tables[0]
+        for other in tables[1:]:
+            for index, field in enumerate(other.schema):
+                table = table.append_column(field, other.column(index))
+        yield table.select(names).replace_schema_metadata(metadata)
         done += take
 
 

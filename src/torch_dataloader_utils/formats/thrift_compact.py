@@ -75,10 +75,12 @@ class ThriftList:
         self.values = values
 
 
-def decode_struct(data: bytes | memoryview, offset: int = 0) -> tuple[Struct, int]:
-    """The struct at ``offset`` and the offset after it."""
+def decode_struct(data: bytes | memoryview, offset: int = 0, only: tuple[int, int] | None = None) -> tuple[Struct, int]:
+    """The struct at ``offset`` and the offset after it. ``only=(field_id, index)``: of the list
+    in that field of the struct, only the element at ``index`` is decoded; the others are
+    skipped (about twice as fast as decoding) and None."""
     reader = _Reader(memoryview(data), offset)
-    value = reader.struct(0)
+    value = reader.struct(0, only)
     return value, reader.pos
 
 
@@ -146,7 +148,47 @@ class _Reader:
             raise ThriftError("maps do not occur in Parquet's metadata")
         raise ThriftError(f"unknown type {kind}")
 
-    def struct(self, depth: int) -> Struct:
+    def skip(self, kind: int, depth: int) -> None:
+        """Past a value without building it (as ``value`` would read it)."""
+        if depth > MAX_DEPTH:
+            raise ThriftError("values nested too deeply")
+        data = self.data
+        if kind in (TRUE, FALSE):
+            return
+        if kind == BYTE:
+            self.pos += 1
+        elif kind in _INTEGERS:
+            while self.byte() & 0x80:
+                pass
+        elif kind == DOUBLE:
+            self.pos += 8
+        elif kind == BINARY:
+            size = self.varint()  # (not `self.pos += self.varint()`: that adds to the pos before the varint)
+            self.pos += size
+        elif kind in (LIST, SET):
+            header = self.byte()
+            size, element = header >> 4, header & 0x0F
+            if size == 15:
+                size = self.varint()
+            if element in (TRUE, FALSE, BYTE):
+                self.pos += size
+            else:
+                for _ in range(size):
+                    self.skip(element, depth + 1)
+        elif kind == STRUCT:
+            while True:
+                header = self.byte()
+                if (header & 0x0F) == STOP:
+                    break
+                if not header >> 4:
+                    self.zigzag()
+                self.skip(header & 0x0F, depth + 1)
+        else:
+            raise ThriftError(f"unknown type {kind}")
+        if self.pos > len(data):
+            raise ThriftError("unexpected end of data")
+
+    def struct(self, depth: int, only: tuple[int, int] | None = None) -> Struct:
         if depth > MAX_DEPTH:
             raise ThriftError("values nested too deeply")
         fields, last = [], 0
@@ -157,7 +199,27 @@ class _Reader:
                 return Struct(fields)
             delta = header >> 4
             last = last + delta if delta else self.zigzag()
-            fields.append([last, kind, self.value(kind, depth)])
+            if only is not None and last == only[0] and kind in (LIST, SET):
+                fields.append([last, kind, self._one_element(only[1], depth)])
+            else:
+                fields.append([last, kind, self.value(kind, depth)])
+
+    def _one_element(self, index: int, depth: int) -> ThriftList:
+        header = self.byte()
+        size, element = header >> 4, header & 0x0F
+        if size == 15:
+            size = self.varint()
+        if element in (TRUE, FALSE):  # (a list's booleans are one byte each)
+            flags = [self.byte() == TRUE for _ in range(size)]
+            return ThriftList(element, [flag if i == index else None for i, flag in enumerate(flags)])
+        values: list[Any] = []
+        for i in range(size):
+            if i == index:
+                values.append(self.value(element, depth + 1))
+            else:
+                self.skip(element, depth + 1)
+                values.append(None)
+        return ThriftList(element, values)
 
 
 def _varint(out: bytearray, n: int) -> None:
