@@ -322,3 +322,70 @@ def test_footer_bytes_are_the_serialised_footer_or_none(tmp_path):
         assert encode_struct(parquet_seek.row_group(footer_struct(footer, unit, parquet_seek.footer_bytes(pa.OSFile(str(path)), footer)), unit)) == encode_struct(
             parquet_seek.row_group(footer_struct(footer, unit), unit)
         )
+
+
+def test_leaf_elements_with_zero_children_are_leaves(tmp_path):
+    """Some writers set num_children = 0 on leaf schema elements (parquet-cpp reads an element
+    with a type and no children as a leaf): the cut file's schema must still be each column's."""
+    source, path = tmp_path / "plain.parquet", tmp_path / "zero.parquet"
+    table = pa.table({"a": np.arange(ROWS), "b": np.arange(ROWS) * 2, "s": [f"v{i}" for i in range(ROWS)]})
+    pq.write_table(table, source, row_group_size=ROWS, **PAGED)
+    data = source.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    footer = parquet_seek.decode_struct(data[-8 - length : -8])[0]
+    for element in footer.structs(2)[1:]:
+        element.set(5, I32, 0)
+    encoded = encode_struct(footer)
+    path.write_bytes(data[: -8 - length] + encoded + len(encoded).to_bytes(4, "little") + b"PAR1")
+    metadata = pq.ParquetFile(path).metadata
+    for columns in (["a"], ["b"], ["s", "a"]):
+        got = iter_from_row(pa.OSFile(str(path)), metadata, footer_struct(metadata, 0), 0, columns, 150, 64, 4096)
+        assert pa.concat_tables(list(got)).to_pylist() == table.select(columns).slice(150).to_pylist(), columns
+
+
+class _Tagged(pa.ExtensionType):
+    def __init__(self, storage: pa.DataType):
+        super().__init__(storage, "tests.tagged")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage: pa.DataType, serialized: bytes) -> "_Tagged":
+        return cls(storage)
+
+
+def test_columns_after_extension_structs_and_list_views_are_found(tmp_path):
+    """Arrow types whose Parquet leaves are not obvious: an extension type stored as a struct
+    (two leaves) and a list view of structs (two leaves) come before the projected columns."""
+    pair = pa.struct([("a", pa.int64()), ("b", pa.int64())])
+    pa.register_extension_type(_Tagged(pair))
+    try:
+        storage = pa.StructArray.from_arrays([pa.array(np.arange(ROWS)), pa.array(np.arange(ROWS))], ["a", "b"])
+        table = pa.table(
+            {
+                "tagged": pa.ExtensionArray.from_storage(_Tagged(pair), storage),
+                "views": pa.array([[{"a": i, "b": i}] for i in range(ROWS)], pa.list_view(pair)),
+                "id": np.arange(ROWS),
+                "s": [str(i) for i in range(ROWS)],
+            }
+        )
+        path = tmp_path / "f.parquet"
+        pq.write_table(table, path, row_group_size=ROWS, **PAGED)
+        footer = pq.ParquetFile(path).metadata
+        assert leaf_columns(footer, ["s", "id"]) == {"s": 5, "id": 4}
+        got = iter_from_row(pa.OSFile(str(path)), footer, footer_struct(footer, 0), 0, ["s", "id"], 150, 64, 4096)
+        assert pa.concat_tables(list(got)).to_pylist() == table.select(["s", "id"]).slice(150).to_pylist()
+    finally:
+        pa.unregister_extension_type("tests.tagged")
+
+
+def test_arrow_types_that_do_not_account_for_the_leaves_leave_the_file_uncut(tmp_path, monkeypatch):
+    path = tmp_path / "f.parquet"
+    table = _table().append_column("pair", pa.StructArray.from_arrays([pa.array(range(ROWS)), pa.array(range(ROWS))], ["a", "b"]))
+    pq.write_table(table, path, row_group_size=ROWS, **PAGED)
+    footer = pq.ParquetFile(path).metadata
+    assert leaf_columns(footer, ["id"]) == {"id": 0}
+    monkeypatch.setattr(parquet_seek, "_leaf_count", lambda kind: 1)  # (a type whose leaves it does not know)
+    assert leaf_columns(footer, ["id"]) is None
+    assert _rows_from(path, 0, 200, 64) is None

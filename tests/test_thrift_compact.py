@@ -150,3 +150,13 @@ def test_every_truncation_of_a_footer_raises_thrift_error_when_skipping(footer):
     for size in range(len(footer)):
         with pytest.raises(ThriftError):
             decode_struct(footer[:size], only=(4, 2))
+
+
+def test_skipping_rejects_what_decoding_rejects():
+    too_long = bytes([0x16]) + b"\xff" * 12 + b"\x01" + b"\x00"  # field 1, i64: a varint of 13 bytes
+    listed = bytes([0x19, 0x16]) + too_long[1:] + b"\x00"  # field 1: a list of one such i64
+    for data in (too_long, listed):
+        with pytest.raises(ThriftError, match="longer than 10 bytes"):
+            decode_struct(data)
+    with pytest.raises(ThriftError, match="longer than 10 bytes"):
+        decode_struct(listed, only=(1, 5))

@@ -34,7 +34,7 @@ from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError,
 MAGIC = b"PAR1"
 # Parquet's thrift field ids (parquet.thrift)
 _FILE_VERSION, _FILE_SCHEMA, _FILE_NUM_ROWS, _FILE_ROW_GROUPS, _FILE_KEY_VALUES, _FILE_CREATED_BY, _FILE_COLUMN_ORDERS = 1, 2, 3, 4, 5, 6, 7
-_SCHEMA_NUM_CHILDREN = 5
+_SCHEMA_TYPE, _SCHEMA_NUM_CHILDREN = 1, 5
 _GROUP_COLUMNS, _GROUP_BYTES, _GROUP_NUM_ROWS, _GROUP_OFFSET, _GROUP_COMPRESSED = 1, 2, 3, 5, 6
 _CHUNK_FILE_OFFSET, _CHUNK_META, _CHUNK_INDEXES, _CHUNK_CRYPTO, _CHUNK_ENCRYPTED_META = 2, 3, (4, 5, 6, 7), 8, 9
 _META_NUM_VALUES, _META_UNCOMPRESSED, _META_COMPRESSED, _META_DATA_OFFSET, _META_INDEX_OFFSET = 5, 6, 7, 9, 10
@@ -149,11 +149,12 @@ def offset_index_ranges(footer: pq.FileMetaData, thrift: Struct, unit: int, colu
 def leaf_columns(footer: pq.FileMetaData, columns: list[str] | None) -> dict[str, int] | None:
     """Projected top-level column -> the index of its one leaf column, in the order ``columns``
     names them (else the file's); None when a projected column has several leaves (a struct or
-    a map), a name is not a top-level column (a nested path), or names repeat."""
-    return _leaves(footer.schema.to_arrow_schema(), columns)
+    a map), a name is not a top-level column (a nested path), names repeat, or the Arrow types
+    do not account for the file's leaf columns."""
+    return _leaves(footer.schema.to_arrow_schema(), columns, footer.num_columns)
 
 
-def _leaves(schema: pa.Schema, columns: list[str] | None) -> dict[str, int] | None:
+def _leaves(schema: pa.Schema, columns: list[str] | None, num_leaves: int) -> dict[str, int] | None:
     names = schema.names
     wanted = names if columns is None else list(columns)
     if len(set(names)) != len(names) or len(set(wanted)) != len(wanted) or not set(wanted) <= set(names):
@@ -162,17 +163,20 @@ def _leaves(schema: pa.Schema, columns: list[str] | None) -> dict[str, int] | No
     for field in schema:
         first_leaf[field.name] = leaf if _leaf_count(field.type) == 1 else None
         leaf += _leaf_count(field.type)
-    if any(first_leaf[name] is None for name in wanted):
+    if leaf != num_leaves or any(first_leaf[name] is None for name in wanted):
         return None
     return {name: first_leaf[name] for name in wanted}
 
 
 def _leaf_count(kind: pa.DataType) -> int:
+    """The Parquet leaf columns of an Arrow type (as pyarrow writes it)."""
+    if isinstance(kind, pa.ExtensionType):
+        return _leaf_count(kind.storage_type)
     if pa.types.is_struct(kind):
         return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
     if pa.types.is_map(kind):
         return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+    if any(test(kind) for test in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list, pa.types.is_list_view, pa.types.is_large_list_view)):
         return _leaf_count(kind.value_type)
     return 1
 
@@ -200,7 +204,7 @@ def iter_from_row(
     if row <= 0 or thrift.get(_ENCRYPTION_ALGORITHM) is not None:
         return None
     schema = footer.schema.to_arrow_schema()
-    leaves = _leaves(schema, columns)
+    leaves = _leaves(schema, columns, footer.num_columns)
     if not leaves:
         return None
     group = row_group(thrift, unit)
@@ -415,12 +419,14 @@ def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: 
     name; one leaf each, in the file's order) and to the one row group ``group``."""
     elements = thrift.structs(_FILE_SCHEMA)
     subtrees = _subtrees(elements)
+    if any(subtrees.get(leaf, (None, 0))[1] != 1 for leaf in leaves):  # (one leaf each, as _leaves found)
+        raise ThriftError("the footer's schema does not match its Arrow types")
     root = Struct([list(field) for field in elements[0].fields])
     root.set(_SCHEMA_NUM_CHILDREN, I32, len(leaves))
     footer = Struct(
         [
             [_FILE_VERSION, I32, thrift.integer(_FILE_VERSION)],
-            [_FILE_SCHEMA, LIST, ThriftList(STRUCT, [root] + [element for leaf in leaves for element in subtrees[leaf]])],
+            [_FILE_SCHEMA, LIST, ThriftList(STRUCT, [root] + [element for leaf in leaves for element in subtrees[leaf][0]])],
             [_FILE_NUM_ROWS, I64, rows],
             [_FILE_ROW_GROUPS, LIST, ThriftList(STRUCT, [group])],
         ]
@@ -443,9 +449,10 @@ def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: 
     return footer
 
 
-def _subtrees(elements: list[Struct]) -> dict[int, list[Struct]]:
-    """The schema elements of each top-level column (a depth-first list under the root), by
-    the index of its first leaf column."""
+def _subtrees(elements: list[Struct]) -> dict[int, tuple[list[Struct], int]]:
+    """The schema elements of each top-level column (a depth-first list under the root) and its
+    number of leaves, by the index of its first leaf column. A leaf has no children, or none and
+    a type (as parquet-cpp reads elements; some writers set 0 on leaves)."""
     out, index, leaf = {}, 1, 0
     while index < len(elements):
         start, pending, leaves = index, 1, 0
@@ -453,10 +460,11 @@ def _subtrees(elements: list[Struct]) -> dict[int, list[Struct]]:
             if index >= len(elements):
                 raise ThriftError("the schema ends inside a column")
             children = elements[index].get(_SCHEMA_NUM_CHILDREN)
-            pending += (children or 0) - 1
-            leaves += children is None
+            is_leaf = children is None or (children == 0 and elements[index].get(_SCHEMA_TYPE) is not None)
+            pending += (0 if is_leaf else children) - 1
+            leaves += is_leaf
             index += 1
-        out[leaf] = elements[start:index]
+        out[leaf] = (elements[start:index], leaves)
         leaf += leaves
     return out
 

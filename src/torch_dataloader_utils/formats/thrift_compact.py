@@ -158,8 +158,7 @@ class _Reader:
         if kind == BYTE:
             self.pos += 1
         elif kind in _INTEGERS:
-            while self.byte() & 0x80:
-                pass
+            self.varint()
         elif kind == DOUBLE:
             self.pos += 8
         elif kind == BINARY:
