@@ -435,16 +435,16 @@ def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: 
     if pairs is not None and any(pair.get(1) == _ARROW_SCHEMA for pair in pairs.values):
         # the Arrow types of these columns alone (pyarrow matches them to the file's columns by
         # position). (Schema.remove: pa.schema's first call in a process costs ~0.6 ms of ABC checks)
-        fields = schema.remove_metadata()
-        for index in reversed(range(len(schema))):
-            if schema.names[index] not in leaves.values():
+        fields, kept = schema.remove_metadata(), set(leaves.values())
+        for index, name in reversed(list(enumerate(schema.names))):
+            if name not in kept:
                 fields = fields.remove(index)
         arrow_schema = base64.b64encode(fields.serialize().to_pybytes())
         footer.set(_FILE_KEY_VALUES, LIST, ThriftList(STRUCT, [Struct([[1, BINARY, _ARROW_SCHEMA], [2, BINARY, arrow_schema]])]))
     if thrift.get(_FILE_CREATED_BY) is not None:  # (pyarrow works around known writer bugs by it)
         footer.set(_FILE_CREATED_BY, BINARY, thrift.get(_FILE_CREATED_BY))
     orders = thrift.get(_FILE_COLUMN_ORDERS)
-    if orders is not None:
+    if isinstance(orders, ThriftList) and len(orders.values) > max(leaves):  # (one per leaf column)
         footer.set(_FILE_COLUMN_ORDERS, LIST, ThriftList(orders.element, [orders.values[leaf] for leaf in leaves]))
     return footer
 
