@@ -135,10 +135,7 @@ class _Reader:
             self.pos = end
             return bytes(self.data[end - size : end])
         if kind in (LIST, SET):
-            header = self.byte()
-            size, element = header >> 4, header & 0x0F
-            if size == 15:
-                size = self.varint()
+            size, element = self._list_header()
             if element in (TRUE, FALSE):
                 return ThriftList(element, [self.byte() == TRUE for _ in range(size)])
             return ThriftList(element, [self.value(element, depth + 1) for _ in range(size)])
@@ -147,6 +144,12 @@ class _Reader:
         if kind == MAP:
             raise ThriftError("maps do not occur in Parquet's metadata")
         raise ThriftError(f"unknown type {kind}")
+
+    def _list_header(self) -> tuple[int, int]:
+        """A list's or set's size and element type."""
+        header = self.byte()
+        size, element = header >> 4, header & 0x0F
+        return (self.varint() if size == 15 else size), element
 
     def skip(self, kind: int, depth: int) -> None:
         """Past a value without building it (as ``value`` would read it)."""
@@ -165,10 +168,7 @@ class _Reader:
             size = self.varint()  # (not `self.pos += self.varint()`: that adds to the pos before the varint)
             self.pos += size
         elif kind in (LIST, SET):
-            header = self.byte()
-            size, element = header >> 4, header & 0x0F
-            if size == 15:
-                size = self.varint()
+            size, element = self._list_header()
             if element in (TRUE, FALSE, BYTE):
                 self.pos += size
             else:
@@ -204,10 +204,7 @@ class _Reader:
                 fields.append([last, kind, self.value(kind, depth)])
 
     def _one_element(self, index: int, depth: int) -> ThriftList:
-        header = self.byte()
-        size, element = header >> 4, header & 0x0F
-        if size == 15:
-            size = self.varint()
+        size, element = self._list_header()
         if element in (TRUE, FALSE):  # (a list's booleans are one byte each)
             flags = [self.byte() == TRUE for _ in range(size)]
             return ThriftList(element, [flag if i == index else None for i, flag in enumerate(flags)])
