@@ -106,6 +106,8 @@ def test_progress_that_contradicts_the_plan(data):
         (lambda s: s["rows_delivered"].pop(), "one entry per worker"),
         (lambda s: s.update(next_worker=7), "'next_worker' is out of range"),
         (lambda s: s.update(files="nope"), "'files' entry is damaged"),
+        (lambda s: s.update(chunk_rows="many"), "'chunk_rows' is damaged"),
+        (lambda s: s.update(chunk_rows=0), "'chunk_rows' is damaged"),
     ],
 )
 def test_damaged_states(data, damage, match):
@@ -150,3 +152,46 @@ def test_a_failed_load_leaves_progress_untouched(data):
     with pytest.raises(CheckpointMismatchError):
         dataset.load_state_dict(bad)
     assert dataset.state_dict()["rows_delivered"] == good["rows_delivered"]
+
+
+def _ids(batches):
+    return [int(i) for batch in batches for i in batch["id"]]
+
+
+@pytest.mark.parametrize("saved_without_it", [False, True])
+def test_another_chunk_rows_warns_and_still_delivers_every_row_once(data, caplog, saved_without_it):
+    """chunk_rows sets how the workers' rows interleave, so it is recorded but not checked: another value
+    resumes with a warning (saying which value keeps the order), every row still exactly once. A state
+    from before it was recorded resumes without a warning."""
+    loader, dataset = StructuredDataset.create_dataloader(data, **BASE, chunk_rows=20)
+    everything = _ids(loader)
+    it = iter(loader)
+    before = _ids(next(it) for _ in range(5))
+    state = json.loads(json.dumps(dataset.state_dict()))
+    assert state["chunk_rows"] == 20
+    if saved_without_it:
+        del state["chunk_rows"]
+    resumed_loader, resumed = StructuredDataset.create_dataloader(data, **BASE, chunk_rows=30)
+    with caplog.at_level("WARNING", logger="torch_dataloader_utils.dataset"):
+        resumed.load_state_dict(state)
+    warnings = [r.getMessage() for r in caplog.records if "chunk_rows" in r.getMessage()]
+    assert warnings == ([] if saved_without_it else [warnings[0]])
+    if warnings:
+        assert "saved with chunk_rows=20" in warnings[0] and "Pass chunk_rows=20 to keep that order" in warnings[0]
+    after = _ids(resumed_loader)
+    assert sorted(before + after) == sorted(everything), "every row exactly once"
+    assert before + after != everything, "another interleaving (else this test shows nothing)"
+
+
+def test_the_same_chunk_rows_or_one_worker_resumes_without_a_warning(data, caplog):
+    for workers, resumed_chunk_rows in ((2, 20), (0, 30)):
+        loader, dataset = StructuredDataset.create_dataloader(data, **{**BASE, "num_workers": workers}, chunk_rows=20)
+        it = iter(loader)
+        before = _ids(next(it) for _ in range(5))
+        state = json.loads(json.dumps(dataset.state_dict()))
+        resumed_loader, resumed = StructuredDataset.create_dataloader(data, **{**BASE, "num_workers": workers}, chunk_rows=resumed_chunk_rows)
+        with caplog.at_level("WARNING", logger="torch_dataloader_utils.dataset"):
+            resumed.load_state_dict(state)
+        assert not [r for r in caplog.records if "chunk_rows" in r.getMessage()]
+        full_loader, _ = StructuredDataset.create_dataloader(data, **{**BASE, "num_workers": workers}, chunk_rows=20)
+        assert before + _ids(resumed_loader) == _ids(full_loader), "the uninterrupted run's order"

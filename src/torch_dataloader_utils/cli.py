@@ -781,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--shuffle", action="store_true")
     bench.add_argument("--shuffle-seed", type=_int_at_least(0, MAX_SEED_WORD), default=0, metavar="S")
     bench.add_argument("--columns", help="comma-separated columns to read (default: all)")
-    bench.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N", help="rows per worker read (default 16384)")
+    bench.add_argument("--chunk-rows", type=_positive_int, default=None, metavar="N", help="rows per worker read (default 32768)")
     bench.add_argument("--seconds", type=float, default=30.0, metavar="S", help="time budget (default 30)")
     bench.add_argument("--max-batches", type=_positive_int, default=None, metavar="N", help="stop after N batches")
     bench.add_argument("--no-resume", action="store_true", help="skip the resume measurement")
