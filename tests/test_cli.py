@@ -184,6 +184,21 @@ def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
     assert info["matches_data"]["rows_remaining"] == 32
 
 
+def test_inspect_checks_a_state_with_its_own_chunk_rows_and_names_a_damaged_one(capsys, caplog, data, tmp_path):
+    """chunk_rows is not a check (another value resumes in another order, with a warning): inspect
+    builds its dataset with the state's value, so it neither warns nor advises another one."""
+    state, _ = saved_state(data, tmp_path / "state.json", chunk_rows=16)
+    assert state["chunk_rows"] == 16
+    with caplog.at_level("WARNING"):
+        code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data)
+    assert code == 0 and "YES" in out
+    assert not [r for r in caplog.records if "chunk_rows" in r.getMessage()]
+    with open(tmp_path / "bad.json", "w") as file:
+        json.dump(dict(state, chunk_rows="many"), file)
+    code, out, _ = run(capsys, "inspect", tmp_path / "bad.json", data)
+    assert code == 1 and "NO" in out and "'chunk_rows' is damaged" in out
+
+
 def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):
     saved_state(data, tmp_path / "state.json", shuffle=True, shuffle_seed=9)
     write_dataset(data, [[5]], first_id=10_000)  # overwrites part-00000 with another size

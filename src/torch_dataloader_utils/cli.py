@@ -517,6 +517,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
 
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
+    if _is_count(state.get("chunk_rows")) and state["chunk_rows"] >= 1:  # else load_state_dict warns of another order, or names the damage
+        options["chunk_rows"] = state["chunk_rows"]
     options.update(format=args.format, storage_options=_storage_options(args))
     class PlanOnly(StructuredDataset):
         def _check_columns(self) -> None:
