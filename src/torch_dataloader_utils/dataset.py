@@ -346,7 +346,7 @@ class StructuredDataset(IterableDataset):
         state["rows_total"] = [self._lane_length(lane) for lane in self._lanes()]  # informational (tdu inspect)
         state["skipped_splits"] = [{**split.to_dict(), "error": message} for split, message in self.skipped_splits]
         state["batches_delivered"] = self._batches_delivered  # a global state's ranks must agree on it to resume in place
-        state["chunk_rows"] = self.chunk_rows  # not checked: another value keeps every row, in another order (a warning)
+        state["chunk_rows"] = self.chunk_rows  # no mismatch: another value keeps every row, in another order (load_state_dict warns)
         if self._target_override is not None:
             state["batch_target"] = self._target_override
         return state
