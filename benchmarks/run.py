@@ -31,7 +31,7 @@ from generate import ROW_BYTES, ensure_dataset, rows_for  # noqa: E402
 
 COLUMN_SETS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
 FRACTIONS = (0.1, 0.5, 0.9)
-TIMED_FRACTION = 0.9  # timed --repeat times (the target: within 1.2x of a fresh start)
+TIMED_FRACTION = 0.9  # timed in --resume-pairs pairs with fresh starts (the target: within 1.2x of a fresh start)
 SAMPLE_SECONDS = 0.05  # memory sampling period
 FILES = 8
 PEERS = ("b_handwritten", "c_hf_datasets")  # measured --peer-repeat times
@@ -205,11 +205,12 @@ def fresh_epoch(contender: str, cfg: dict, total: int, work: str, resumes: bool,
     return run_child({**spec, "collect_ids": resumes, "save_fractions": FRACTIONS if resumes else []}, timeout)
 
 
-def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, timeout: float, extra: dict, repeat: int) -> dict:
+def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, timeout: float, extra: dict, pairs: int) -> dict:
     """New processes loading the states ``fresh`` saved at FRACTIONS, each running to the end of
-    the epoch (rows duplicated and lost). The 90% point, which has a target, is timed ``repeat``
-    times (the extra runs stop at the first batch) and its ``first_batch_s`` is the median, like
-    the fresh start's; the other points are single runs (the default run stays under 5 minutes)."""
+    the epoch (rows duplicated and lost). The 90% point, which has a target, is also timed in
+    ``pairs`` pairs of new processes that stop at the first batch, a fresh start and then a resume,
+    so that both halves of the ratio see the same moment's load (single starts vary by ±50 ms on
+    a shared host: three unpaired samples each once gave 1.48x where nine paired gave 1.06x)."""
     spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
     ids = np.load(work + ".ids.npy")
     out: dict[str, dict] = {}
@@ -217,10 +218,20 @@ def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, t
         state = f"{work}.state{i}"
         resumed = run_child({**spec, "collect_ids": True, "resume_from": state}, timeout)
         check = resume_check(ids, fresh["saved_rows"][i], np.load(work + ".ids.npy"), total)
-        samples = [resumed["first_batch_s"]]
-        for _ in range(repeat - 1 if fraction == TIMED_FRACTION else 0):
-            samples.append(run_child({**spec, "collect_ids": False, "first_batch_only": True, "resume_from": state}, timeout)["first_batch_s"])
-        out[str(fraction)] = {**resumed, **check, "first_batch_samples": samples, "first_batch_s": float(np.median(samples))}
+        out[str(fraction)] = {**resumed, **check}
+        if fraction == TIMED_FRACTION and pairs:
+            first_only = {**spec, "collect_ids": False, "first_batch_only": True}
+            fresh_samples, samples = [], []
+            for _ in range(pairs):
+                fresh_samples.append(run_child(first_only, timeout)["first_batch_s"])
+                samples.append(run_child({**first_only, "resume_from": state}, timeout)["first_batch_s"])
+            out[str(fraction)].update(
+                first_batch_samples=samples,
+                fresh_first_batch_samples=fresh_samples,
+                first_batch_s=float(np.median(samples)),
+                vs_fresh=float(np.median(samples) / np.median(fresh_samples)),
+                vs_fresh_pairwise=float(np.median(np.array(samples) / np.array(fresh_samples))),
+            )
     return out
 
 
@@ -285,11 +296,13 @@ def table(results: dict) -> str:
     for colset, per in results["measurements"].items():
         for name, res in per.items():
             timed = res["resumes"].get(str(TIMED_FRACTION))
-            if timed:
-                ratio = timed["first_batch_s"] / res["epoch"]["first_batch_s"]
+            if timed and "vs_fresh" in timed:
                 lines.append(
-                    f"\n{LABELS[name]}, {colset}: first batch after resuming at {TIMED_FRACTION:.0%} / fresh start = {ratio:.2f} "
-                    f"(medians of {len(timed['first_batch_samples'])} and {len(res['epochs'])} runs)"
+                    f"\n{LABELS[name]}, {colset}: first batch after resuming at {TIMED_FRACTION:.0%} / fresh start = "
+                    f"{timed['vs_fresh']:.2f} (medians of {len(timed['first_batch_samples'])} resumes, "
+                    f"{1000 * timed['first_batch_s']:.0f} ms, and the fresh starts paired with them, "
+                    f"{1000 * float(np.median(timed['fresh_first_batch_samples'])):.0f} ms; median of the pairs' ratios "
+                    f"{timed['vs_fresh_pairwise']:.2f})"
                 )
     fixed = results.get("fixed_costs")
     if fixed:
@@ -323,6 +336,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="epochs of (a) and (d) (interleaved); the table shows medians")
     parser.add_argument(
         "--peer-repeat", type=int, default=1, help="epochs of (b) and (c), 6x to 40x slower than (d) (the default run stays under 5 minutes)"
+    )
+    parser.add_argument(
+        "--resume-pairs", type=int, default=5, help="pairs of first batches (fresh, then resumed at 90%%) timed for (d)'s resume ratio; peers: --peer-repeat"
     )
     parser.add_argument("--no-resume", action="store_true", help="skip the resume measurements")
     parser.add_argument("--no-rss-scaling", action="store_true", help="skip the 1x vs 4x RSS runs")
@@ -369,7 +385,8 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"{colset}: {name} resumes")
                 ids = np.load(f"{work}.{name}.ids.npy")
                 per[name]["epoch_check"] = resume_check(ids, 0, ids, total)
-                per[name]["resumes"] = resume_runs(name, cfg, total, f"{work}.{name}", first, args.timeout, extras[name], repeats[name])
+                pairs = args.peer_repeat if name in PEERS else args.resume_pairs
+                per[name]["resumes"] = resume_runs(name, cfg, total, f"{work}.{name}", first, args.timeout, extras[name], pairs)
             if "a_ceiling" in epochs:  # paired by round: the ratio to the ceiling measured next to it
                 ratios = [e["rows_per_s"] / a["rows_per_s"] for e, a in zip(epochs[name], epochs["a_ceiling"])]
                 per[name]["vs_ceiling"] = float(np.median(ratios))
