@@ -324,6 +324,59 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+THROUGHPUT_TARGETS = {"numeric": 0.9, "text": 0.8}  # (d)'s rows/s over the ceiling's (issue #5)
+RESUME_TARGET = 1.2  # (d)'s first batch after resuming at 90% over a fresh start's
+MEMORY_TARGET = 1.1  # (d)'s peak PSS on 4x the data over 1x
+
+
+def _peer_wins(colset: str, per: dict) -> list[str]:
+    """The cells where a peer ((b) or (c)) did better than (d): rows/s, first batch (fresh and
+    resumed), peak PSS."""
+    ours, wins = per["d_this_library"], []
+    for peer in [p for p in PEERS if p in per]:
+        theirs = per[peer]
+        cells = [("rows/s", ours["epoch"]["rows_per_s"], theirs["epoch"]["rows_per_s"], True)]
+        cells.append(("first batch s", ours["epoch"]["first_batch_s"], theirs["epoch"]["first_batch_s"], False))
+        for fraction in FRACTIONS:
+            mine, other = ours["resumes"].get(str(fraction)), theirs["resumes"].get(str(fraction))
+            if mine and other:
+                cells.append((f"first batch s after resuming at {fraction:.0%}", mine["first_batch_s"], other["first_batch_s"], False))
+        cells.append(("peak PSS MiB", ours["epoch"]["peak_pss_mib"], theirs["epoch"]["peak_pss_mib"], False))
+        for name, mine, other, higher_wins in cells:
+            if (other > mine) if higher_wins else (other < mine):
+                form = ".3f" if name.startswith("first batch") else ",.0f"
+                wins.append(f"{LABELS[peer]}, {colset}, {name}: {other:{form}} against (d)'s {mine:{form}}")
+    return wins
+
+
+def target_lines(results: dict) -> list[str]:
+    """Each of issue #5's targets with what this run measured, and where a peer beat (d)."""
+    lines, wins = [], []
+    for colset, per in results["measurements"].items():
+        ours = per.get("d_this_library")
+        if ours is None:
+            continue
+        target = THROUGHPUT_TARGETS.get(colset)
+        if target is not None and "vs_ceiling" in ours:
+            ratio = ours["vs_ceiling"]
+            lines.append(f"{'met' if ratio >= target else 'MISSED'}: {colset} rows/s >= {target:.2f}x the ceiling's: {ratio:.2f}x")
+        timed = ours["resumes"].get(str(TIMED_FRACTION))
+        if timed and "vs_fresh" in timed:
+            ratio = timed["vs_fresh"]
+            lines.append(f"{'met' if ratio <= RESUME_TARGET else 'MISSED'}: {colset} first batch after resuming at 90% <= {RESUME_TARGET}x a fresh start's: {ratio:.2f}x")
+        if ours["resumes"]:
+            bad = {f: (r["duplicated"], r["lost"]) for f, r in ours["resumes"].items() if r["duplicated"] or r["lost"]}
+            lines.append(f"{'MISSED' if bad else 'met'}: {colset} 0 rows duplicated and 0 lost across the resumes" + (f": {bad}" if bad else ""))
+        wins += _peer_wins(colset, per)
+    rss = results.get("rss_scaling")
+    if rss:
+        ratio = rss["4x"]["peak_pss_mib"] / rss["1x"]["peak_pss_mib"]
+        lines.append(f"{'met' if ratio <= MEMORY_TARGET else 'MISSED'}: peak PSS on 4x the data <= {MEMORY_TARGET}x that on 1x: {ratio:.2f}x")
+    if any("d_this_library" in per for per in results["measurements"].values()):
+        lines.append("faster than (b) and (c) everywhere: " + ("yes" if not wins else "no; a peer did better in: " + "; ".join(wins)))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.25, help="decoded size of the dataset (GiB); the 4x set is 4 times that")
@@ -404,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(table(results))
+    print("\nTargets (issue #5):\n" + "\n".join(f"- {line}" for line in target_lines(results)))
     log(f"wrote {path}")
 
 

@@ -32,3 +32,38 @@ def test_generate_writes_exactly_the_files_asked_for(tmp_path):
     assert _run(generate, str(tmp_path), "--size-gb", "0.0004", "--files", "2").returncode == 0
     assert _run(generate, str(tmp_path), "--size-gb", "0.0002", "--files", "1").returncode == 0
     assert sorted(name for name in os.listdir(tmp_path) if name.startswith("part-")) == ["part-00000.parquet"]
+
+
+def _contender(rows_per_s: float, first: float, pss: float, resumes: dict) -> dict:
+    return {"epoch": {"rows_per_s": rows_per_s, "first_batch_s": first, "peak_pss_mib": pss}, "resumes": resumes}
+
+
+def _resume(first: float, duplicated: int = 0, lost: int = 0, **paired: float) -> dict:
+    return {"first_batch_s": first, "duplicated": duplicated, "lost": lost, **paired}
+
+
+def test_run_reports_each_target_and_where_a_peer_won():
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import run
+    finally:
+        sys.path.remove(BENCHMARKS)
+    ours = _contender(
+        850_000, 0.05, 450, {"0.1": _resume(0.05), "0.5": _resume(0.06, lost=3), "0.9": _resume(0.07, vs_fresh=1.3)}
+    )
+    ours["vs_ceiling"] = 0.85
+    peer = _contender(300_000, 0.10, 400, {"0.1": _resume(0.04), "0.5": _resume(0.09), "0.9": _resume(0.08)})
+    results = {
+        "measurements": {"numeric": {"a_ceiling": _contender(1e6, 0.05, 400, {}), "b_handwritten": peer, "d_this_library": ours}},
+        "rss_scaling": {"1x": {"peak_pss_mib": 500.0}, "4x": {"peak_pss_mib": 520.0}},
+    }
+    lines = run.target_lines(results)
+    assert "MISSED: numeric rows/s >= 0.90x the ceiling's: 0.85x" in lines
+    assert "MISSED: numeric first batch after resuming at 90% <= 1.2x a fresh start's: 1.30x" in lines
+    assert "MISSED: numeric 0 rows duplicated and 0 lost across the resumes: {'0.5': (0, 3)}" in lines
+    assert "met: peak PSS on 4x the data <= 1.1x that on 1x: 1.04x" in lines
+    wins = lines[-1]
+    assert wins.startswith("faster than (b) and (c) everywhere: no")
+    assert "first batch s after resuming at 10%: 0.040 against (d)'s 0.050" in wins
+    assert "peak PSS MiB: 400 against (d)'s 450" in wins
+    assert "rows/s" not in wins and "at 90%" not in wins and "at 50%" not in wins
