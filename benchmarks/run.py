@@ -157,8 +157,10 @@ def child_command(spec: dict) -> tuple[list[str], dict[str, str], str]:
     return [sys.executable, os.path.abspath(__file__), "--child", f.name], {**os.environ, "PYTHONWARNINGS": "ignore"}, f.name
 
 
-def run_child(spec: dict, timeout: float) -> dict:
-    """Run one measurement in a new process, sampling its process tree's memory."""
+def run_child(spec: dict, timeout: float, sample_memory: bool = True) -> dict:
+    """Run one measurement in a new process, sampling its process tree's memory (unless
+    ``sample_memory`` is False: each sample reads every process's smaps_rollup, about 5.5 ms
+    of CPU with 3 processes, which widens the spread of a first batch's time)."""
     import psutil
 
     command, env, spec_file = child_command(spec)
@@ -172,8 +174,8 @@ def run_child(spec: dict, timeout: float) -> dict:
             except psutil.Error:
                 pass
 
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
+    if sample_memory:
+        threading.Thread(target=sample, daemon=True).start()
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
@@ -183,8 +185,9 @@ def run_child(spec: dict, timeout: float) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{spec['contender']} failed (exit {proc.returncode})")
     result = json.loads(out.decode().strip().splitlines()[-1])
-    result["peak_rss_mib"], result["peak_pss_mib"] = memory.rss / 2**20, memory.pss / 2**20
-    result["high_water_rss_mib"] = memory.high_water / 2**20
+    if sample_memory:
+        result["peak_rss_mib"], result["peak_pss_mib"] = memory.rss / 2**20, memory.pss / 2**20
+        result["high_water_rss_mib"] = memory.high_water / 2**20
     return result
 
 
@@ -210,7 +213,8 @@ def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, t
     the epoch (rows duplicated and lost). The 90% point, which has a target, is also timed in
     ``pairs`` pairs of new processes that stop at the first batch, a fresh start and then a resume,
     so that both halves of the ratio see the same moment's load (single starts vary by ±50 ms on
-    a shared host: three unpaired samples each once gave 1.48x where nine paired gave 1.06x)."""
+    a shared host: three unpaired samples each once gave 1.48x where nine paired gave 1.06x),
+    without the memory sampler, whose reads of /proc spread the times further."""
     spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
     ids = np.load(work + ".ids.npy")
     out: dict[str, dict] = {}
@@ -223,8 +227,8 @@ def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, t
             first_only = {**spec, "collect_ids": False, "first_batch_only": True}
             fresh_samples, samples = [], []
             for _ in range(pairs):
-                fresh_samples.append(run_child(first_only, timeout)["first_batch_s"])
-                samples.append(run_child({**first_only, "resume_from": state}, timeout)["first_batch_s"])
+                fresh_samples.append(run_child(first_only, timeout, sample_memory=False)["first_batch_s"])
+                samples.append(run_child({**first_only, "resume_from": state}, timeout, sample_memory=False)["first_batch_s"])
             out[str(fraction)].update(
                 first_batch_samples=samples,
                 fresh_first_batch_samples=fresh_samples,
