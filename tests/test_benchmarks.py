@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
@@ -38,18 +39,36 @@ def _contender(rows_per_s: float, first: float, pss: float, resumes: dict) -> di
     return {"epoch": {"rows_per_s": rows_per_s, "first_batch_s": first, "peak_pss_mib": pss}, "resumes": resumes}
 
 
-def _resume(first: float, duplicated: int = 0, lost: int = 0, **paired: float) -> dict:
+def _resume(first: float, duplicated: int = 0, lost: int = 0, **paired: object) -> dict:
     return {"first_batch_s": first, "duplicated": duplicated, "lost": lost, **paired}
 
 
-def test_run_reports_each_target_and_where_a_peer_won():
+def _import_run():
     sys.path.insert(0, BENCHMARKS)
     try:
         import run
     finally:
         sys.path.remove(BENCHMARKS)
+    return run
+
+
+def test_resume_ratio_interval_draws_the_pairs_again():
+    run = _import_run()
+    fresh = [0.050, 0.052, 0.048, 0.070, 0.051, 0.049, 0.055]
+    assert run.ratio_interval([1.2 * f for f in fresh], fresh) == pytest.approx([1.2, 1.2])  # every draw: the same ratio
+    resumed = [0.056, 0.061, 0.058, 0.064, 0.090, 0.057, 0.059]
+    low, high = run.ratio_interval(resumed, fresh)
+    point = float(np.median(resumed) / np.median(fresh))
+    assert low < point < high
+    assert run.ratio_interval(resumed, fresh) == [low, high]  # seeded
+    narrow = run.ratio_interval(resumed, fresh, level=0.5)
+    assert low <= narrow[0] <= narrow[1] <= high and narrow != [low, high]
+
+
+def test_run_reports_each_target_and_where_a_peer_won():
+    run = _import_run()
     ours = _contender(
-        850_000, 0.05, 450, {"0.1": _resume(0.05), "0.5": _resume(0.06, lost=3), "0.9": _resume(0.07, vs_fresh=1.3)}
+        850_000, 0.05, 450, {"0.1": _resume(0.05), "0.5": _resume(0.06, lost=3), "0.9": _resume(0.07, vs_fresh=1.3, vs_fresh_interval=[1.1, 1.45], first_batch_samples=[0.07] * 5)}
     )
     ours["vs_ceiling"] = 0.85
     peer = _contender(300_000, 0.10, 400, {"0.1": _resume(0.04), "0.5": _resume(0.09), "0.9": _resume(0.08)})
@@ -59,7 +78,7 @@ def test_run_reports_each_target_and_where_a_peer_won():
     }
     lines = run.target_lines(results)
     assert "MISSED: numeric rows/s >= 0.90x the ceiling's: 0.85x" in lines
-    assert "MISSED: numeric first batch after resuming at 90% <= 1.2x a fresh start's: 1.30x" in lines
+    assert "MISSED: numeric first batch after resuming at 90% <= 1.2x a fresh start's: 1.30x (90% bootstrap interval 1.10–1.45 over 5 pairs)" in lines
     assert "MISSED: numeric 0 rows duplicated and 0 lost across the resumes: {'0.5': (0, 3)}" in lines
     assert "met: peak PSS on 4x the data <= 1.1x that on 1x: 1.04x" in lines
     wins = lines[-1]
