@@ -39,7 +39,12 @@ COLUMN_BYTES = {"id": 8, "label": 4, "feat": 256, "text": ROW_BYTES - 268}  # de
 
 
 def _read_once(paths: list[str]) -> None:
-    """Read every file once, so that the first contender measured does not pay the disk reads."""
+    """Read every file once, so that the measurement that follows does not pay disk reads.
+
+    Done before every measurement, not once per run: on the development machine the kernel
+    (a DAMON-based reclaim) drops page-cache pages that were not read for a while, even with
+    22 GiB free (measured: 5% of a file read 45 s before was gone; a 1 GiB run ended with most
+    of its files out of the cache). A cold file read at ~360 MB/s, against ~5 GB/s warm."""
     for path in paths:
         with open(path, "rb") as file:
             while file.read(1 << 24):
@@ -158,11 +163,13 @@ def child_command(spec: dict) -> tuple[list[str], dict[str, str], str]:
 
 
 def run_child(spec: dict, timeout: float, sample_memory: bool = True) -> dict:
-    """Run one measurement in a new process, sampling its process tree's memory unless
+    """Run one measurement in a new process, its files read just before (``_read_once``),
+    sampling its process tree's memory unless
     ``sample_memory`` is False (each sample reads every process's smaps_rollup: about 5.5 ms of
     CPU with 3 processes, not worth paying in runs whose memory is not reported)."""
     import psutil
 
+    _read_once(spec["config"]["files"])
     command, env, spec_file = child_command(spec)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, env=env)
     memory, done = TreeMemory(psutil.Process(proc.pid)), threading.Event()
@@ -434,7 +441,6 @@ def main(argv: list[str] | None = None) -> None:
     data = os.path.join(args.data_dir, f"rows{rows}-rg{args.row_group_rows}" + ("-nopi" if args.no_page_index else ""))
     log(f"data: {FILES * (4 if scaling else 1)} files x {rows} rows in {data}")
     files = ensure_dataset(data, FILES * (4 if scaling else 1), rows, args.row_group_rows, page_index=not args.no_page_index)
-    _read_once(files)
     total = FILES * rows
     work = os.path.join(HERE, "results", "work", args.name)
     os.makedirs(os.path.dirname(work), exist_ok=True)
