@@ -42,9 +42,10 @@ def _read_once(paths: list[str]) -> None:
     """Read every file once, so that the measurement that follows does not pay disk reads.
 
     Done before every measurement, not once per run: on the development machine the kernel
-    (a DAMON-based reclaim) drops page-cache pages that were not read for a while, even with
-    22 GiB free (measured: 5% of a file read 45 s before was gone; a 1 GiB run ended with most
-    of its files out of the cache). Cold files read at 0.4 to 0.8 GB/s here, warm at ~5 GB/s."""
+    drops page-cache pages that were not read for a while, even with 22 GiB free (a DAMON
+    kdamond runs there). Measured: 5% of a file read 45 s before was gone, and minutes after a
+    1 GiB run most of its files were out of the cache. Cold files read at 0.4 to 0.8 GB/s there,
+    cached ones at ~8 GB/s (0.08 s for the 1 GiB set's 8 files)."""
     for path in paths:
         with open(path, "rb") as file:
             while file.read(1 << 24):
@@ -164,9 +165,9 @@ def child_command(spec: dict) -> tuple[list[str], dict[str, str], str]:
 
 def run_child(spec: dict, timeout: float, sample_memory: bool = True) -> dict:
     """Run one measurement in a new process, its files read just before (``_read_once``),
-    sampling its process tree's memory unless
-    ``sample_memory`` is False (each sample reads every process's smaps_rollup: about 5.5 ms of
-    CPU with 3 processes, not worth paying in runs whose memory is not reported)."""
+    sampling its process tree's memory unless ``sample_memory`` is False (each sample reads
+    every process's smaps_rollup: about 5.5 ms of CPU with 3 processes, not worth paying in runs
+    whose memory is not reported)."""
     import psutil
 
     _read_once(spec["config"]["files"])
