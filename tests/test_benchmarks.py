@@ -1,4 +1,5 @@
-"""The benchmark scripts start and parse their documented options; generate.py writes exactly the files asked for.
+"""The benchmark scripts start and parse their documented options; generate.py writes exactly the files asked for;
+run.py's targets report and resume-ratio interval, on fixed figures.
 
 (The measurements themselves run by hand: docs/performance.md, docs/object-stores.md, docs/shuffling.md.)
 """
