@@ -248,7 +248,7 @@ IMPORTS = {
     "d_this_library": (
         "pandas",
         "torch_dataloader_utils.dataset",
-        "torch_dataloader_utils.loader",
+        "torch_dataloader_utils.runtime.loader",
         "torch_dataloader_utils.formats.parquet",  # imported by the first plan, like (a)'s and (b)'s pyarrow.parquet here
         "fsspec.implementations.local",
         "pyarrow.fs",

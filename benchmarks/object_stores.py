@@ -51,7 +51,7 @@ import pyarrow.parquet as pq  # noqa: E402
 from torch_dataloader_utils import StructuredDataset  # noqa: E402
 from torch_dataloader_utils.formats import parquet  # noqa: E402
 from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
-from torch_dataloader_utils.remote import RemoteStore, open_store  # noqa: E402
+from torch_dataloader_utils.storage.remote import RemoteStore, open_store  # noqa: E402
 
 PROJECTION = ["id", "label"]
 PREFIX = "bench"

@@ -19,7 +19,7 @@ def seek_tiny_files(monkeypatch):
     """parquet_seek seeks in the tests' tiny files too: its cost thresholds (the footer, page
     index and page headers it decodes in Python against the bytes saved) set to nothing. Forked
     DataLoader workers inherit the setting."""
-    from torch_dataloader_utils.formats import parquet_seek
+    from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
 
     monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 0)
     monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 0)

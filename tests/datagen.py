@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 
-from torch_dataloader_utils.formats.parquet_seek import footer_struct, row_group
-from torch_dataloader_utils.formats.thrift_compact import Struct, decode_struct, encode_struct
+from torch_dataloader_utils.formats._parquet_seek import footer_struct, row_group
+from torch_dataloader_utils.formats._thrift_compact import Struct, decode_struct, encode_struct
 
 
 def make_table(first_id: int, rows: int, fixed_list: bool = True) -> pa.Table:

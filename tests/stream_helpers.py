@@ -1,6 +1,6 @@
 """A stream expanded row by row: the reference the stream, lane and state tests compare with."""
 
-from torch_dataloader_utils.streams import Stream
+from torch_dataloader_utils.plan.streams import Stream
 
 
 def rows_in_order(stream: Stream) -> list[tuple[int, int, int, int]]:

@@ -11,7 +11,7 @@ import zlib
 
 import pytest
 
-from torch_dataloader_utils.cache import RangeCache, entry_key
+from torch_dataloader_utils.storage.cache import RangeCache, entry_key
 
 
 def _content(key: str, size: int) -> bytes:
@@ -68,7 +68,7 @@ def test_an_unreadable_or_read_only_cache_never_fails_a_read(tmp_path, monkeypat
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", unreadable)
-    with caplog.at_level("WARNING", logger="torch_dataloader_utils.cache"):
+    with caplog.at_level("WARNING", logger="torch_dataloader_utils.storage.cache"):
         assert cache.get("k", 4) is None and cache.get("k", 4) is None
     assert [r.getMessage() for r in caplog.records if "cannot read cache entry" in r.getMessage()][:2] == [
         f"cannot read cache entry {tmp_path / 'k.bin'} (reading from the store instead): [Errno 13] Permission denied: '{tmp_path / 'k.bin'}'"

@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from datagen import write_dataset
-from torch_dataloader_utils import StructuredDataset, catalog
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.catalog import build as catalog
 from torch_dataloader_utils.formats import parquet
 
 pytestmark = pytest.mark.timeout(120)

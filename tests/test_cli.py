@@ -11,8 +11,8 @@ import torch
 
 from datagen import corrupt_data_pages, write_dataset
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils import progress as progress_module
-from torch_dataloader_utils.catalog import build_catalog
+from torch_dataloader_utils.catalog import progress_bar as progress_module
+from torch_dataloader_utils.catalog.build import build_catalog
 from torch_dataloader_utils.cli import main, parse_size
 
 LAYOUT = [[40, 25, 30], [30], [17, 18, 20], [50, 10]]

@@ -206,7 +206,7 @@ def _same(a, b) -> bool:
 
 @pytest.mark.parametrize("start, stop", [(0, 15), (3, 12), (5, 9), (14, 15)])
 def test_a_column_in_several_arrow_chunks_converts_like_one(start, stop):
-    from torch_dataloader_utils.convert import slice_columns, table_to_columns
+    from torch_dataloader_utils.read.convert import slice_columns, table_to_columns
 
     table = _chunked_table()
     assert table.column("id").num_chunks == 3
@@ -219,7 +219,7 @@ def test_a_column_in_several_arrow_chunks_converts_like_one(start, stop):
 def test_fixed_size_lists_of_a_sliced_table_keep_their_rows():
     """A chunk is a slice of decoded batches (an Arrow offset); fixed-size lists, nested ones
     too, must convert to the slice's rows, not the start of the underlying values."""
-    from torch_dataloader_utils.convert import table_to_columns
+    from torch_dataloader_utils.read.convert import table_to_columns
 
     values = np.arange(10 * 2 * 3, dtype=np.float32)
     inner = pa.FixedSizeListArray.from_arrays(pa.array(values), 3)
@@ -236,8 +236,8 @@ def test_a_chunked_column_crosses_a_shared_buffer_intact():
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from torch_dataloader_utils import transfer
-    from torch_dataloader_utils.convert import slice_columns, table_to_columns, table_to_joined
+    from torch_dataloader_utils.runtime import transfer
+    from torch_dataloader_utils.read.convert import slice_columns, table_to_columns, table_to_joined
 
     if not transfer.SUPPORTED:
         pytest.skip("needs os.memfd_create")
@@ -254,7 +254,7 @@ def test_a_chunked_column_crosses_a_shared_buffer_intact():
 def test_strings_of_arrow_chunks_over_32_bit_offsets_together_get_64_bit_offsets(monkeypatch, kind):
     """Images or documents: each decoded batch under 2 GiB, a chunk of several over it. The
     threshold is lowered here; the real one is 2**31 - 1 bytes."""
-    from torch_dataloader_utils import convert
+    from torch_dataloader_utils.read import convert
 
     monkeypatch.setattr(convert, "_INT32_OFFSET_MAX", 40)
     values = [("x" * 9 + str(i)).encode() if kind == pa.binary() else "x" * 9 + str(i) for i in range(10)]
@@ -269,7 +269,7 @@ def test_strings_of_arrow_chunks_over_32_bit_offsets_together_get_64_bit_offsets
 def test_intervals_have_no_tensor_form_but_other_time_types_do():
     """An interval is three numbers (months, days, nanoseconds), not a count of one unit. (Parquet
     and ORC cannot hold one today, so the rule is checked directly.)"""
-    from torch_dataloader_utils.convert import batch_form_problem
+    from torch_dataloader_utils.read.convert import batch_form_problem
 
     assert "no tensor form" in batch_form_problem(pa.month_day_nano_interval())
     assert "not supported" in batch_form_problem(pa.list_(pa.month_day_nano_interval(), 2))

@@ -20,7 +20,8 @@ import torch
 from datagen import make_table, write_dataset
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 from torch_dataloader_utils import DataReadError, StructuredDataset
-from torch_dataloader_utils.schema import _check_columns_read, conform, merge_types, unify
+from torch_dataloader_utils.catalog.schema import merge_types, unify
+from torch_dataloader_utils.read.conform import _check_columns_read, conform
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.convert import Ragged, replace_leaves
+from torch_dataloader_utils.read.convert import Ragged, replace_leaves
 from torch_dataloader_utils.dataset import Chunk
 
 from datagen import write_dataset

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream_helpers import rows_in_order
-from torch_dataloader_utils.lanes import Lane, Segment, StreamBook, StreamKey
-from torch_dataloader_utils.streams import SplitRows
+from torch_dataloader_utils.plan.lanes import Lane, Segment, StreamBook, StreamKey
+from torch_dataloader_utils.plan.streams import SplitRows
 
 
 @st.composite
@@ -89,7 +89,7 @@ def test_deal_units_cut_a_segment_at_split_or_window_bounds_only(case, data):
 
 
 def test_assignments_follow_each_epochs_order_whatever_order_epochs_are_asked_in():
-    from torch_dataloader_utils.planner import assign_splits, epoch_order
+    from torch_dataloader_utils.plan.splits import assign_splits, epoch_order
 
     split_rows = [SplitRows(0, 0, 10) for _ in range(40)]
     book = StreamBook(split_rows, [np.zeros(1, dtype=np.int64)], True, 7, 100)

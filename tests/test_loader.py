@@ -47,7 +47,7 @@ def test_worker_start_shortens_the_gil_switch_interval():
     """So that torch's queue feeder thread hands a finished chunk over without waiting 5 ms for
     the GIL (run in a new interpreter: the setting is process-wide)."""
     script = (
-        "import sys; from torch_dataloader_utils.loader import _WorkerStart, WORKER_SWITCH_INTERVAL_S as want; "
+        "import sys; from torch_dataloader_utils.runtime.loader import _WorkerStart, WORKER_SWITCH_INTERVAL_S as want; "
         "before = sys.getswitchinterval(); _WorkerStart(None)(0); print(before, sys.getswitchinterval(), want)"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
@@ -58,7 +58,7 @@ def test_worker_start_shortens_the_gil_switch_interval():
 def test_an_error_kept_by_the_caller_does_not_keep_torchs_iterator():
     """torch chains the errors raised inside its iterator; their frames would keep it (and its
     workers) alive as long as the caller keeps the loader's error."""
-    from torch_dataloader_utils.loader import _drop_tracebacks
+    from torch_dataloader_utils.runtime.loader import _drop_tracebacks
 
     def inner():
         raise ConnectionResetError("worker gone")
@@ -81,7 +81,7 @@ def test_a_forked_worker_whose_process_is_gone_exits_at_once(tmp_path):
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=1, multiprocessing_context="fork")
     assert loader._loader.worker_init_fn.parent == os.getpid()
     gone = subprocess.run(  # a process whose parent is not the one recorded, as after that parent died
-        [sys.executable, "-c", "from torch_dataloader_utils.loader import _WorkerStart; _WorkerStart(1)(0); print('still running')"],
+        [sys.executable, "-c", "from torch_dataloader_utils.runtime.loader import _WorkerStart; _WorkerStart(1)(0); print('still running')"],
         capture_output=True, text=True, timeout=60,
     )
     assert gone.returncode == 0 and "still running" not in gone.stdout

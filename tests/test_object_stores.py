@@ -18,9 +18,10 @@ from resume_helpers import assert_exactly_once, make, resume, run_epoch
 from servers import BUCKET, get_store, object_store, s3, s3_options, store_registry  # noqa: F401 - fixtures
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.errors import DataReadError
-from torch_dataloader_utils.formats import parquet, parquet_seek
+from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
+from torch_dataloader_utils.formats import parquet
 from torch_dataloader_utils.formats.io import RangeFile
-from torch_dataloader_utils.remote import RemoteStore
+from torch_dataloader_utils.storage.remote import RemoteStore
 
 LAYOUT = [[120, 80], [150], [60, 90, 70], [110, 40]]
 ROWS = sum(map(sum, LAYOUT))
@@ -439,7 +440,7 @@ def test_a_range_longer_than_a_part_is_fetched_in_parts(s3, tmp_path):
     """download_timeout bounds each request: a 20 MiB column chunk asked for whole failed on any link
     slower than 20 MiB / download_timeout. It is fetched in parts of at most PART_BYTES, and put
     together in order."""
-    from torch_dataloader_utils.remote import PART_BYTES
+    from torch_dataloader_utils.storage.remote import PART_BYTES
 
     blobs = [np.random.default_rng(i).bytes(5 * 1024 * 1024) for i in range(4)]
     pq.write_table(pa.table({"id": pa.array(range(4), pa.int64()), "blob": pa.array(blobs, pa.binary())}), tmp_path / "big.parquet", compression="none")

@@ -6,7 +6,7 @@ import pyarrow.orc as orc
 import pytest
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.formats.orc_tail import _decompress, _fields, read_tail
+from torch_dataloader_utils.formats._orc_tail import _decompress, _fields, read_tail
 
 LZ4, ZSTD = 4, 5  # ORC's CompressionKind numbers
 

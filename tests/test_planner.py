@@ -84,7 +84,7 @@ PINNED = [5, 6, 9, 3, 2, 1, 0, 8, 4, 7]
 
 def test_stable_permutation_is_pinned():
     # fixed by the SeedSequence and PCG64 specifications: a checkpoint must outlive NumPy upgrades
-    from torch_dataloader_utils.planner import stable_permutation
+    from torch_dataloader_utils.plan.splits import stable_permutation
 
     assert stable_permutation([1, 2], 10).tolist() == PINNED
     assert sorted(stable_permutation([7], 1000).tolist()) == list(range(1000))
@@ -92,7 +92,7 @@ def test_stable_permutation_is_pinned():
 
 def test_seed_words_must_fit_32_bits():
     """SeedSequence cuts larger ints into 32-bit words: (2**32 + 5, 0) would seed like (5, 1)."""
-    from torch_dataloader_utils.planner import stable_permutation
+    from torch_dataloader_utils.plan.splits import stable_permutation
 
     with pytest.raises(ValueError, match="seed words must be in"):
         epoch_order(20, True, 2**32 + 5, 0)

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.reader import StreamReader
+from torch_dataloader_utils.read.reader import StreamReader
 
 from datagen import write_dataset
 

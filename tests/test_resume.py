@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from torch_dataloader_utils.formats import parquet, parquet_seek
+from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
+from torch_dataloader_utils.formats import parquet
 
 from datagen import write_dataset
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch

@@ -8,7 +8,7 @@ import torch
 
 from datagen import write_dataset
 from torch_dataloader_utils import Ragged, StructuredDataset
-from torch_dataloader_utils.stats import BOTTLENECK_WAIT_SHARE, LoaderStats, StatsSnapshot, batch_rows
+from torch_dataloader_utils.runtime.stats import BOTTLENECK_WAIT_SHARE, LoaderStats, StatsSnapshot, batch_rows
 
 LAYOUT = [[40, 25], [30], [17, 18]]
 ROWS = sum(map(sum, LAYOUT))

@@ -3,7 +3,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_dataloader_utils.tasks import PADDING_LANE, cap_batches, lane_schedule, padding_schedule, quick_start
+from torch_dataloader_utils.plan.schedule import PADDING_LANE, cap_batches, lane_schedule, padding_schedule, quick_start
 
 lane_states = st.integers(1, 5).flatmap(
     lambda lanes: st.tuples(

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from torch_dataloader_utils.formats.thrift_compact import (
+from torch_dataloader_utils.formats._thrift_compact import (
     BINARY,
     DOUBLE,
     I32,

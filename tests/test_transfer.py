@@ -16,9 +16,9 @@ import torch
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils import dataset as dataset_module
-from torch_dataloader_utils import transfer
-from torch_dataloader_utils.convert import table_to_joined
-from torch_dataloader_utils.transfer import Release, ReleaseBoard, WorkerPool
+from torch_dataloader_utils.runtime import transfer
+from torch_dataloader_utils.read.convert import table_to_joined
+from torch_dataloader_utils.runtime.transfer import Release, ReleaseBoard, WorkerPool
 
 from datagen import write_dataset
 

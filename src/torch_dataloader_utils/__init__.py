@@ -14,24 +14,24 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointMismatchError": "errors",
     "DataReadError": "errors",
-    "FileLayout": "planner",
-    "Ragged": "convert",
-    "Split": "planner",
-    "StructuredDataLoader": "loader",
+    "FileLayout": "plan.splits",
+    "Ragged": "read.convert",
+    "Split": "plan.splits",
+    "StructuredDataLoader": "runtime.loader",
     "StructuredDataset": "dataset",
-    "assign_splits": "planner",
-    "epoch_order": "planner",
-    "plan_splits": "planner",
+    "assign_splits": "plan.splits",
+    "epoch_order": "plan.splits",
+    "plan_splits": "plan.splits",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .convert import Ragged
+    from .read.convert import Ragged
     from .dataset import StructuredDataset
     from .errors import CheckpointMismatchError, DataReadError
-    from .loader import StructuredDataLoader
-    from .planner import FileLayout, Split, assign_splits, epoch_order, plan_splits
+    from .runtime.loader import StructuredDataLoader
+    from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
 
 
 def __getattr__(name: str) -> Any:

@@ -14,16 +14,16 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .catalog import Catalog, build_catalog
-from .convert import Where, check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
-from .elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed, uneven_steps
-from .lanes import Lane, Segment, StreamBook
-from .planner import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
-from .reader import StreamReader
-from .remote import IOOptions
-from .schema import check_missing_columns, check_repeated_columns
-from .stats import LoaderStats
-from .state import (
+from .catalog.build import Catalog, build_catalog
+from .read.convert import Where, check_batch_forms, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .state.elastic import check_global, deal, merge_states, rank_part, rank_parts, remaining_units, topology_changed, uneven_steps
+from .plan.lanes import Lane, Segment, StreamBook
+from .plan.splits import DEFAULT_SPLIT_BYTES, MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES, Split
+from .read.reader import StreamReader
+from .storage.remote import IOOptions
+from .catalog.schema import check_missing_columns, check_repeated_columns
+from .runtime.stats import LoaderStats
+from .state.checkpoint import (
     MAX_EPOCH,
     RankProgress,
     build_rank_state,
@@ -35,7 +35,7 @@ from .state import (
     validate_rank_state,
     validate_worker_state,
 )
-from .tasks import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_schedule, quick_start
+from .plan.schedule import PADDING_LANE, ChunkTask, cap_batches, lane_schedule, padding_schedule, quick_start
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class StructuredDataset(IterableDataset):
         ``prefetch_factor``, ``persistent_workers``, ``timeout`` and
         ``multiprocessing_context``.
         """
-        from .loader import StructuredDataLoader
+        from .runtime.loader import StructuredDataLoader
 
         loader_keys = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
         loader_kwargs = {k: kwargs.pop(k) for k in loader_keys if k in kwargs}

@@ -21,3 +21,9 @@ class DataReadError(OSError):
 class FileChangedError(OSError):
     """A file is no longer the version that was planned (its size, tag or row counts changed).
     Raised while reading, it reaches the user inside a DataReadError."""
+
+
+class WideningError(ValueError):
+    """A value of one file does not fit the type its column is read as in all files (see the
+    schema rule in docs/reliability.md). Raised while reading, it reaches the user inside a
+    DataReadError naming the file."""

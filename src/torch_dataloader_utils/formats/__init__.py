@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..planner import FileLayout
+from ..plan.splits import FileLayout
 
 
 class UnitReader(Protocol):

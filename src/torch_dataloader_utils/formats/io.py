@@ -12,20 +12,10 @@ from typing import Any, Iterable, Sequence
 
 import pyarrow as pa
 
+from ..storage.paths import is_local, is_remote
+
 COALESCE_GAP = 64 * 1024
 COALESCE_MAX = 64 * 1024 * 1024
-
-
-def is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
-def is_remote(fs: Any) -> bool:
-    """Whether ``fs`` is a RemoteStore (an object store read through ranged requests)."""
-    from ..remote import RemoteStore
-
-    return isinstance(fs, RemoteStore)
 
 
 def open_input(fs: Any, path: str) -> Any:

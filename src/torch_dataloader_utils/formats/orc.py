@@ -7,9 +7,10 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.orc as orc
 
-from ..planner import FileLayout
-from .io import RangeFile, is_remote, open_input
-from .orc_tail import OrcTail, _fields, read_tail, stream_ranges
+from ..plan.splits import FileLayout
+from ..storage.paths import is_remote
+from .io import RangeFile, open_input
+from ._orc_tail import OrcTail, _fields, read_tail, stream_ranges
 
 _ORC_TAIL_MIN = 16 * 1024  # what the ORC reader fetches first when opening a file
 

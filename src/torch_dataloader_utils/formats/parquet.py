@@ -9,10 +9,11 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..planner import FileLayout
-from .io import RangeFile, coalesce, is_local, is_remote, open_input
-from .parquet_seek import MAGIC, footer_bytes, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
-from .thrift_compact import Struct, ThriftError
+from ..plan.splits import FileLayout
+from ..storage.paths import is_local, is_remote
+from .io import RangeFile, coalesce, open_input
+from ._parquet_seek import MAGIC, footer_bytes, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
+from ._thrift_compact import Struct, ThriftError
 
 FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
 #: Local column chunks are read through a buffer of this size, a few pages at a time, instead of

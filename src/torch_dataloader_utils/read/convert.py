@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .schema import LARGE_TYPES
+from ..catalog.schema import LARGE_TYPES
 
 
 _INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets

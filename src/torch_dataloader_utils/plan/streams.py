@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .planner import FileLayout, stable_permutation
+from .splits import FileLayout, stable_permutation
 
 
 @dataclass(frozen=True)

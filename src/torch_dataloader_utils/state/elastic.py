@@ -11,8 +11,8 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
-from .lanes import Lane, Segment, StreamBook
-from .state import CONFIG_KEYS, FORMAT_VERSION, SHUFFLE_ONLY_KEYS, is_count, mismatch
+from ..plan.lanes import Lane, Segment, StreamBook
+from .checkpoint import CONFIG_KEYS, FORMAT_VERSION, SHUFFLE_ONLY_KEYS, is_count, mismatch
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:

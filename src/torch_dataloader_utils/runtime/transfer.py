@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .convert import Joined, build_columns, leaves, replace_leaves, tensor_nbytes
+from ..read.convert import Joined, build_columns, leaves, replace_leaves, tensor_nbytes
 
 log = logging.getLogger(__name__)
 

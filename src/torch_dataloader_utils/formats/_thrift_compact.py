@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct as _struct
 from typing import Any
 
-from .varint import read_varint
+from ._varint import read_varint
 
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 _INTEGERS = (BYTE, I16, I32, I64)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError, ThriftList, decode_struct, encode_struct
+from ._thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError, ThriftList, decode_struct, encode_struct
 
 MAGIC = b"PAR1"
 # Parquet's thrift field ids (parquet.thrift)

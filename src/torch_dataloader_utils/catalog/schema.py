@@ -22,13 +22,10 @@ Field order is the order of first appearance in file order; every unified field 
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterator, NamedTuple, Sequence
-
-from functools import lru_cache
+from typing import Sequence
 
 import pyarrow as pa
 
-from .errors import FileChangedError
 
 LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
 
@@ -40,7 +37,7 @@ def file_schema(fmt: Any, fs: Any, path: str, footer: Any) -> pa.Schema:
     if fmt.name == "orc":
         import pyarrow.orc as orc
 
-        from .formats.io import open_input
+        from ..formats.io import open_input
 
         tail = footer[1] if isinstance(footer, tuple) and len(footer) > 1 else None
         if isinstance(tail, (bytes, bytearray)):  # a remote ORC footer carries the file's tail
@@ -175,122 +172,3 @@ def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, mis
                 f"column {name!r} ({kind}) is missing from {_files_text(lacking)}: it would be read as nulls "
                 "there, which a tensor cannot hold. Leave the column out with columns=[...], or add it to those files."
             )
-
-
-@lru_cache(maxsize=64)
-def _projected(schema: pa.Schema, columns: tuple[str, ...] | None) -> pa.Schema:
-    return project(schema, columns)
-
-
-def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
-    """The unified schema restricted to ``columns`` (in that order); ValueError for an unknown column."""
-    if columns is None:
-        return schema
-    unknown = [c for c in columns if schema.get_field_index(c) < 0]
-    if unknown:
-        raise ValueError(f"columns {unknown} are in none of the files; the columns are {schema.names}")
-    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
-
-
-class WideningError(ValueError):
-    """A value of one file does not fit the type its column is read as in all files."""
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly the columns of ``schema``, in its order and types; missing ones as nulls.
-
-    Casts are safe: a value the target type cannot hold exactly raises ``WideningError``.
-    """
-    if table.schema.equals(schema, check_metadata=False):
-        return table
-    arrays = []
-    for field in schema:
-        index = table.schema.get_field_index(field.name)
-        if index < 0:
-            arrays.append(pa.nulls(table.num_rows, field.type))
-            continue
-        column = table.column(index)
-        if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
-            column = column.cast(column.type.value_type)
-        arrays.append(column if column.type == field.type else _widened(column, field))
-    return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
-    try:
-        return column.cast(field.type, safe=True)
-    except pa.ArrowInvalid as error:
-        raise WideningError(
-            f"column {field.name!r} is {column.type} here but is read as {field.type} in all files (the files' types "
-            f"differ), and a value does not fit: {error}. Cast the column to one type in the data, or leave it out "
-            "with columns=[...]"
-        ) from error
-
-
-class _UnitRead(NamedTuple):
-    wanted: list[str] | None  # columns to decode (those the file has)
-    rows: int  # the unit's rows at planning
-    target: pa.Schema | None  # the unified schema, projected
-    nulls: pa.Table | None  # the whole unit, when the file has none of the columns
-
-
-def _unit_read(unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> _UnitRead:
-    missing = catalog.missing_columns[file] if catalog.missing_columns else ()
-    wanted = None if columns is None else [c for c in columns if c not in missing]
-    rows = catalog.layouts[file].unit_rows[unit]
-    target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
-    nulls = None
-    if wanted == [] and target is not None and len(target) > 0:
-        nulls = pa.Table.from_arrays([pa.nulls(rows, field.type) for field in target], schema=target)
-    return _UnitRead(wanted, rows, target, nulls)
-
-
-def _check_columns_read(table: pa.Table, wanted: list[str] | None, unit: int) -> None:
-    """Every column asked for came back: conform() would otherwise fill an absent one with nulls."""
-    absent = [name for name in wanted or () if table.schema.get_field_index(name) < 0]
-    if absent:
-        raise ValueError(
-            f"unit {unit}: the file has columns {absent} but reading them returned columns {table.column_names}. "
-            "Please report this with the file's schema; rename the columns or leave them out with columns=[...]"
-        )
-
-
-def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
-    return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
-
-
-def iter_conformed(
-    reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int, first_row: int = 0
-) -> Iterator[pa.Table]:
-    """``read_conformed``'s rows from ``first_row`` on, in consecutive tables of about ``batch_rows``
-    rows, decoded as they are asked for (``reader`` must have ``iter_unit``); the row count is
-    checked at the end."""
-    plan = _unit_read(unit, columns, catalog, file)
-    if plan.nulls is not None:
-        yield plan.nulls.slice(first_row)
-        return
-    seen = first_row
-    for table in reader.iter_unit(unit, plan.wanted, batch_rows, first_row):
-        seen += table.num_rows
-        if seen > plan.rows:
-            raise _changed(unit, f"more than {plan.rows}", plan.rows)
-        _check_columns_read(table, plan.wanted, unit)
-        yield table if plan.target is None else conform(table, plan.target)
-    if seen != plan.rows:
-        raise _changed(unit, str(seen), plan.rows)
-
-
-def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:
-    """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected).
-
-    A unit that lacks every requested column is not read: its rows are nulls. A unit whose row
-    count differs from its footer's (the file changed after planning) raises FileChangedError.
-    """
-    plan = _unit_read(unit, columns, catalog, file)
-    if plan.nulls is not None:
-        return plan.nulls
-    table = reader.read_unit(unit, plan.wanted)
-    if table.num_rows != plan.rows:
-        raise _changed(unit, str(table.num_rows), plan.rows)
-    _check_columns_read(table, plan.wanted, unit)
-    return table if plan.target is None else conform(table, plan.target)

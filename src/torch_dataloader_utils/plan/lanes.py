@@ -13,7 +13,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .planner import assign_splits, epoch_order
+from .splits import assign_splits, epoch_order
 from .streams import SplitRows, Stream, build_stream, split_rows_between
 
 _CACHED_STREAMS = 16

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from .errors import CheckpointMismatchError
-from .lanes import Lane, Segment, StreamBook, StreamKey
-from .planner import MAX_SEED_WORD, Split
+from ..errors import CheckpointMismatchError
+from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
+from ..plan.splits import MAX_SEED_WORD, Split
 
 FORMAT_VERSION = 1
 

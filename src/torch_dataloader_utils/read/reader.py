@@ -14,14 +14,15 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from .catalog import Catalog
-from .discovery import check_version
-from .errors import DataReadError, FileChangedError
-from .formats.io import is_local, is_remote
-from .lanes import Segment, StreamBook
-from .remote import RemoteReadError
-from .schema import WideningError, iter_conformed, read_conformed
-from .streams import Piece, Stream
+from ..catalog.build import Catalog
+from ..storage.versions import check_version
+from ..errors import DataReadError, FileChangedError
+from ..storage.paths import is_local, is_remote
+from ..plan.lanes import Segment, StreamBook
+from ..storage.remote import RemoteReadError
+from ..errors import WideningError
+from .conform import iter_conformed, read_conformed
+from ..plan.streams import Piece, Stream
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2

@@ -18,9 +18,9 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 from . import transfer
-from .dataset import Chunk, StructuredDataset
+from ..dataset import Chunk, StructuredDataset
 from .stats import LoaderStats
-from .tasks import ChunkTask
+from ..plan.schedule import ChunkTask
 
 _Index = tuple[ChunkTask, tuple[transfer.Release, ...]]  # task, buffer releases
 

@@ -4,49 +4,18 @@ from __future__ import annotations
 
 import os
 import posixpath
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import fsspec
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
-from .errors import FileChangedError
-from .formats import format_for_path
-from .formats.io import is_local, is_remote
+from ..formats import format_for_path
+from ..storage.paths import is_local, is_remote
+from ..storage.versions import FileEntry, content_tag
 
 _GLOB_CHARS = ("*", "?", "[")
 _MARKER_SUFFIXES = (".crc", "_$folder$")  # checksums, Hadoop's folder markers
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One data file: the path its filesystem uses, its full path or URL, size and content tag."""
-
-    fs_path: str
-    url: str
-    size: int
-    tag: str | None
-
-
-def content_tag(info: dict) -> str | None:
-    """What tells two versions of a file apart besides size: GCS's generation (its ETag also
-    changes with the object's metadata), the store's ETag, or a local file's modification time."""
-    for key in ("generation", "ETag", "etag", "md5Hash", "content_md5"):
-        value = info.get(key)
-        if value:
-            return str(value).strip('"')
-    mtime = info.get("mtime")
-    if isinstance(mtime, (int, float)):
-        return f"mtime:{mtime:.6f}"
-    return None
-
-
-def check_version(info: dict, size: int, tag: str | None) -> None:
-    """FileChangedError unless ``info`` (fsspec's info of a file) still describes the planned size and tag."""
-    now = (int(info.get("size") or 0), content_tag(info))
-    if now != (size, tag):
-        raise FileChangedError(f"the file changed after planning (size/tag {size}/{tag} -> {now[0]}/{now[1]}); create the loader again")
 
 
 def _is_ignored(relative: str) -> bool:

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from .varint import read_varint
+from ._varint import read_varint
 
 _CODECS = {2: "snappy", 4: "lz4_raw"}  # block codecs; zlib (1) and zstd (5) are decoded as streams
 _TAIL_GUESS = 64 * 1024

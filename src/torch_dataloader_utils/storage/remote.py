@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from .cache import RangeCache, entry_key
-from .discovery import check_version
-from .errors import FileChangedError
+from .versions import check_version
+from ..errors import FileChangedError
 from .pinned_reads import PinnedRead, pinned_read_for
 
 log = logging.getLogger(__name__)

@@ -18,14 +18,15 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .discovery import FileEntry, as_path_list, discover_files, filesystem_for, format_for_path, infer_format
-from .formats import FileFormat, get_format
-from .formats.io import is_local
-from .planner import FileLayout, Split, plan_splits
-from .remote import IOOptions, RemoteReadError, open_store, prefetched_tails
-from .progress import progress
+from ..storage.versions import FileEntry
+from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from ..formats import FileFormat, get_format
+from ..storage.paths import is_local
+from ..plan.splits import FileLayout, Split, plan_splits
+from ..storage.remote import IOOptions, RemoteReadError, open_store, prefetched_tails
+from .progress_bar import progress
 from .schema import file_schema, missing_columns, repeated_columns, unify
-from .streams import SplitRows, unit_offsets
+from ..plan.streams import SplitRows, unit_offsets
 
 log = logging.getLogger(__name__)
 _FOOTER_THREADS = 32

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from .planner import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
+from ..plan.splits import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
 
 log = logging.getLogger("torch_dataloader_utils.cli")
 
@@ -116,7 +116,7 @@ def compute_plan(
     catalog: Any, world_size: int, num_workers: int, batch_size: int, shuffle: bool, seed: int, epoch: int, equalize: str = "pad"
 ) -> dict:
     """Files, splits, and what every (rank, worker) reads in ``epoch``, from a built catalog."""
-    from .planner import assign_splits, epoch_order
+    from ..plan.splits import assign_splits, epoch_order
 
     layouts = catalog.layouts
     split_rows = [r.stop - r.start for r in catalog.split_rows]
@@ -230,7 +230,7 @@ def print_plan(plan: dict, path: str, show_all: bool) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .catalog import build_catalog
+    from ..catalog.build import build_catalog
 
     started = time.perf_counter()
     catalog = build_catalog(args.path, args.format, _storage_options(args), args.split_bytes)
@@ -252,7 +252,7 @@ def _looks_like_state(value: Any) -> bool:
 
 def _rank_parts(state: dict, key: str) -> list[tuple[str, dict]]:
     """A global state (every rank in one dict) as one rank state per rank."""
-    from .distributed import local_state
+    from ..distributed import local_state
 
     ranks = state.get("ranks")
     if not isinstance(ranks, list) or not ranks or not all(isinstance(part, dict) for part in ranks):
@@ -434,7 +434,7 @@ def _damaged(key: str, detail: str) -> UsageError:
 
 def describe_state(state: dict) -> dict:
     """Epoch, progress, rows remaining and topology of a state, from the state alone."""
-    from .state import CONFIG_KEYS
+    from ..state.checkpoint import CONFIG_KEYS
 
     check_state_fields(state)
     topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
@@ -512,8 +512,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
 
     Returns (matches, explanation, rows remaining if it matches).
     """
-    from . import CheckpointMismatchError, StructuredDataset
-    from .state import CONFIG_KEYS
+    from .. import CheckpointMismatchError, StructuredDataset
+    from ..state.checkpoint import CONFIG_KEYS
 
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
@@ -590,7 +590,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------- bench
 def run_bench(args: argparse.Namespace) -> dict:
     """Iterate the loader on the user's data for one epoch or the time budget; measure a resume."""
-    from . import StructuredDataset
+    from .. import StructuredDataset
 
     config = dict(format=args.format, batch_size=args.batch_size, num_workers=args.num_workers, shuffle=args.shuffle,
                   shuffle_seed=args.shuffle_seed, split_bytes=args.split_bytes, storage_options=_storage_options(args))
@@ -672,7 +672,7 @@ def _scanned_bytes(dataset: Any, rows: int) -> float:
 
 
 def _measure_resume(path: list[str], config: dict, state: dict, at_batch: int) -> dict:
-    from . import StructuredDataset
+    from .. import StructuredDataset
 
     started = time.perf_counter()
     loader, dataset = StructuredDataset.create_dataloader(path, **config)
@@ -712,7 +712,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- demo
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
