@@ -27,7 +27,7 @@ import os
 import time
 import uuid
 import zlib
-from typing import Iterable
+from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 

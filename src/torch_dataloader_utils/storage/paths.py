@@ -5,9 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 
+def protocol_of(fs: Any) -> str:
+    """The first protocol name of an fsspec filesystem (``"s3"`` for s3fs, ``"file"`` for local)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 def is_local(fs: Any) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
+    """Whether ``fs`` is the local filesystem (files pyarrow opens natively)."""
+    return protocol_of(fs) in ("file", "local")
 
 
 def is_remote(fs: Any) -> bool:

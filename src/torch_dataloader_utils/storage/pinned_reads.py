@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 PinnedRead = Callable[[Any, str, int, int, str], Awaitable[bytes]]
 

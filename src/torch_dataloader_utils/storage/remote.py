@@ -5,7 +5,7 @@
 without its client (and recreates it in a new process, including a forked
 DataLoader worker), forwards other attributes to the fsspec filesystem, and
 reads byte ranges of files concurrently on fsspec's event loop, retrying
-transient faults with backoff and serving repeated reads from ``RangeCache``.
+transient faults with backoff (retry.py) and serving repeated reads from ``RangeCache``.
 """
 
 from __future__ import annotations
@@ -14,40 +14,22 @@ import asyncio
 import contextlib
 import logging
 import os
-import random
-import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from .cache import RangeCache, entry_key
-from .versions import check_version
 from ..errors import FileChangedError
+from .cache import RangeCache, entry_key
+from .paths import protocol_of
 from .pinned_reads import PinnedRead, pinned_read_for
+from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
+from .versions import check_version
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TAIL_BYTES = 64 * 1024
 PART_BYTES = 8 * 1024 * 1024  # the most one request asks for; a longer range goes out as parts at once
-_BACKOFF_FIRST = 0.2
-_BACKOFF_MAX = 5.0
-_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, ValueError, TypeError)
-_TRANSIENT_NAMES = {  # connection-level faults, by class name (their libraries are optional)
-    "ServerDisconnectedError",
-    "ClientPayloadError",
-    "ClientOSError",
-    "ClientConnectionError",
-    "ServerTimeoutError",
-    "EndpointConnectionError",
-    "ConnectionClosedError",
-    "ReadTimeoutError",
-    "ConnectTimeoutError",
-    "ResponseStreamingError",
-    "IncompleteRead",
-    "ServiceRequestError",
-    "ServiceResponseError",
-    "TransientError",
-}
 
 
 @dataclass(frozen=True)
@@ -77,70 +59,6 @@ class RemoteReadError(OSError):
     """A remote read that failed for good (permanent fault, or retries exhausted)."""
 
 
-class ShortReadError(OSError):
-    """The server returned fewer bytes than the range asked for (a cut-off response)."""
-
-
-def _status(error: BaseException) -> int | None:
-    """The HTTP status of a response error (botocore, gcsfs, azure, aiohttp), else None."""
-    if type(error).__module__.startswith("aiohttp.http"):  # parser errors carry a fake 400
-        return None
-    for attr in ("status", "status_code", "code"):
-        value = getattr(error, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(error, "response", None)
-    if isinstance(response, dict):
-        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _chain(error: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    item: BaseException | None = error
-    while item is not None and all(item is not s for s in seen) and len(seen) < 10:
-        seen.append(item)
-        item = item.__cause__ or item.__context__
-    return seen
-
-
-def is_transient(error: BaseException) -> bool:
-    """Whether retrying may help: timeouts, resets and cut-off responses, HTTP 5xx, 408 and 429."""
-    chain = _chain(error)
-    for item in chain:
-        if isinstance(item, (TimeoutError, asyncio.TimeoutError, ConnectionError, ShortReadError)):
-            return True
-        if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(item).__mro__):
-            return True
-    for item in chain:
-        status = _status(item)
-        if status is not None:
-            return status >= 500 or status in (408, 429)
-    if isinstance(error, _PERMANENT):
-        return False
-    return isinstance(error, OSError)
-
-
-def _backoff(attempt: int) -> float:
-    return min(_BACKOFF_MAX, _BACKOFF_FIRST * 2**attempt) * (0.5 + random.random())
-
-
-def retry_call(fn: Callable[[], T], what: str, retries: int) -> T:
-    """Call ``fn``, retrying transient errors ``retries`` times with backoff."""
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except Exception as error:  # noqa: BLE001 - classified below
-            if attempt >= retries or not is_transient(error):
-                raise
-            delay = _backoff(attempt)
-            log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", what, type(error).__name__, error, attempt + 1, retries, delay)
-            time.sleep(delay)
-    raise AssertionError("unreachable")
-
-
 async def _within(coroutine: Any, timeout: float) -> Any:
     return await asyncio.wait_for(coroutine, timeout)
 
@@ -154,10 +72,6 @@ async def _gather(fs: Any, requests: Sequence[tuple[str, int, int, str | None]],
             return await (asyncio.wait_for(read, timeout) if timeout else read)
 
     return await asyncio.gather(*(one(*r) for r in requests), return_exceptions=True)
-
-
-def protocol_of(fs: Any) -> str:
-    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
 class RemoteStore:
@@ -187,6 +101,7 @@ class RemoteStore:
 
     @property
     def cache(self) -> RangeCache | None:
+        """The disk cache of this process (None without ``cache_dir``)."""
         if self.options.cache_dir is None:
             return None
         if self._cache is None or self._pid != os.getpid():
@@ -265,7 +180,7 @@ class RemoteStore:
         if not pending:
             return results  # type: ignore[return-value]
         pinned = pinned_read_for(self.fs)
-        fetched = self._fetch_retried([(*requests[i], idents[i][1]) for i in pending], pinned)
+        fetched = self._fetch_ranges([(*requests[i], idents[i][1]) for i in pending], pinned)
         if verify and pinned is None:
             self._check_versions({requests[i][0]: idents[i] for i in pending})
         for i, data in zip(pending, fetched):
@@ -275,7 +190,7 @@ class RemoteStore:
                 self._cache_put(cache, keys[i], data)
         return results  # type: ignore[return-value]
 
-    def _fetch_retried(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
+    def _fetch_ranges(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
         """Bytes of each (path, start, end, tag), fetched in parts of at most PART_BYTES."""
         parts, spans = [], []
         for path, start, end, tag in requests:
@@ -286,19 +201,24 @@ class RemoteStore:
         return [data[a] if b == a + 1 else b"".join(data[a:b]) for a, b in spans]
 
     def _fetch_parts(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
-        """Bytes of each (path, start, end, tag), transient failures retried with backoff."""
+        """Bytes of each (path, start, end, tag). Each attempt fetches the parts still missing
+        at once; the first part's failure decides whether to retry (``retry_call``), and a part
+        that failed for good raises RemoteReadError naming it."""
         results: list[bytes | None] = [None] * len(requests)
         pending = list(range(len(requests)))
-        attempt = 0
-        while pending:
+        attempts = 0
+
+        def attempt() -> None:
+            nonlocal pending, attempts
+            attempts += 1
             try:
                 outcomes = self._fetch([requests[i] for i in pending], pinned)
             except Exception as error:  # noqa: BLE001 - the whole batch failed: retried like one range
                 outcomes = [error] * len(pending)
-            failed = []
+            failed: list[tuple[int, BaseException]] = []
             for i, outcome in zip(pending, outcomes):
                 path, start, end, tag = requests[i]
-                if pinned and isinstance(outcome, BaseException) and any(_status(e) == 412 for e in _chain(outcome)):
+                if pinned and isinstance(outcome, BaseException) and any(http_status(e) == 412 for e in error_chain(outcome)):
                     raise FileChangedError(f"the file changed after planning (the ETag of {path} is no longer {tag}); create the loader again")
                 if not isinstance(outcome, BaseException) and len(outcome) != end - start:
                     outcome = ShortReadError(f"got {len(outcome)} of {end - start} bytes")
@@ -306,27 +226,25 @@ class RemoteStore:
                     failed.append((i, outcome))
                 else:
                     results[i] = outcome
-            if not failed:
-                break
-            index, error = failed[0]
-            path, start, end, _ = requests[index]
-            if attempt >= self.options.download_retry or not is_transient(error):
-                tries = attempt + 1
-                detail = str(error) or (f"not complete within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
-                raise RemoteReadError(
-                    f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {tries} attempt(s): "
-                    f"{type(error).__name__}: {detail}"
-                ) from error
-            delay = _backoff(attempt)
-            log.warning(
-                "reading %d range(s) failed (%s: %s); retry %d/%d in %.1fs",
-                len(failed), type(error).__name__, error, attempt + 1, self.options.download_retry, delay,
-            )
-            self.stats["retries"] += 1
-            time.sleep(delay)
-            attempt += 1
             pending = [i for i, _ in failed]
+            if failed:
+                raise failed[0][1]
+
+        try:
+            retry_call(attempt, lambda: f"reading {len(pending)} range(s)", self.options.download_retry, self._count_retry)
+        except FileChangedError:
+            raise
+        except Exception as error:
+            path, start, end, _ = requests[pending[0]]
+            detail = str(error) or (f"not complete within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
+            raise RemoteReadError(
+                f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {attempts} attempt(s): "
+                f"{type(error).__name__}: {detail}"
+            ) from error
         return results  # type: ignore[return-value]
+
+    def _count_retry(self) -> None:
+        self.stats["retries"] += 1
 
     def _check_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
         """FileChangedError unless each file still has its planned size and tag."""
@@ -335,8 +253,8 @@ class RemoteStore:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
             try:
-                info = self.call(lambda fs: self.info(path), f"info of {url}")
-            except Exception as error:  # noqa: BLE001 - re-raised as the read failure it is
+                info = self.call(lambda fs, path=path: self.info(path), f"info of {url}")
+            except Exception as error:  # re-raised as the read failure it is
                 raise RemoteReadError(f"checking the version of {url} after reading it failed: {type(error).__name__}: {error}") from error
             check_version(info, size, tag)
 
@@ -390,6 +308,7 @@ class RemoteStore:
         return self._tails.pop(path, None)
 
     def drop_tails(self) -> None:
+        """Forget the prefetched tails not taken (planning is over)."""
         self._tails = {}
 
 

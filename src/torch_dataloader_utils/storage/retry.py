@@ -1,0 +1,116 @@
+"""Retrying I/O against object stores: which faults are transient, the backoff, and the one
+retry loop (``retry_call``) that every read, listing and metadata call of ``RemoteStore`` goes
+through.
+
+A fault is transient when retrying may help: timeouts, connection resets, a cut-off response
+(``ShortReadError``), HTTP 5xx, 408 and 429. The client libraries that raise connection-level
+faults (aiohttp, botocore, azure-core, ...) are optional, so their exception classes are
+recognised by name. Everything else (a missing file, a permission, a bad argument, a file that
+changed after planning) fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..errors import FileChangedError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+BACKOFF_FIRST_S = 0.2  # the delay before the first retry (then doubling), scaled by 0.5 to 1.5 at random
+BACKOFF_MAX_S = 5.0
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileChangedError, ValueError, TypeError)
+_TRANSIENT_NAMES = {  # connection-level faults, by class name (their libraries are optional)
+    "ServerDisconnectedError",
+    "ClientPayloadError",
+    "ClientOSError",
+    "ClientConnectionError",
+    "ServerTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ResponseStreamingError",
+    "IncompleteRead",
+    "ServiceRequestError",
+    "ServiceResponseError",
+    "TransientError",
+}
+
+
+class ShortReadError(OSError):
+    """The server returned fewer bytes than the range asked for (a cut-off response)."""
+
+
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status of a response error (botocore, gcsfs, azure, aiohttp), else None."""
+    if type(error).__module__.startswith("aiohttp.http"):  # parser errors carry a fake 400
+        return None
+    for attr in ("status", "status_code", "code"):
+        value = getattr(error, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):
+        value = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def error_chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from or while handling (at most 10)."""
+    seen: list[BaseException] = []
+    item: BaseException | None = error
+    while item is not None and all(item is not s for s in seen) and len(seen) < 10:
+        seen.append(item)
+        item = item.__cause__ or item.__context__
+    return seen
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether retrying may help: timeouts, resets and cut-off responses, HTTP 5xx, 408 and 429."""
+    chain = error_chain(error)
+    for item in chain:
+        if isinstance(item, (TimeoutError, asyncio.TimeoutError, ConnectionError, ShortReadError)):
+            return True
+        if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(item).__mro__):
+            return True
+    for item in chain:
+        status = http_status(item)
+        if status is not None:
+            return status >= 500 or status in (408, 429)
+    if isinstance(error, _PERMANENT):
+        return False
+    return isinstance(error, OSError)
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt + 1``: exponential, capped, with jitter so that
+    many workers retrying at once do not hit the store in step."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt) * (0.5 + random.random())
+
+
+def retry_call(fn: Callable[[], T], what: str | Callable[[], str], retries: int, on_retry: Callable[[], None] | None = None) -> T:
+    """Call ``fn``, retrying transient errors ``retries`` times with backoff; the last error (or a
+    permanent one) is raised as it is. ``what`` names the call in the warning logged before each
+    retry (a callable: evaluated then); ``on_retry`` is called before each retry."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except Exception as error:
+            if attempt >= retries or not is_transient(error):
+                raise
+            delay = backoff(attempt)
+            name = what() if callable(what) else what
+            log.warning("%s failed (%s: %s); retry %d/%d in %.1fs", name, type(error).__name__, error, attempt + 1, retries, delay)
+            if on_retry is not None:
+                on_retry()
+            time.sleep(delay)
+    raise AssertionError("unreachable")
