@@ -13,7 +13,8 @@ from datagen import corrupt_data_pages, write_dataset
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog import progress_bar as progress_module
 from torch_dataloader_utils.catalog.build import build_catalog
-from torch_dataloader_utils.cli import main, parse_size
+from torch_dataloader_utils.cli import main
+from torch_dataloader_utils.cli.options import parse_size
 
 LAYOUT = [[40, 25, 30], [30], [17, 18, 20], [50, 10]]
 ROWS = sum(map(sum, LAYOUT))
@@ -370,7 +371,7 @@ def test_plan_advice_for_uneven_workers_fits_what_can_be_cut(capsys, tmp_path):
 
 
 def test_bench_keeps_the_state_nearest_the_middle_of_any_stop(data):
-    from torch_dataloader_utils.cli import _MidpointStates
+    from torch_dataloader_utils.cli.bench import _MidpointStates
 
     loader, dataset = StructuredDataset.create_dataloader(data, batch_size=8, num_workers=1, split_bytes=SPLIT_BYTES)
     states = _MidpointStates(dataset.state_dict, planned_midpoint=10_000)  # never reached

@@ -27,3 +27,7 @@ class WideningError(ValueError):
     """A value of one file does not fit the type its column is read as in all files (see the
     schema rule in docs/reliability.md). Raised while reading, it reaches the user inside a
     DataReadError naming the file."""
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed without a traceback, exit code 2."""

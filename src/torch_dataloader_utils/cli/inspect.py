@@ -1,0 +1,189 @@
+"""``tdu inspect``: explain a saved dataset state and, given PATH, check it against the data."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import UsageError
+from .options import storage_options
+from .output import EXIT_FAILED, EXIT_OK, human_bytes, print_json
+from .state_file import load_checkpoint, states_in
+
+
+def check_state_fields(state: dict) -> None:
+    """Raise UsageError naming the first key that ``describe_state`` cannot read, with what to do."""
+    from ..state.shape import StateShapeError, check_state_shape
+
+    try:
+        check_state_shape(state)
+    except StateShapeError as error:
+        raise UsageError(f"state key {error.key!r} is damaged: {error.detail}. The state was altered or not saved from "
+                         "dataset.state_dict(); use an intact copy of the checkpoint or discard it") from None
+
+
+def describe_state(state: dict) -> dict:
+    """Epoch, progress, rows remaining and topology of a state, from the state alone."""
+    from ..state.checkpoint import CONFIG_KEYS
+
+    check_state_fields(state)
+    topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
+    info: dict[str, Any] = {"scope": state.get("scope", "rank"), "format_version": state.get("format_version"),
+                            "epoch": state.get("epoch"), "topology": topology}
+    if info["scope"] == "worker":
+        info.update(worker=state.get("worker"), rows_delivered=state.get("rows_delivered"), files_digest=state.get("files_digest"))
+        return info
+    delivered = state["rows_delivered"]
+    totals = state.get("rows_total")
+    workers = []
+    for index, done in enumerate(delivered):
+        completed = _entry_splits(state.get("completed_shards"), index)
+        partial = _entry_splits(state.get("in_progress"), index)
+        total = totals[index] if isinstance(totals, list) and index < len(totals) else None
+        workers.append({"worker": index, "rows_delivered": done, "rows_total": total,
+                        "rows_remaining": None if total is None else total - done,
+                        "splits_completed": len(completed), "in_progress": partial})
+    files = state.get("files") or []
+    info.update(
+        files=len(files),
+        files_bytes=sum(f[1] for f in files if isinstance(f, list) and len(f) > 1 and isinstance(f[1], int)),
+        next_worker=state.get("next_worker"),
+        rows_delivered=sum(delivered),
+        rows_total=sum(totals) if isinstance(totals, list) else None,
+        rows_remaining=sum(totals) - sum(delivered) if isinstance(totals, list) else None,
+        workers=workers,
+        skipped_splits=list(state.get("skipped_splits") or []),
+    )
+    return info
+
+
+def _entry_splits(entries: Any, worker: int) -> list[dict]:
+    if isinstance(entries, list) and worker < len(entries) and isinstance(entries[worker], dict):
+        return list(entries[worker].get("splits") or [])
+    return []
+
+
+def _split_text(split: dict) -> str:
+    where = "full file" if split.get("row_offset") is None else f"rows [{split['row_offset']:,}, {split['row_offset'] + split['row_length']:,})"
+    done = f", {split['rows_done']:,} rows done" if "rows_done" in split else ""
+    return f"{split.get('path')}  {where}{done}"
+
+
+def print_state(info: dict, label: str) -> None:
+    """``describe_state``'s result as text; ``label`` says where the state sits in its file."""
+    topo = info["topology"]
+    print(f"dataset state{label}: {info['scope']} state, format_version {info['format_version']}")
+    print(f"  epoch      {info['epoch']}")
+    print("  topology   " + ", ".join(f"{k}={v}" for k, v in topo.items()))
+    if info["scope"] == "worker":
+        print(f"  progress   worker {info['worker']}: {info['rows_delivered']:,} rows delivered (a StatefulDataLoader worker state)")
+        return
+    total = info["rows_total"]
+    share = f" of {total:,} ({info['rows_delivered'] / total:.1%})" if total else ""
+    print(f"  files      {info['files']:,} ({human_bytes(info['files_bytes'])})")
+    print(f"  progress   {info['rows_delivered']:,} rows delivered{share}; next batch from worker {info['next_worker']}")
+    if info["rows_remaining"] is not None:
+        print(f"  remaining  {info['rows_remaining']:,} rows in epoch {info['epoch']}")
+    else:
+        print("  remaining  unknown: this state has no 'rows_total' (older version); give PATH to compute it")
+    for w in info["workers"]:
+        rest = "" if w["rows_remaining"] is None else f", {w['rows_remaining']:,} remaining"
+        print(f"  worker {w['worker']:<3} {w['rows_delivered']:,} rows delivered{rest}; "
+              f"{w['splits_completed']} splits completed, {len(w['in_progress'])} in progress")
+        for split in w["in_progress"][:3]:
+            print(f"               in progress: {_split_text(split)}")
+        if len(w["in_progress"]) > 3:
+            print(f"               ... and {len(w['in_progress']) - 3} more")
+    for split in info["skipped_splits"]:
+        print(f"  skipped    {_split_text(split)}: {split.get('error', 'read error')} (on_error='skip')")
+
+
+def _plan_only_dataset(path: list[str], **options: Any) -> Any:
+    """A StructuredDataset on ``path`` that plans but reads nothing, with ``check(state)``:
+    load_state_dict's checks of ``state`` against that plan."""
+    # TODO(restructure): replace with StructuredDataset.check_state_dict
+    from .. import StructuredDataset
+
+    class PlanOnly(StructuredDataset):
+        def _check_columns(self) -> None:
+            """Nothing is read: the job's columns (not in the state) need no batch form here."""
+
+        def check(self, state: dict) -> None:
+            """load_state_dict's checks; a worker state loads only in its worker, so it is checked, not loaded."""
+            if state.get("scope") == "worker":
+                self._check_worker_state(state)
+            else:
+                self.load_state_dict(state)
+
+    return PlanOnly(path, **options)
+
+
+def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespace) -> tuple[bool, str, int | None]:
+    """Build a dataset with the state's topology on ``path`` and try load_state_dict.
+
+    Returns (matches, explanation, rows remaining if it matches).
+    """
+    from .. import CheckpointMismatchError
+    from ..state.checkpoint import CONFIG_KEYS, is_count
+
+    # every configuration value the state records, under the dataset's own argument names
+    options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
+    if is_count(state.get("chunk_rows")) and state["chunk_rows"] >= 1:  # else load_state_dict warns of another order, or names the damage
+        options["chunk_rows"] = state["chunk_rows"]
+    options.update(format=args.format, storage_options=storage_options(args))
+    try:
+        dataset = _plan_only_dataset(list(path), **options)
+    except (TypeError, ValueError) as error:
+        _plan_only_dataset(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
+        return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
+    try:
+        dataset.check(state)
+    except CheckpointMismatchError as error:
+        return False, str(error), None
+    if state.get("scope") == "worker":
+        return True, "it fits this data: a StatefulDataLoader resumes that worker exactly with loader.load_state_dict(...)", None
+    remaining = None
+    if isinstance(state.get("rows_delivered"), list):  # a rank's state: what the loaded dataset has left, not what the state says
+        loaded = dataset.state_dict()
+        remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
+    return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
+
+
+def _where(key: str) -> str:
+    """Where a state sits in its checkpoint, for messages: '', ' at key 'dataset'' or ' global (global state) rank 0'."""
+    return "" if not key else f" {key}" if "(global state)" in key else f" at key {key!r}"
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Describe each state in ``args.state``; with PATH, exit 1 unless every one fits the data."""
+    checkpoint = load_checkpoint(args.state)
+    states = states_in(checkpoint, args.key, args.state)
+    report, all_match = [], True
+    for key, state in states:
+        try:
+            info = describe_state(state)
+        except UsageError as error:
+            raise UsageError(f"{args.state}{_where(key)}: {error}") from None
+        if args.path:
+            matches, why, remaining = check_against_data(state, args.path, args)
+            info["matches_data"] = {"matches": matches, "explanation": why, "rows_remaining": remaining}
+            all_match &= matches
+        report.append((key, info))
+    if args.json:
+        print_json([{"key": key, **info} for key, info in report])
+    else:
+        for number, (key, info) in enumerate(report):
+            if number:
+                print()
+            print_state(info, _where(key))
+            check = info.get("matches_data")
+            if check:
+                verdict = "YES" if check["matches"] else "NO"
+                print(f"  matches {' '.join(args.path)}: {verdict}")
+                if check["matches"]:
+                    rest = "" if check["rows_remaining"] is None else f"; {check['rows_remaining']:,} rows remaining"
+                    print(f"             {check['explanation']}{rest}")
+                else:
+                    print("\n".join("             " + line if line else "" for line in check["explanation"].splitlines()))
+    return EXIT_OK if all_match else EXIT_FAILED

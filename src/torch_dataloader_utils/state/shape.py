@@ -1,0 +1,100 @@
+"""The shape of a saved dataset state: which keys it holds and what type each value has.
+
+This checks the structure alone, without the data: a state that passes can be read
+key by key (to describe it, or to build a dataset with its configuration); whether it
+fits the files is ``load_state_dict``'s check. Rank states (``dataset.state_dict()``)
+and worker states (what a StatefulDataLoader worker saves, ``scope: "worker"``) have
+different keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .checkpoint import is_count
+
+
+class StateShapeError(ValueError):
+    """A state key is missing or holds a value of the wrong type or range.
+
+    ``key`` names the first damaged key, ``detail`` what it should hold and what it holds.
+    """
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"state key {key!r} is damaged: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+_MISSING = object()
+_Check = Callable[[Any], bool]
+_Field = tuple[_Check, str]  # (check, what the value must be)
+
+
+def _are_counts(value: Any) -> bool:
+    return isinstance(value, list) and all(map(is_count, value))
+
+
+def _is_split(value: Any) -> bool:
+    """A split as states store it: a dict with, if cut from a file, an integer row range."""
+    if not isinstance(value, dict):
+        return False
+    offset = value.get("row_offset")
+    return (offset is None or is_count(offset) and is_count(value.get("row_length"))) and is_count(value.get("rows_done", 0))
+
+
+def _are_worker_splits(value: Any) -> bool:
+    """'completed_shards' / 'in_progress': per worker, a dict whose 'splits' is a list of splits."""
+    return isinstance(value, list) and all(
+        isinstance(entry, dict) and isinstance(entry.get("splits", []), list) and all(map(_is_split, entry.get("splits", [])))
+        for entry in value
+    )
+
+
+def _optional(check: _Check) -> _Check:
+    return lambda value: value is _MISSING or value is None or check(value)
+
+
+_COUNTS = "a list of row counts (integers >= 0), one per worker"
+_WORKER_SPLITS = "a list of {'worker': N, 'splits': [...]} entries"
+# configuration values that become dataset arguments and must be integers or booleans
+_TOPOLOGY_FIELDS: dict[str, _Field] = {
+    **{
+        key: (lambda v: v is _MISSING or is_count(v), "an integer >= 0")
+        for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size", "_shuffle_seed", "_shuffle_buffer_rows")
+    },
+    **{key: (lambda v: v is _MISSING or v in (True, False), "true or false") for key in ("_shuffle", "_drop_last")},
+    "epoch": (is_count, "an epoch number (an integer >= 0)"),
+}
+_RANK_FIELDS: dict[str, _Field] = {
+    "rows_delivered": (_are_counts, _COUNTS),
+    "next_worker": (_optional(is_count), "the index of a worker (an integer >= 0)"),
+    "rows_total": (_optional(_are_counts), _COUNTS),
+    "batches_delivered": (_optional(is_count), "a batch count (an integer >= 0)"),
+    "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
+    "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
+    "in_progress": (_optional(_are_worker_splits), _WORKER_SPLITS),
+    "skipped_splits": (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
+    **_TOPOLOGY_FIELDS,
+}
+_WORKER_FIELDS: dict[str, _Field] = {"rows_delivered": (is_count, "a row count (an integer >= 0)"), **_TOPOLOGY_FIELDS}
+
+
+def check_state_shape(state: Mapping[str, Any]) -> None:
+    """Raise StateShapeError naming the first key of ``state`` whose value cannot be read as saved."""
+    worker = state.get("scope") == "worker"
+    for key, (valid, expected) in (_WORKER_FIELDS if worker else _RANK_FIELDS).items():
+        value = state.get(key, _MISSING)
+        if not valid(value):
+            found = "it is missing" if value is _MISSING else f"found {value!r:.80}"
+            raise StateShapeError(key, f"expected {expected}, {found}")
+    if worker:
+        return
+    # the per-worker lists must agree with each other
+    delivered, next_worker = state["rows_delivered"], state.get("next_worker")
+    if isinstance(next_worker, int) and next_worker >= max(1, len(delivered)):
+        raise StateShapeError("next_worker", f"there are {len(delivered)} workers, found {next_worker}")
+    totals = state.get("rows_total")
+    if isinstance(totals, list) and (len(totals) != len(delivered) or any(d > t for d, t in zip(delivered, totals))):
+        raise StateShapeError("rows_total", f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
