@@ -9,7 +9,7 @@ import torch
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.read.convert import Ragged, replace_leaves
-from torch_dataloader_utils.dataset import Chunk
+from torch_dataloader_utils.read.chunks import Chunk
 
 from datagen import write_dataset
 
@@ -60,8 +60,8 @@ def test_pin_memory_pins_every_tensor_of_a_chunk(tmp_path, monkeypatch):
     through it, and the batches must be unchanged."""
     write_dataset(tmp_path, [[30, 20]])
     _, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=10, num_workers=0)
-    task = dataset.begin_pass(keep_slots=False)[0]
-    chunk: Chunk = dataset.read_chunk(task)
+    task = dataset.delivery.begin_pass(keep_slots=False)[0]
+    chunk: Chunk = dataset.delivery.reader.read(task)
     pinned: list[int] = []
 
     def fake_pin(tensor: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import pytest
 from torch.utils.data import get_worker_info
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.read.chunks import ChunkReader
 
 from datagen import write_dataset
 from interrupts import interrupted_at
@@ -110,7 +111,7 @@ def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, 
     config = dict(batch_size=50, chunk_rows=100, num_workers=2, timeout=3, persistent_workers=persistent)
     full = [batch_key(batch) for batch in StructuredDataset.create_dataloader(str(tmp_path / "data"), **{**config, "timeout": 0})[0]]
     stuck = tmp_path / "stuck"
-    read_chunk = StructuredDataset.read_chunk
+    read_chunk = ChunkReader.read
 
     def slow_in_worker_1(self, task, joined=False):  # the real read, after a stall while `stuck` exists
         info = get_worker_info()
@@ -120,7 +121,7 @@ def test_after_a_timeout_the_next_pass_continues_exactly(tmp_path, monkeypatch, 
             waited += 1
         return read_chunk(self, task, joined)
 
-    monkeypatch.setattr(StructuredDataset, "read_chunk", slow_in_worker_1)
+    monkeypatch.setattr(ChunkReader, "read", slow_in_worker_1)
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "data"), **config)
     assert (loader.num_workers, loader.batch_size) == (2, 50)
     stuck.touch()

@@ -121,7 +121,7 @@ def test_resume_at_every_interruption_point(data, workers, shuffle):
 
 @pytest.mark.parametrize("workers", [0, 3])
 def test_drop_last_leaves_out_each_workers_short_batch_and_resumes(data, workers):
-    """Workers read their own path here (dataset._worker_batches): drop_last must cut each
+    """Workers read their own path here (runtime/worker_stream.py): drop_last must cut each
     worker's stream to whole batches there too, in the order the run without it has."""
     whole = run(make(data, workers, True)[1])
     assert 0 < sum(len(b) != 13 for b in whole) <= max(1, workers)

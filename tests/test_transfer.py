@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils import dataset as dataset_module
+from torch_dataloader_utils.read import chunks as dataset_module
 from torch_dataloader_utils.runtime import transfer
 from torch_dataloader_utils.read.convert import table_to_joined
 from torch_dataloader_utils.runtime.transfer import Release, ReleaseBoard, WorkerPool

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .state.elastic import merge_states, plan_differences, plan_summary, rank_part
+from .state.merge import merge_states, plan_differences, plan_summary, rank_part
 
 
 def gather_states(dataset: Any) -> list[dict]:

@@ -17,6 +17,15 @@ from .lanes import Segment
 
 PADDING_LANE = -1
 
+#: (lane, start, stop) of each chunk, in delivery order
+Schedule = list[tuple[int, int, int]]
+
+
+def chunk_end(position: int, length: int, chunk_rows: int) -> int:
+    """Where the chunk holding row ``position`` of a lane of ``length`` rows ends: chunks are
+    aligned to the lane's start, so a resume cuts the same chunks as the uninterrupted run."""
+    return min(length, (position // chunk_rows + 1) * chunk_rows)
+
 
 class ChunkTask(NamedTuple):
     """Rows [start, stop) of lane ``lane`` and the stream segments that hold them.
@@ -37,7 +46,7 @@ def lane_schedule(
     next_lane: int,
     chunk_rows: int,
     keep_slots: bool,
-) -> list[tuple[int, int, int]]:
+) -> Schedule:
     """(lane, start, stop) of the chunks still to deliver, in delivery order.
 
     With ``keep_slots`` every cycle has one entry per lane (empty for finished
@@ -46,11 +55,11 @@ def lane_schedule(
     """
     lanes = len(positions)
     pos = list(positions)
-    out: list[tuple[int, int, int]] = []
+    out: Schedule = []
     lane = next_lane
     while any(p < n for p, n in zip(pos, lengths)):
         if pos[lane] < lengths[lane]:
-            stop = min(lengths[lane], (pos[lane] // chunk_rows + 1) * chunk_rows)
+            stop = chunk_end(pos[lane], lengths[lane], chunk_rows)
             out.append((lane, pos[lane], stop))
             pos[lane] = stop
         elif keep_slots:
@@ -59,7 +68,7 @@ def lane_schedule(
     return out
 
 
-def cap_batches(schedule: list[tuple[int, int, int]], batch_size: int, budget: int) -> list[tuple[int, int, int]]:
+def cap_batches(schedule: Schedule, batch_size: int, budget: int) -> Schedule:
     """The schedule cut after ``budget`` batches (empty slots kept until then)."""
     out = []
     for lane, start, stop in schedule:
@@ -74,7 +83,7 @@ def cap_batches(schedule: list[tuple[int, int, int]], batch_size: int, budget: i
     return out
 
 
-def quick_start(schedule: list[tuple[int, int, int]], first_rows: int, processes: int) -> list[tuple[int, int, int]]:
+def quick_start(schedule: Schedule, first_rows: int, processes: int) -> Schedule:
     """The schedule with its first chunk cut after ``first_rows`` rows, so that the first batches
     wait for the decoding of those rows only, not of a whole chunk.
 
@@ -93,14 +102,11 @@ def quick_start(schedule: list[tuple[int, int, int]], first_rows: int, processes
     return [(lane, start, cut), *waiting, (lane, cut, stop), *schedule[1:]]
 
 
-def padding_schedule(position: int, rows: int, chunk_rows: int) -> list[tuple[int, int, int]]:
+def padding_schedule(position: int, rows: int, chunk_rows: int) -> Schedule:
     """Chunks of the padding lane from ``position`` to ``rows``."""
-    return [(PADDING_LANE, a, min(rows, a - a % chunk_rows + chunk_rows)) for a in _chunk_starts(position, rows, chunk_rows)]
-
-
-def _chunk_starts(position: int, rows: int, chunk_rows: int) -> list[int]:
-    starts, a = [], position
-    while a < rows:
-        starts.append(a)
-        a = a - a % chunk_rows + chunk_rows
-    return starts
+    out = []
+    while position < rows:
+        stop = chunk_end(position, rows, chunk_rows)
+        out.append((PADDING_LANE, position, stop))
+        position = stop
+    return out

@@ -13,27 +13,30 @@ import ctypes
 import multiprocessing
 import os
 import sys
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
-from . import transfer
-from ..dataset import Chunk, StructuredDataset
-from .stats import LoaderStats
 from ..plan.schedule import ChunkTask
+from ..read.chunks import Chunk, ChunkReader
+from . import transfer
+from .stats import LoaderStats
+
+if TYPE_CHECKING:
+    from ..dataset import StructuredDataset
 
 _Index = tuple[ChunkTask, tuple[transfer.Release, ...]]  # task, buffer releases
 
 
 class _ChunkSource(Dataset):
-    """Map-style view of a dataset whose indices are chunk tasks (with buffer releases).
+    """Map-style view of a chunk reader whose indices are chunk tasks (with buffer releases).
 
     In a worker process the chunk's tensors are packed into one of the worker's recycled
     shared buffers (transfer.py); in the main process they are used as they are.
     """
 
-    def __init__(self, dataset: StructuredDataset, board: int | None):
-        self.dataset = dataset
+    def __init__(self, reader: ChunkReader, board: int | None):
+        self.reader = reader
         self.board = board
         self.files: transfer.InheritedFiles | None = None  # for the workers forked next
 
@@ -41,13 +44,13 @@ class _ChunkSource(Dataset):
         task, releases = index
         worker = get_worker_info()
         if self.board is None or worker is None:
-            return self.dataset.read_chunk(task)
+            return self.reader.read(task)
         pool = transfer.worker_pool(self.files, worker.id)
         pool.release(releases)
-        chunk = self.dataset.read_chunk(task, joined=True)
+        chunk = self.reader.read(task, joined=True)
         rows = task.stop - task.start
         # a quick first piece or a lane's last chunk: its buffer is made for whole chunks, which reuse it
-        chunk.columns = pool.pack(chunk.columns, self.board, scale=self.dataset.chunk_rows / rows if rows else 1.0)
+        chunk.columns = pool.pack(chunk.columns, self.board, scale=self.reader.chunk_rows / rows if rows else 1.0)
         return chunk
 
     def __len__(self) -> int:
@@ -93,14 +96,10 @@ class _WorkerStart:
 
     - No transparent huge pages for the worker (Linux). pyarrow's allocator asks for huge pages;
       with the kernel's usual ``defrag=madvise`` a fault in such a region compacts and zeroes
-      2 MiB at once, and the workers' many short-lived decode buffers paid that over and over.
-      Measured (0.5 GiB, 5 interleaved epochs): numeric 1.36M -> 1.62M rows/s (CPU 1.51 ->
-      1.36 s), text 0.82M -> 1.09M (CPU 2.39 -> 1.97 s).
+      2 MiB at once, and the workers' many short-lived decode buffers would pay that over and over.
     - A shorter GIL switch interval (``WORKER_SWITCH_INTERVAL_S``). A finished chunk is pickled into
-      torch's queue by the queue's feeder thread, which waited for the GIL while the worker went on
-      with the next chunk: up to the default 5 ms (measured 2 to 4 ms before each first batch, 0.6
-      to 1 ms after). Paired epochs, 0.25 GiB set: 0.87x -> 0.91x of the ceiling numeric, 0.93x ->
-      0.98x text.
+      torch's queue by the queue's feeder thread, which otherwise waits for the GIL while the worker
+      goes on with the next chunk, up to the default 5 ms, before the main process can see the chunk.
     - A forked worker whose process is already gone exits. torch's worker notices its parent's
       death by comparing ``os.getppid()`` with the parent pid it reads only after this function,
       so a worker whose process died (``kill -9``, ``os._exit``) while it started waited forever,
@@ -170,7 +169,7 @@ class StructuredDataLoader:
         if self._board is not None:
             self._board.clear()  # releases meant for workers that are gone
         self._workers_started = False
-        return _ChunkSource(self.dataset, self._board.id if self._board else None)
+        return _ChunkSource(self.dataset.delivery.reader, self._board.id if self._board else None)
 
     @property
     def batch_size(self) -> int:
@@ -187,9 +186,10 @@ class StructuredDataLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         if self._board is not None and not self._loader_kwargs["persistent_workers"]:
             self._board.forget_mappings()  # this pass starts new workers with new buffers
-        tasks = self.dataset.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
+        delivery = self.dataset.delivery
+        tasks = delivery.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
-        return self.dataset.deliver(tasks, self._chunks(), self.stats)
+        return delivery.deliver(tasks, self._chunks(), self.stats)
 
     def _new_workers_files(self) -> transfer.InheritedFiles | None:
         """Files for the buffers of the workers the next ``iter()`` forks (None when it forks

@@ -1,0 +1,107 @@
+"""Chunks: the rows of one chunk task, read and converted in whatever process runs the task.
+
+A chunk is many batches of one lane; the main process slices it into batches (views), so
+one transfer between processes carries many batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import get_worker_info
+
+from ..catalog.build import Catalog
+from ..plan.lanes import StreamBook
+from ..plan.schedule import ChunkTask
+from .convert import Where, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .reader import StreamReader
+
+#: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
+#: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
+#: stay small and are reused instead of being faulted in anew. Elsewhere a chunk of one decoded
+#: batch needs no copy, so the decode batch is the chunk.
+WORKER_DECODE_ROWS = 1 << 12
+
+
+@dataclass
+class Chunk:
+    """Converted rows [start, stop) of one lane, sent from a worker to the main process."""
+
+    lane: int
+    start: int
+    stop: int
+    columns: dict[str, Any]
+    present: np.ndarray | None = None  # offsets (from start) of the rows read, when some were skipped
+    skipped: dict[int, str] = field(default_factory=dict)  # split -> error, with on_error="skip"
+
+    @property
+    def num_read(self) -> int:
+        return self.stop - self.start if self.present is None else len(self.present)
+
+    def pin_memory(self) -> Chunk:
+        """The chunk with its tensors in pinned memory (the DataLoader's pin_memory=True calls
+        this in its pinning thread); its batches are then views of pinned memory."""
+        columns = {name: replace_leaves(value, torch.Tensor, torch.Tensor.pin_memory) for name, value in self.columns.items()}
+        return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped)
+
+    def batches(self, size: int, where: Where | None = None) -> Iterator[tuple[dict[str, Any], int]]:
+        """(batch, lane row after it); the last batch also passes any skipped rows at the end.
+        ``where`` describes the chunk's rows for an error message."""
+        read = self.num_read
+        for offset in range(0, read, size):
+            stop = min(offset + size, read)
+            if stop == read:
+                end = self.stop
+            else:
+                end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
+            yield slice_columns(self.columns, offset, stop, where), end
+
+
+class ChunkReader:
+    """Reads chunk tasks of a plan. Picklable: DataLoader workers each get a copy, which opens
+    its files on first use."""
+
+    def __init__(self, catalog: Catalog, book: StreamBook, columns: list[str] | None, skip_errors: bool, chunk_rows: int):
+        self.catalog = catalog
+        self.book = book
+        self.columns = columns
+        self.skip_errors = skip_errors
+        self.chunk_rows = chunk_rows
+        self._reader: StreamReader | None = None
+
+    def read(self, task: ChunkTask, joined: bool = False) -> Chunk:
+        """Read and convert one chunk; with ``joined``, tensors are left as ``convert.Joined`` for
+        the transfer to build in shared memory."""
+        if task.stop <= task.start:
+            return Chunk(task.lane, task.start, task.stop, {})
+        in_main = get_worker_info() is None
+        if self._reader is None:
+            decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
+            self._reader = StreamReader(self.catalog, self.columns, in_main, self.skip_errors, stream_rows=decode_rows)
+        try:
+            rows = self._reader.read_segments(self.book, task.segments)
+        except BaseException:
+            # Its open streams may stop mid-piece (a generator an exception went through is finished,
+            # e.g. after a KeyboardInterrupt in the main process): the next read starts afresh.
+            self._reader = None
+            raise
+        where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
+        if joined:
+            columns = table_to_joined(rows.table, where)
+        else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
+            columns = table_to_columns(rows.table, where, copy=in_main)
+        return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
+
+    def describe(self, task: ChunkTask) -> str:
+        """The files a task's rows come from, for error messages."""
+        urls = [self.catalog.files[f].url for f in self.book.files_of(task.segments)]
+        shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+        return f"rows read from {shown} (epoch {task.segments[0].key.epoch})"
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        return state

@@ -1,0 +1,64 @@
+"""The dataset inside a DataLoader worker of torchdata's StatefulDataLoader (or a plain DataLoader
+with batch_size=None): each worker yields its own lane's batches and keeps its own position,
+which the StatefulDataLoader saves per worker and hands back on resume."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from .delivery import RankDelivery
+
+
+class WorkerStream:
+    """One worker's position in its lane, in a copy of the dataset that lives in the worker.
+
+    ``epoch_cell`` is shared memory the main process writes on set_epoch, so that persistent
+    workers learn the epoch to read.
+    """
+
+    def __init__(self, delivery: RankDelivery, epoch_cell: torch.Tensor):
+        self.delivery = delivery
+        self.epoch_cell = epoch_cell
+        self._passes = 0  # passes this copy started inside a DataLoader worker
+        self._restored_epoch: int | None = None  # epoch of a worker state loaded since the last pass
+
+    def begin(self, worker: int) -> Iterator[dict[str, Any]]:
+        """Where a worker's pass starts. The pass right after a worker state was loaded resumes
+        that state's epoch; the first pass of a fresh copy continues the progress it was copied
+        with; any later pass starts the selected epoch over, because rows this process read
+        ahead in an abandoned pass may never have reached the training loop."""
+        restored, self._restored_epoch = self._restored_epoch, None
+        self._passes += 1
+        epoch = int(self.epoch_cell[0]) if restored is None else restored
+        if epoch != self.delivery.progress.epoch:
+            self.delivery.reset(epoch)
+        elif restored is None and self._passes > 1:
+            self.delivery.progress.positions[worker] = 0
+        return self._batches(worker)
+
+    def load(self, epoch: int, worker: int, position: int) -> None:
+        """Continue from a worker state (already checked against the plan)."""
+        delivery = self.delivery
+        if epoch != delivery.progress.epoch:
+            delivery.reset(epoch)
+        delivery.progress.positions[worker] = position
+        delivery.progress.restored = True
+        delivery.supersede("load_state_dict")
+        self._restored_epoch = epoch
+
+    def _batches(self, worker: int) -> Iterator[dict[str, Any]]:
+        """One worker's batches, from its position in the epoch."""
+        delivery = self.delivery
+        plan = delivery.plan()
+        positions = delivery.progress.positions
+        size = plan.batching.batch_size
+        for base, task in plan.worker_tasks(worker, positions[worker]):
+            chunk = delivery.reader.read(task)
+            delivery.note_skipped(chunk.skipped)
+            if chunk.num_read == 0:
+                positions[worker] = base + task.stop
+            for batch, end in chunk.batches(size, lambda: delivery.reader.describe(task)):
+                positions[worker] = base + end
+                yield batch
