@@ -1,17 +1,26 @@
-"""Read the exact stripe layout (offset, bytes, rows) from an ORC file's tail.
+"""Private: the exact stripe layout (offset, bytes, rows) of an ORC file, read from its tail,
+and the byte ranges of a projection's streams in a stripe.
 
-pyarrow exposes only the stripe count, so we parse the two small protobuf
-messages at the end of the file ourselves: the PostScript (uncompressed) and
-the Footer (compressed with the file's codec, in ORC's 3-byte-header chunks).
-A stripe's own footer (same encoding) lists its streams, which locates a
-column's bytes for a remote read of a projection.
+It exists because ``pyarrow.orc.ORCFile`` gives only the number of stripes and the file's
+total rows: not each stripe's offset, length and rows, which planning needs to split a file
+by stripes with exact row counts (Arrow C++ has them, ``ORCFileReader::GetStripeInformation``
+from apache/arrow#14806, but pyarrow does not expose it), and nothing about a stripe's streams,
+which a remote read needs to fetch the projected columns' bytes in one concurrent round before
+pyarrow reads them (pyarrow's reader asks the file object for bytes as it decodes).
+``read_tail`` can go once pyarrow exposes the stripe information; ``stream_ranges`` has no
+pyarrow counterpart.
+
+It parses the two small protobuf messages at the end of the file: the PostScript
+(uncompressed) and the Footer (compressed with the file's codec, in ORC's 3-byte-header
+chunks). A stripe's own footer (same encoding) lists its streams, which locates a column's
+bytes for a remote read of a projection.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow as pa
 

@@ -1,8 +1,13 @@
-"""A schema-less reader and writer of Thrift's compact protocol, the encoding of Parquet's footer,
-page headers and page indexes.
+"""Private: a schema-less reader and writer of Thrift's compact protocol, the encoding of
+Parquet's footer, page headers and page indexes.
 
 A struct decodes to a ``Struct``: its fields in order as ``[field_id, type, value]``, so that a
 caller can read, change or drop the fields it knows and write the rest back unchanged.
+
+It exists for the page-level seek (``_parquet_seek``): pyarrow gives Python the footer only as
+a read-only ``FileMetaData`` and neither a column chunk's offset index nor its page headers,
+and the seek must read those and write a footer of its own. It goes with the seek when pyarrow
+reads a row group from a given row through the page index (apache/arrow#45284).
 """
 
 from __future__ import annotations

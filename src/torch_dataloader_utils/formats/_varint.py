@@ -1,5 +1,9 @@
-"""Unsigned LEB128 varints, as protobuf (ORC's tail) and Thrift's compact protocol (Parquet's
-footer) write them."""
+"""Private: unsigned LEB128 varints, as protobuf (ORC's tail) and Thrift's compact protocol
+(Parquet's footer) write them.
+
+It exists for the two private parsers that read those encodings, ``_orc_tail`` and
+``_thrift_compact``, because pyarrow parses neither for Python; it goes when both have gone.
+"""
 
 from __future__ import annotations
 
