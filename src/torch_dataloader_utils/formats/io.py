@@ -8,11 +8,15 @@ serves reads from those ranges; a read outside them is fetched on demand.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from ..storage.paths import is_local, is_remote
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 COALESCE_GAP = 64 * 1024
 COALESCE_MAX = 64 * 1024 * 1024
@@ -33,9 +37,19 @@ def open_input(fs: Any, path: str) -> Any:
 
 
 def coalesce(ranges: Iterable[tuple[int, int]], gap: int = COALESCE_GAP, max_block: int = COALESCE_MAX) -> list[tuple[int, int]]:
-    """Sorted [start, end) ranges with neighbours closer than ``gap`` merged (up to ``max_block``)."""
+    """Sorted [start, end) ranges with neighbours at most ``gap`` apart merged, as long as the
+    merged range stays within ``max_block`` bytes; a range wider than ``max_block`` stays whole,
+    and a range inside the last merged one adds nothing. Empty ranges are dropped.
+
+    This is what ``fsspec.utils.merge_offset_ranges(paths, starts, ends, max_gap=gap,
+    max_block=max_block)`` returns in fsspec 2026.9, but not in the older versions this package
+    allows (fsspec>=2023.1): up to 2026.1 a range nested in the previous one cuts the merged
+    range's end back to its own, so bytes of the outer range go unfetched; 2026.2 to 2026.7 drop
+    both copies of a range given twice. Every range must be covered, so the merge stays here."""
     merged: list[tuple[int, int]] = []
     for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and end <= merged[-1][1]:
+            continue  # inside the last merged range (sorted by start)
         if merged and start - merged[-1][1] <= gap and max(end, merged[-1][1]) - merged[-1][0] <= max_block:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:
@@ -148,8 +162,8 @@ class RangeFile:
         self.closed = True
         self._parts, self._starts, self._fetched_on_demand = {}, [], []
 
-    def __enter__(self) -> "RangeFile":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
