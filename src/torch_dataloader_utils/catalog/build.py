@@ -11,29 +11,30 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from ..formats import FileFormat, get_format
+from ..plan.splits import FileLayout, Split, plan_splits
+from ..plan.streams import SplitRows, unit_offsets
+from ..storage.paths import is_local
+from ..storage.remote import IOOptions, RemoteReadError, open_store, prefetched_tails
 from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
-from ..formats import FileFormat, get_format
-from ..storage.paths import is_local
-from ..plan.splits import FileLayout, Split, plan_splits
-from ..storage.remote import IOOptions, RemoteReadError, open_store, prefetched_tails
 from .progress_bar import progress
-from .schema import file_schema, missing_columns, repeated_columns, unify
-from ..plan.streams import SplitRows, unit_offsets
+from .schema import missing_columns, repeated_columns, unify
 
 log = logging.getLogger(__name__)
 _FOOTER_THREADS = 32
-#: A local footer read slower than this sends the remaining files to the thread pool. From the page
-#: cache a footer takes about 0.1 ms, and one thread is faster than a pool (whose threads contend
-#: for the GIL): 8 files 1.8 against 6 ms with 8 threads, 500 files 55 against 190 ms with 32.
-#: A slow read means storage latency (a network file system), which threads overlap.
+#: A local footer read slower than this sends the remaining files to the thread pool. A footer
+#: read from the page cache is fast, and then one thread is faster than a pool (whose threads
+#: contend for the GIL); a slow read means storage latency (a network file system), which
+#: threads overlap.
 SLOW_LOCAL_FOOTER_S = 0.002
 
 
@@ -65,12 +66,12 @@ class Catalog:
 def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
     try:
         layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.url)
-        return layout, footer, file_schema(fmt, fs, entry.fs_path, footer)
-    except Exception as error:  # noqa: BLE001 - re-raised with the file named
+        return layout, footer, fmt.schema(fs, entry.fs_path, footer)
+    except Exception as error:  # re-raised with the file named
         if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
             raise  # the storage failed, not the file (a permission, a request): the error names it
         if isinstance(error, UnicodeEncodeError):  # the name, not the contents
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - the file name is a bad value
                 f"cannot open {entry.url!r}: its name is not valid UTF-8, and pyarrow opens files by UTF-8 names. "
                 "Rename the file, or pass a path without it."
             ) from error
@@ -138,6 +139,6 @@ def build_catalog(
     splits = plan_splits(layouts, split_bytes)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(l) for l in layouts], split_bytes,
+        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
         schema, missing, repeated,
     )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import fsspec
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
-from ..formats import format_for_path
+from ..formats import FORMATS, format_for_path
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import FileEntry, content_tag
 
@@ -145,7 +146,7 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
             matches = _list(fs, user_path, format)
         except FileNotFoundError:
             raise FileNotFoundError(f"no such file or directory: {user_path!r}; check the path and storage_options") from None
-        except Exception as error:  # noqa: BLE001 - a store's own error type: re-raised naming the path
+        except Exception as error:  # a store's own error type: re-raised naming the path
             if not is_remote(fs) or isinstance(error, (PermissionError, ValueError, TypeError)):
                 raise
             raise OSError(
@@ -165,15 +166,16 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
 
 def _other_format_found(paths: list[str], fs: Any, format: str | None) -> str | None:
     """The other format, when ``paths`` hold files of it (for the message of a wrong ``format``)."""
-    other = {"parquet": "orc", "orc": "parquet"}.get(format.lower() if format else "")
-    if other is None:
+    kind = format.lower() if format else None
+    if kind not in FORMATS:
         return None
-    for user_path in paths:
-        try:
-            if _list(fs, user_path, other):
-                return other
-        except (OSError, ValueError):  # only a hint: the error being raised says what was not found
-            continue
+    for other in (name for name in FORMATS if name != kind):
+        for user_path in paths:
+            try:
+                if _list(fs, user_path, other):
+                    return other
+            except (OSError, ValueError):  # only a hint: the error being raised says what was not found
+                continue
     return None
 
 
@@ -181,11 +183,13 @@ def _nothing_found(paths: list[str], format: str | None, other: str | None = Non
     """The message for paths that hold no data file: what was skipped and what to do."""
     kind = format.lower() if format else None
     found_other = f"; {other} files are there: to read those, pass format='{other}' (or format=None to infer it)" if other else ""
-    patterns = {"parquet": "*.parquet, *.pq, *.parq", "orc": "*.orc"}.get(kind, "*.parquet, *.pq, *.parq, *.orc")
+    suffixes = FORMATS[kind].suffixes if kind in FORMATS else [suffix for entry in FORMATS.values() for suffix in entry.suffixes]
+    patterns = ", ".join(f"*{suffix}" for suffix in suffixes)
     return (
         f"no {kind or 'Parquet or ORC'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
-        "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). For data files without these extensions (Hive's 000000_0), pass a glob that "
-        "matches them (e.g. 'table/*_0') or their paths, with format='parquet' or format='orc'"
+        "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). "
+        "For data files without these extensions (Hive's 000000_0), pass a glob that matches them (e.g. 'table/*_0') "
+        "or their paths, with format='parquet' or format='orc'"
     )
 
 

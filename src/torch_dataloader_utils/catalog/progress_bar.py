@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import IO, Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import IO, TypeVar
 
 T = TypeVar("T")
 

@@ -22,32 +22,11 @@ Field order is the order of first appearance in file order; every unified field 
 from __future__ import annotations
 
 import collections
-from typing import Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 
-
 LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
-
-
-def file_schema(fmt: Any, fs: Any, path: str, footer: Any) -> pa.Schema:
-    """The Arrow schema of one file: from the Parquet footer, or from the ORC file's tail."""
-    if footer is not None and hasattr(footer, "schema"):
-        return footer.schema.to_arrow_schema()
-    if fmt.name == "orc":
-        import pyarrow.orc as orc
-
-        from ..formats.io import open_input
-
-        tail = footer[1] if isinstance(footer, tuple) and len(footer) > 1 else None
-        if isinstance(tail, (bytes, bytearray)):  # a remote ORC footer carries the file's tail
-            try:
-                return orc.ORCFile(pa.BufferReader(tail)).schema
-            except (OSError, pa.ArrowException):
-                pass
-        with open_input(fs, path) as source:
-            return orc.ORCFile(source).schema
-    raise ValueError(f"cannot get the schema of {path}: format {fmt.name!r} gives no footer schema")
 
 
 def _int_bits(kind: pa.DataType) -> tuple[bool, int]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.orc as orc
+from pyarrow import orc
 
 from ..plan.splits import FileLayout
 from ..storage.paths import is_remote
-from .io import RangeFile, open_input
+from . import FORMATS
 from ._orc_tail import OrcTail, _fields, read_tail, stream_ranges
+from .io import RangeFile, open_input
 
 _ORC_TAIL_MIN = 16 * 1024  # what the ORC reader fetches first when opening a file
 
@@ -81,9 +82,15 @@ def _remote_footer(source: RangeFile, size: int, layout: OrcTail) -> RemoteOrcFo
 
 
 class OrcFormat:
+    """ORC files: stripes are the units (``FileFormat``)."""
+
     name = "orc"
+    suffixes = FORMATS["orc"].suffixes
+    streams_units = False  # its readers decode a stripe whole
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
+        """The stripes' rows and bytes, and for a remote file a ``RemoteOrcFooter`` (None for a
+        local one: pyarrow reads its tail again when the file is opened)."""
         footer = None
         with open_input(fs, path) as source:
             tail = read_tail(source, size)
@@ -93,7 +100,19 @@ class OrcFormat:
         layout = FileLayout(url, size, tuple(s.rows for s in stripes), tuple(s.length for s in stripes))
         return layout, footer
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> Any:
+    def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
+        """The Arrow schema pyarrow reads from the file's tail: the one a remote footer carries,
+        else read from the file."""
+        if footer is not None:  # a remote file's tail, fetched at planning
+            try:
+                return orc.ORCFile(pa.BufferReader(footer.tail)).schema
+            except (OSError, pa.ArrowException):
+                pass
+        with open_input(fs, path) as source:
+            return orc.ORCFile(source).schema
+
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _OrcReader | _RemoteOrcReader:
+        """A reader of the file's stripes (fetching only the projected streams, for a remote file)."""
         if is_remote(fs):
             return _RemoteOrcReader(fs, path, footer)
         return _OrcReader(open_input(fs, path))

@@ -4,31 +4,32 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
-from .io import RangeFile, coalesce, open_input
-from ._parquet_seek import MAGIC, footer_bytes, footer_struct, iter_from_row, offset_index_ranges, worth_seeking
+from . import FORMATS
+from ._parquet_footer import MAGIC, footer_bytes, footer_struct
+from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError
+from .io import RangeFile, coalesce, open_input
 
 FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
 #: Local column chunks are read through a buffer of this size, a few pages at a time, instead of
-#: whole (up to tens of MB per row group and column) before the first row is decoded. Paired
-#: epochs, 0.25 GiB benchmark set, 2 workers: numeric 1.29M -> 1.37M rows/s, text 0.82M -> 0.92M
-#: (CPU 1.29 -> 1.15 s), first batch 0.099 -> 0.083 s, and peak PSS 453 -> 374 MiB numeric.
-#: 64 KiB, 128 KiB, 256 KiB and 1 MiB ran within noise of each other; 64 KiB kept worker memory
-#: flattest as the epoch goes on (1x and 4x the data: 1.02x, against 1.11x at 256 KiB).
+#: whole (up to tens of MB per row group and column) before the first row is decoded: the first
+#: rows come sooner and a worker holds less memory. Larger buffers read no faster, and this size
+#: keeps a worker's memory flattest as an epoch goes on.
 READ_BUFFER_BYTES = 64 * 1024
 #: A remote read that starts inside a row group downloads only the pages from the one holding its
 #: first row when that saves at least this many bytes; it then takes two rounds of requests (the
 #: page indexes, then the pages), else one (the whole column chunks with their page indexes).
-#: The second round costs a round trip (20 to 50 ms to an object store; measured on moto S3 with
-#: 30 ms added per read: 0.272 against 0.227 s to the first batch, for 9.3 MB fewer). 16 MiB take
-#: longer than that to transfer below about 400 MB/s: large row groups (Spark writes 128 MB ones).
+#: The second round costs a round trip to the object store, and 16 MiB take longer than a round
+#: trip to transfer at the bandwidth an object store gives one reader; savings that large come
+#: from large row groups (Spark writes 128 MB ones).
 REMOTE_CUT_MIN_BYTES = 16 * 1024 * 1024
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class _ParquetReader:
         self._footer = footer
         self._thrift: tuple[int, Struct] | None = None  # (unit, the footer decoded with that row group) for parquet_seek
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
-        # open file (measured: ~18 MB per file of the benchmark); a local read gains nothing from it.
+        # open file (megabytes per file); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
         self._buffer_size = buffer_size
         self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
@@ -165,8 +166,8 @@ def _local_footer(path: str) -> pq.FileMetaData | None:
 
     Parsed this way, planning allocates nothing from pyarrow's memory pool. The pool's first
     allocation in a process faults in memory that mimalloc marks for transparent huge pages, and
-    with the kernel's usual ``defrag=madvise`` that fault may compact memory first: measured 1 to
-    25 ms for the first footer, against 0.6 ms this way.
+    with the kernel's usual ``defrag=madvise`` that fault may compact memory first, which makes the
+    first footer many times slower to read than parsing it from Python memory.
     """
     path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
     with open(path, "rb") as file:
@@ -185,10 +186,14 @@ def _local_footer(path: str) -> pq.FileMetaData | None:
 
 
 class ParquetFormat:
+    """Parquet files: row groups are the units (``FileFormat``)."""
+
     name = "parquet"
+    suffixes = FORMATS["parquet"].suffixes
     streams_units = True  # its readers have iter_unit (row groups decoded in batches)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
+        """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``)."""
         footer = _local_footer(path) if is_local(fs) else None
         if footer is None:
             with open_input(fs, path) as source:
@@ -200,7 +205,12 @@ class ParquetFormat:
         )
         return FileLayout(url, size, rows, sizes), footer
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> Any:
+    def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
+        """The Arrow schema the footer gives."""
+        return footer.schema.to_arrow_schema()
+
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
+        """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
         if is_remote(fs):
             return _RemoteParquetReader(fs, path, footer, use_threads)
         return _ParquetReader(open_input(fs, path), footer, use_threads)
