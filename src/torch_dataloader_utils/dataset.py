@@ -220,6 +220,15 @@ class StructuredDataset(IterableDataset):
         if progress.epoch < selected and not self._delivery.remaining():
             self.set_epoch(selected)  # that epoch is over and set_epoch already chose a later one (StatefulDataLoader loads late)
 
+    def check_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
+        """Raise CheckpointMismatchError when ``load_state_dict(state, elastic)`` would refuse
+        ``state``; change nothing. A worker state is checked against its worker's share of the plan."""
+        scope = check_header(state)
+        if scope == "worker":
+            check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
+        else:
+            restore_progress(state, scope, self._plan_check(), elastic)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
         if info is None:

@@ -25,7 +25,7 @@ def check_state_fields(state: dict) -> None:
 
 def describe_state(state: dict) -> dict:
     """Epoch, progress, rows remaining and topology of a state, from the state alone."""
-    from ..state.checkpoint import CONFIG_KEYS
+    from ..state.schema import CONFIG_KEYS
 
     check_state_fields(state)
     topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
@@ -99,24 +99,33 @@ def print_state(info: dict, label: str) -> None:
         print(f"  skipped    {_split_text(split)}: {split.get('error', 'read error')} (on_error='skip')")
 
 
-def _plan_only_dataset(path: list[str], **options: Any) -> Any:
-    """A StructuredDataset on ``path`` that plans but reads nothing, with ``check(state)``:
-    load_state_dict's checks of ``state`` against that plan."""
-    # TODO(restructure): replace with StructuredDataset.check_state_dict
+def _dataset_for_state(path: list[str], **options: Any) -> Any:
+    """A StructuredDataset on ``path`` planned with a state's settings. A state does not depend on
+    the job's columns (it does not record them), so when some column has no batch form the
+    dataset selects the columns that have one."""
     from .. import StructuredDataset
 
-    class PlanOnly(StructuredDataset):
-        def _check_columns(self) -> None:
-            """Nothing is read: the job's columns (not in the state) need no batch form here."""
+    try:
+        return StructuredDataset(path, **options)
+    except (TypeError, ValueError) as error:
+        columns = _columns_with_batch_form(path, options)
+        if not columns:
+            raise error from None
+        return StructuredDataset(path, columns=columns, **options)
 
-        def check(self, state: dict) -> None:
-            """load_state_dict's checks; a worker state loads only in its worker, so it is checked, not loaded."""
-            if state.get("scope") == "worker":
-                self._check_worker_state(state)
-            else:
-                self.load_state_dict(state)
 
-    return PlanOnly(path, **options)
+def _columns_with_batch_form(path: list[str], options: dict[str, Any]) -> list[str]:
+    from ..catalog.build import build_catalog
+    from ..plan.splits import DEFAULT_SPLIT_BYTES
+    from ..read.convert import batch_form_problem
+    from ..storage.remote import IOOptions
+
+    split_bytes = options.get("split_bytes") or DEFAULT_SPLIT_BYTES
+    catalog = build_catalog(path, options.get("format"), options.get("storage_options"), split_bytes, IOOptions())
+    if catalog.schema is None:
+        return []
+    lacking = {name for names in catalog.missing_columns for name in names}
+    return [f.name for f in catalog.schema if batch_form_problem(f.type) is None and f.name not in lacking and f.name not in catalog.repeated_columns]
 
 
 def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespace) -> tuple[bool, str, int | None]:
@@ -125,7 +134,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     Returns (matches, explanation, rows remaining if it matches).
     """
     from .. import CheckpointMismatchError
-    from ..state.checkpoint import CONFIG_KEYS, is_count
+    from ..state.schema import CONFIG_KEYS
+    from ..state.validate import is_count
 
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
@@ -133,12 +143,15 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         options["chunk_rows"] = state["chunk_rows"]
     options.update(format=args.format, storage_options=storage_options(args))
     try:
-        dataset = _plan_only_dataset(list(path), **options)
+        dataset = _dataset_for_state(list(path), **options)
     except (TypeError, ValueError) as error:
-        _plan_only_dataset(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
+        _dataset_for_state(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
         return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
     try:
-        dataset.check(state)
+        if state.get("scope") == "worker":
+            dataset.check_state_dict(state)  # a worker state loads only inside its worker
+        else:
+            dataset.load_state_dict(state)  # loaded, to count the rows it leaves
     except CheckpointMismatchError as error:
         return False, str(error), None
     if state.get("scope") == "worker":

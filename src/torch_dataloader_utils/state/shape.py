@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .checkpoint import is_count
+from .validate import is_count
 
 
 class StateShapeError(ValueError):
