@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from .state.schema import COMPLETED_SHARDS, EPOCH, IN_PROGRESS
+
 NUM_FEATURES = 8
 # rows per file; row groups (Parquet) of 1,000 rows
 FILE_ROWS = (6000, 4000, 7000, 3000, 5000, 8000, 4500, 2500)
@@ -173,7 +175,7 @@ def run_resume(workdir: str, fmt: str) -> None:
     _say(f"run 2 (pid {os.getpid()}): resuming after step {step}")
     loading = time.perf_counter()
     dataset.load_state_dict(state)
-    dataset.set_epoch(state["epoch"])  # safe: the restored epoch keeps its progress
+    dataset.set_epoch(state[EPOCH])  # safe: the restored epoch keeps its progress
     resume_s, seen, loss = None, [], float("nan")
     for step, batch in enumerate(loader, start=step + 1):
         if resume_s is None:
@@ -237,8 +239,8 @@ def _uninterrupted_order(workdir: str, fmt: str):
 def _describe_state(workdir: str, out: TextIO) -> None:
     with open(os.path.join(workdir, "dataset_state.json")) as file:
         state = json.load(file)
-    completed = sum(len(entry["splits"]) for entry in state["completed_shards"])
-    partial = [split for entry in state["in_progress"] for split in entry["splits"]]
+    completed = sum(len(entry["splits"]) for entry in state[COMPLETED_SHARDS])
+    partial = [split for entry in state[IN_PROGRESS] for split in entry["splits"]]
     out.write(f"checkpoint: epoch {state['epoch']}, rows delivered per worker {state['rows_delivered']}, "
               f"{completed} splits completed (skipped on resume, no I/O)\n")
     for split in partial[:3]:

@@ -7,6 +7,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import UsageError
+from ..state.schema import (
+    CHUNK_ROWS,
+    COMPLETED_SHARDS,
+    EPOCH,
+    FILES,
+    FILES_DIGEST,
+    IN_PROGRESS,
+    NEXT_WORKER,
+    ROWS_DELIVERED,
+    ROWS_TOTAL,
+    SCOPE,
+    SKIPPED_SPLITS,
+    VERSION,
+    WORKER,
+)
 from .options import storage_options
 from .output import EXIT_FAILED, EXIT_OK, human_bytes, print_json
 from .state_file import load_checkpoint, states_in
@@ -29,31 +44,31 @@ def describe_state(state: dict) -> dict:
 
     check_state_fields(state)
     topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
-    info: dict[str, Any] = {"scope": state.get("scope", "rank"), "format_version": state.get("format_version"),
-                            "epoch": state.get("epoch"), "topology": topology}
+    info: dict[str, Any] = {"scope": state.get(SCOPE, "rank"), "format_version": state.get(VERSION),
+                            "epoch": state.get(EPOCH), "topology": topology}
     if info["scope"] == "worker":
-        info.update(worker=state.get("worker"), rows_delivered=state.get("rows_delivered"), files_digest=state.get("files_digest"))
+        info.update(worker=state.get(WORKER), rows_delivered=state.get(ROWS_DELIVERED), files_digest=state.get(FILES_DIGEST))
         return info
-    delivered = state["rows_delivered"]
-    totals = state.get("rows_total")
+    delivered = state[ROWS_DELIVERED]
+    totals = state.get(ROWS_TOTAL)
     workers = []
     for index, done in enumerate(delivered):
-        completed = _entry_splits(state.get("completed_shards"), index)
-        partial = _entry_splits(state.get("in_progress"), index)
+        completed = _entry_splits(state.get(COMPLETED_SHARDS), index)
+        partial = _entry_splits(state.get(IN_PROGRESS), index)
         total = totals[index] if isinstance(totals, list) and index < len(totals) else None
         workers.append({"worker": index, "rows_delivered": done, "rows_total": total,
                         "rows_remaining": None if total is None else total - done,
                         "splits_completed": len(completed), "in_progress": partial})
-    files = state.get("files") or []
+    files = state.get(FILES) or []
     info.update(
         files=len(files),
         files_bytes=sum(f[1] for f in files if isinstance(f, list) and len(f) > 1 and isinstance(f[1], int)),
-        next_worker=state.get("next_worker"),
+        next_worker=state.get(NEXT_WORKER),
         rows_delivered=sum(delivered),
         rows_total=sum(totals) if isinstance(totals, list) else None,
         rows_remaining=sum(totals) - sum(delivered) if isinstance(totals, list) else None,
         workers=workers,
-        skipped_splits=list(state.get("skipped_splits") or []),
+        skipped_splits=list(state.get(SKIPPED_SPLITS) or []),
     )
     return info
 
@@ -139,8 +154,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
 
     # every configuration value the state records, under the dataset's own argument names
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
-    if is_count(state.get("chunk_rows")) and state["chunk_rows"] >= 1:  # else load_state_dict warns of another order, or names the damage
-        options["chunk_rows"] = state["chunk_rows"]
+    if is_count(state.get(CHUNK_ROWS)) and state[CHUNK_ROWS] >= 1:  # else load_state_dict warns of another order, or names the damage
+        options["chunk_rows"] = state[CHUNK_ROWS]
     options.update(format=args.format, storage_options=storage_options(args))
     try:
         dataset = _dataset_for_state(list(path), **options)
@@ -148,16 +163,16 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         _dataset_for_state(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
         return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
     try:
-        if state.get("scope") == "worker":
+        if state.get(SCOPE) == "worker":
             dataset.check_state_dict(state)  # a worker state loads only inside its worker
         else:
             dataset.load_state_dict(state)  # loaded, to count the rows it leaves
     except CheckpointMismatchError as error:
         return False, str(error), None
-    if state.get("scope") == "worker":
+    if state.get(SCOPE) == "worker":
         return True, "it fits this data: a StatefulDataLoader resumes that worker exactly with loader.load_state_dict(...)", None
     remaining = None
-    if isinstance(state.get("rows_delivered"), list):  # a rank's state: what the loaded dataset has left, not what the state says
+    if isinstance(state.get(ROWS_DELIVERED), list):  # a rank's state: what the loaded dataset has left, not what the state says
         loaded = dataset.state_dict()
         remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining

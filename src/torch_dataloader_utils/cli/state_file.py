@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..errors import UsageError
+from ..state.schema import RANKS, SCOPE
 
 
 def _looks_like_state(value: Any) -> bool:
@@ -21,7 +22,7 @@ def _rank_parts(state: dict, key: str) -> list[tuple[str, dict]]:
     """A global state (every rank in one dict) as one rank state per rank."""
     from ..distributed import local_state
 
-    ranks = state.get("ranks")
+    ranks = state.get(RANKS)
     if not isinstance(ranks, list) or not ranks or not all(isinstance(part, dict) for part in ranks):
         raise UsageError(f"the global state at {key or 'the top level'!r} has no 'ranks' list of rank states; it is damaged")
     label = f"{key} " if key else ""
@@ -30,7 +31,7 @@ def _rank_parts(state: dict, key: str) -> list[tuple[str, dict]]:
 
 def find_states(value: Any, key: str = "", depth: int = 0) -> list[tuple[str, dict]]:
     """Every dataset state inside a loaded checkpoint, with its key path (``a.b.0``)."""
-    if isinstance(value, dict) and "format_version" in value and value.get("scope") == "global":
+    if isinstance(value, dict) and "format_version" in value and value.get(SCOPE) == "global":
         return _rank_parts(value, key)
     if _looks_like_state(value):
         return [(key, value)]

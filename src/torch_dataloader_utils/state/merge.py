@@ -16,6 +16,7 @@ from .schema import (
     CONFIG_KEYS,
     EPOCH,
     FILES,
+    FILES_DIGEST,
     FORMAT_VERSION,
     LANES,
     RANKS,
@@ -89,7 +90,7 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     summary = {key: state.get(key) for key in CONFIG_KEYS if key != "_rank"}
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
-    summary["files_digest"] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
+    summary[FILES_DIGEST] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
     return summary
 
 

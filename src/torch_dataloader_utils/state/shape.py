@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .schema import BATCHES_DELIVERED, COMPLETED_SHARDS, EPOCH, FILES, IN_PROGRESS, NEXT_WORKER, ROWS_DELIVERED, ROWS_TOTAL, SCOPE, SKIPPED_SPLITS
 from .validate import is_count
 
 
@@ -65,17 +66,17 @@ _TOPOLOGY_FIELDS: dict[str, _Field] = {
         for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size", "_shuffle_seed", "_shuffle_buffer_rows")
     },
     **{key: (lambda v: v is _MISSING or v in (True, False), "true or false") for key in ("_shuffle", "_drop_last")},
-    "epoch": (is_count, "an epoch number (an integer >= 0)"),
+    EPOCH: (is_count, "an epoch number (an integer >= 0)"),
 }
 _RANK_FIELDS: dict[str, _Field] = {
-    "rows_delivered": (_are_counts, _COUNTS),
-    "next_worker": (_optional(is_count), "the index of a worker (an integer >= 0)"),
-    "rows_total": (_optional(_are_counts), _COUNTS),
-    "batches_delivered": (_optional(is_count), "a batch count (an integer >= 0)"),
-    "files": (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
-    "completed_shards": (_optional(_are_worker_splits), _WORKER_SPLITS),
-    "in_progress": (_optional(_are_worker_splits), _WORKER_SPLITS),
-    "skipped_splits": (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
+    ROWS_DELIVERED: (_are_counts, _COUNTS),
+    NEXT_WORKER: (_optional(is_count), "the index of a worker (an integer >= 0)"),
+    ROWS_TOTAL: (_optional(_are_counts), _COUNTS),
+    BATCHES_DELIVERED: (_optional(is_count), "a batch count (an integer >= 0)"),
+    FILES: (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
+    COMPLETED_SHARDS: (_optional(_are_worker_splits), _WORKER_SPLITS),
+    IN_PROGRESS: (_optional(_are_worker_splits), _WORKER_SPLITS),
+    SKIPPED_SPLITS: (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
     **_TOPOLOGY_FIELDS,
 }
 _WORKER_FIELDS: dict[str, _Field] = {"rows_delivered": (is_count, "a row count (an integer >= 0)"), **_TOPOLOGY_FIELDS}
@@ -83,7 +84,7 @@ _WORKER_FIELDS: dict[str, _Field] = {"rows_delivered": (is_count, "a row count (
 
 def check_state_shape(state: Mapping[str, Any]) -> None:
     """Raise StateShapeError naming the first key of ``state`` whose value cannot be read as saved."""
-    worker = state.get("scope") == "worker"
+    worker = state.get(SCOPE) == "worker"
     for key, (valid, expected) in (_WORKER_FIELDS if worker else _RANK_FIELDS).items():
         value = state.get(key, _MISSING)
         if not valid(value):
@@ -92,9 +93,9 @@ def check_state_shape(state: Mapping[str, Any]) -> None:
     if worker:
         return
     # the per-worker lists must agree with each other
-    delivered, next_worker = state["rows_delivered"], state.get("next_worker")
+    delivered, next_worker = state[ROWS_DELIVERED], state.get(NEXT_WORKER)
     if isinstance(next_worker, int) and next_worker >= max(1, len(delivered)):
-        raise StateShapeError("next_worker", f"there are {len(delivered)} workers, found {next_worker}")
-    totals = state.get("rows_total")
+        raise StateShapeError(NEXT_WORKER, f"there are {len(delivered)} workers, found {next_worker}")
+    totals = state.get(ROWS_TOTAL)
     if isinstance(totals, list) and (len(totals) != len(delivered) or any(d > t for d, t in zip(delivered, totals))):
-        raise StateShapeError("rows_total", f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
+        raise StateShapeError(ROWS_TOTAL, f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
