@@ -1,27 +1,24 @@
-"""Moving converted chunks from worker processes to the main process through recycled shared memory.
+"""Moving converted chunks from worker processes to the main process through recycled shared
+memory; this module is the workers' side (their buffer pools), ``transfer_receive.py`` the main
+process's and ``transfer_files.py`` the shared-memory files both map.
 
-Sending a tensor through torch's DataLoader queue copies it into fresh shared memory, and
-every page of fresh memory costs a page fault (measured: ~5 ms per 4.4 MB chunk, about as
-much as the copy is worth). Here a worker instead packs all tensors of a chunk into one
-buffer of its own pool (an anonymous ``memfd``), and the main process maps that buffer and
-builds the chunk's tensors as views of it. The main process maps a buffer when its first
-chunk comes and keeps the mapping until the worker names the buffer retired (or a pass
-starts new workers). When the last of a chunk's views is gone, the main
-process posts a release of (buffer, use); the release rides to the workers on the next tasks
-the sampler hands out, and the owning worker reuses the buffer, whose pages are already
-mapped. A buffer is written again only after its release for the same use arrived, so a
-batch the training loop still holds is never overwritten; a release that never arrives
-only costs a new buffer.
+Sending a tensor through torch's DataLoader queue copies it into fresh shared memory, and every
+page of fresh memory costs a page fault, about as much as the copy itself. Here a worker instead
+packs all tensors of a chunk into one buffer of its own pool (an anonymous ``memfd``), and the
+main process maps that buffer and builds the chunk's tensors as views of it. The main process
+maps a buffer when its first chunk comes and keeps the mapping until the worker names the buffer
+retired (or a pass starts new workers). When the last of a chunk's views is gone, the main
+process posts a release of (buffer, use); the release rides to the workers on the next tasks the
+sampler hands out, and the owning worker reuses the buffer, whose pages are already mapped. A
+buffer is written again only after its release for the same use arrived, so a batch the
+training loop still holds is never overwritten; a release that never arrives only costs a new
+buffer.
 
-The main process gets a buffer's file one of two ways. With forked workers it creates each
-worker's first files (``InheritedFiles``) just before the fork, so both sides hold them and a
-chunk names its file by number. Otherwise (spawned workers, a worker's later buffers) the
-first chunk carries the file descriptor, through multiprocessing's resource sharer: a socket,
-a handshake and a thread in the worker that waits for the worker's GIL. Measured on the
-0.25 GiB benchmark set (8 buffers per epoch): 22 to 44 ms of the main process's time per
-epoch, up to 26 ms for a single buffer (the first batch's too); with inherited files 2 to
-5 ms. Paired epochs: numeric 1.02x and 1.03x rows/s, text 0.97x to 1.14x (noise); first batch
-57 -> 53 ms numeric, 70 -> 52 ms text.
+The main process gets a buffer's file one of two ways (``transfer_files.py``): with forked
+workers it creates each worker's first files just before the fork, so both sides hold them and a
+chunk names its file by number; otherwise (spawned workers, a worker's later buffers) the first
+chunk carries the file descriptor, which costs the main process a round trip through
+multiprocessing's resource sharer.
 
 Linux only (``os.memfd_create``); elsewhere, and for chunks without tensor data, chunks
 travel the plain way.
@@ -33,52 +30,40 @@ import itertools
 import logging
 import mmap
 import os
-import threading
 import uuid
-import weakref
 from dataclasses import dataclass
 from multiprocessing.reduction import DupFd
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from ..read.convert import Joined, build_columns, leaves, replace_leaves, tensor_nbytes
+from ..read.convert import Joined, build_columns, leaves, replace_leaves
+from .transfer_files import INHERITED_BUFFERS, Inherited, InheritedFiles, new_file
+from .transfer_receive import Handle, Release, ReleaseBoard, Slot, receive
+
+# Importable from here, where the loader and the tests take them: the files, the main side, and
+# receive under the name the tests use.
+__all__ = [
+    "INHERITED_BUFFERS",
+    "MAX_POOLED_BUFFERS",
+    "SUPPORTED",
+    "Inherited",
+    "InheritedFiles",
+    "Release",
+    "ReleaseBoard",
+    "WorkerPool",
+    "_receive",
+    "worker_pool",
+]
+_receive = receive
 
 log = logging.getLogger(__name__)
 
 ALIGN = 64
 MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
-INHERITED_BUFFERS = 4  # per worker: files the main process creates for the first buffers (worker 0 used 4 in a benchmark pass)
-SPARE_DESCRIPTORS = 64  # left free for torch's pipes and the rest, besides 8 per worker, when creating them
 SUPPORTED = hasattr(os, "memfd_create")
-_FILE_NAME = "torch_dataloader_utils-chunk"
 
 
-class Release(NamedTuple):
-    """Buffer ``buffer`` of worker pool ``pool`` is free again after its use number ``use``."""
-
-    pool: str
-    buffer: int
-    use: int
-
-
-class Inherited(NamedTuple):
-    """A buffer in file ``index`` of worker ``worker``'s share of the ``InheritedFiles`` ``files``."""
-
-    files: int
-    worker: int
-    index: int
-
-
-class _Slot(NamedTuple):
-    """Where a tensor sits in a packed buffer."""
-
-    offset: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-# ---------------------------------------------------------------- layout
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
@@ -91,114 +76,17 @@ def _write(columns: dict[str, Any], target: torch.Tensor) -> dict[str, Any]:
     """Write every ``Joined`` of ``columns`` into ``target`` (uint8); each becomes a slot."""
     offset = 0
 
-    def place(joined: Joined) -> _Slot:
+    def place(joined: Joined) -> Slot:
         nonlocal offset
         if joined.nbytes:
             joined.write(target[offset : offset + joined.nbytes].view(joined.dtype).view(joined.shape))
-        slot = _Slot(offset, joined.dtype, joined.shape)
+        slot = Slot(offset, joined.dtype, joined.shape)
         offset += _aligned(joined.nbytes)
         return slot
 
     return {name: replace_leaves(value, Joined, place) for name, value in columns.items()}
 
 
-def _read(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
-    """The columns of ``layout`` as views of ``source`` (uint8)."""
-
-    def view(slot: _Slot) -> torch.Tensor:
-        nbytes = tensor_nbytes(slot.dtype, slot.shape)
-        return source[slot.offset : slot.offset + nbytes].view(slot.dtype).view(slot.shape)
-
-    return {name: replace_leaves(value, _Slot, view) for name, value in layout.items()}
-
-
-# --------------------------------------------------- files for the buffers
-def _close_files(rows: list[list[int | None]]) -> None:
-    """Close every descriptor still in ``rows`` and empty the rows (in place: a finalizer holds them)."""
-    for row in rows:
-        for fd in row:
-            if fd is not None:
-                os.close(fd)
-        row.clear()
-
-
-def _not_inherited() -> None:
-    return None
-
-
-def _free_descriptors() -> int | None:
-    """How many more file descriptors this process may open (None: no limit, or unknown)."""
-    import resource
-
-    try:
-        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft == resource.RLIM_INFINITY:
-            return None
-        return soft - len(os.listdir("/proc/self/fd"))
-    except (OSError, ValueError):
-        return None
-
-
-class InheritedFiles:
-    """Empty shared-memory files that the main process creates just before it forks a pass's
-    workers, ``per_worker`` for each: a worker builds its first buffers in its share, and the
-    main process maps a buffer through its own descriptor when the first chunk names it (then
-    closes that descriptor; the mapping keeps the file). Descriptors not yet mapped close when
-    this object is collected. A pickled copy (workers that are spawned, not forked) is None."""
-
-    _live: weakref.WeakValueDictionary[int, InheritedFiles] = weakref.WeakValueDictionary()
-    _ids = itertools.count()
-
-    def __init__(self, workers: int, per_worker: int = INHERITED_BUFFERS):
-        self.id = next(self._ids)
-        self.creator = os.getpid()
-        self._lock = threading.Lock()
-        self._rows: list[list[int | None]] = [[] for _ in range(workers)]
-        self._closer = weakref.finalize(self, _close_files, self._rows)
-        spare = _free_descriptors()
-        if spare is not None and workers:  # the files count against this process's limit, and every fork's
-            affordable = max(0, (spare - SPARE_DESCRIPTORS - 8 * workers) // workers)
-            if affordable < per_worker:
-                log.info("%d free file descriptors: %d of %d shared files per worker made in advance", spare, affordable, per_worker)
-                per_worker = affordable
-        try:
-            for _ in range(per_worker):
-                for row in self._rows:
-                    row.append(os.memfd_create(_FILE_NAME, os.MFD_CLOEXEC))
-        except OSError as error:  # out of descriptors after all: none, so that torch can still make its pipes
-            log.info("no shared files made in advance: %s", error)
-            _close_files(self._rows)
-        self._live[self.id] = self
-
-    def __reduce__(self) -> tuple:
-        return (_not_inherited, ())
-
-    @classmethod
-    def find(cls, files: int) -> InheritedFiles | None:
-        return cls._live.get(files)
-
-    def adopt(self, worker: int) -> list[tuple[int, int]]:
-        """In a forked worker: its share as (index, descriptor) pairs, now owned by the caller; the
-        other workers' descriptors are closed in this process."""
-        if os.getpid() == self.creator:
-            raise RuntimeError("internal error: InheritedFiles.adopt() called in the process that created them")
-        self._closer.detach()
-        mine = [(index, fd) for index, fd in enumerate(self._rows[worker]) if fd is not None]
-        self._rows[worker] = []
-        _close_files(self._rows)
-        return mine
-
-    def take(self, worker: int, index: int) -> int | None:
-        """In the main process: the descriptor of a file, given up by this object (None if taken)."""
-        with self._lock:
-            row = self._rows[worker] if 0 <= worker < len(self._rows) else []
-            fd = row[index] if 0 <= index < len(row) else None
-            if fd is not None:
-                row[index] = None
-            return fd
-
-
-# ---------------------------------------------------------- worker side
 @dataclass
 class _Buffer:
     number: int
@@ -235,6 +123,7 @@ class WorkerPool:
         self._spare = files.adopt(worker) if files is not None else []  # (index, descriptor) not used yet
 
     def release(self, releases: tuple[Release, ...]) -> None:
+        """Mark this pool's buffers named in ``releases`` free (those still at the released use)."""
         for release in releases:
             buffer = self._buffers.get(release.buffer) if release.pool == self.name else None
             if buffer is not None and buffer.use == release.use:
@@ -296,7 +185,7 @@ class WorkerPool:
             index, fd = self._spare.pop(0)
             origin = Inherited(self._files_id, self._worker, index)
         else:
-            fd = os.memfd_create(_FILE_NAME, os.MFD_CLOEXEC)
+            fd = new_file()
         try:
             os.ftruncate(fd, capacity)
             memory = mmap.mmap(fd, capacity)
@@ -320,9 +209,6 @@ def worker_pool(files: InheritedFiles | None, worker: int) -> WorkerPool:
     return _POOL[1]
 
 
-Handle = Any  # how the main process maps a buffer: Inherited, a DupFd, or None (mapped already)
-
-
 class _PackedColumns:
     """Pickles as the layout and which buffer holds it (the first time also how to map the
     buffer: which inherited file, or the file descriptor itself); unpickles as columns."""
@@ -332,108 +218,4 @@ class _PackedColumns:
         self.release, self.board, self.retired = release, board, retired
 
     def __reduce__(self) -> tuple:
-        return (_receive, (self.layout, self.handle, self.capacity, self.size, self.release, self.board, self.retired))
-
-
-# ------------------------------------------------------------ main side
-class ReleaseBoard:
-    """Main-process side: collects releases of received buffers and hands them to the sampler.
-
-    Each release is attached to the next ``spread`` tasks (the DataLoader deals tasks round
-    robin, so every worker sees it once ``spread`` >= num_workers), then dropped.
-    """
-
-    _boards: weakref.WeakValueDictionary[int, ReleaseBoard] = weakref.WeakValueDictionary()
-    _ids = itertools.count()
-
-    def __init__(self, spread: int):
-        self.id = next(self._ids)
-        self.spread = max(1, spread)
-        self._lock = threading.Lock()
-        self._pending: dict[Release, int] = {}  # release -> tasks it still rides on
-        self._mappings: dict[tuple[str, int], mmap.mmap] = {}  # (pool, buffer) -> this process's mapping
-        self.received = 0  # chunks received through shared buffers
-        self.recycled = 0  # ... of which in a buffer used before
-        self.mapped = {"inherited": 0, "sent": 0}  # buffers mapped, by how their file came
-        self._boards[self.id] = self
-
-    @classmethod
-    def find(cls, board: int) -> ReleaseBoard | None:
-        return cls._boards.get(board)
-
-    def post(self, release: Release) -> None:
-        with self._lock:
-            self._pending[release] = self.spread
-
-    def take(self) -> tuple[Release, ...]:
-        """The releases for the next task."""
-        with self._lock:
-            if not self._pending:
-                return ()
-            out = tuple(self._pending)
-            for release in out:
-                left = self._pending[release] - 1
-                if left:
-                    self._pending[release] = left
-                else:
-                    del self._pending[release]
-            return out
-
-    def clear(self) -> None:
-        """Forget everything about the current workers (they are gone or about to be)."""
-        with self._lock:
-            self._pending.clear()
-        self.forget_mappings()
-
-    def forget_mappings(self) -> None:
-        """Drop the mappings of buffers of workers that are gone (mapped chunks keep their own)."""
-        with self._lock:
-            self._mappings.clear()
-
-    def mapping(self, release: Release, handle: Inherited | DupFd | None, capacity: int, retired: tuple[int, ...]) -> mmap.mmap:
-        """The buffer of ``release``, mapped when its first chunk comes (once per buffer), then kept."""
-        with self._lock:
-            for number in retired:
-                self._mappings.pop((release.pool, number), None)
-            key = (release.pool, release.buffer)
-            if handle is not None:
-                descriptor = _descriptor(handle)
-                self.mapped["inherited" if isinstance(handle, Inherited) else "sent"] += 1
-                try:
-                    self._mappings[key] = mmap.mmap(descriptor, capacity)
-                finally:
-                    os.close(descriptor)
-            memory = self._mappings.get(key)
-        if memory is None:
-            raise RuntimeError(f"internal error: a chunk came in buffer {key} of a worker, which this process has not mapped")
-        return memory
-
-
-def _descriptor(handle: Inherited | DupFd) -> int:
-    """A descriptor of a buffer's file, owned by the caller."""
-    if not isinstance(handle, Inherited):
-        return handle.detach()
-    files = InheritedFiles.find(handle.files)
-    fd = files.take(handle.worker, handle.index) if files is not None else None
-    if fd is None:
-        raise RuntimeError(f"internal error: a chunk came in file {handle}, which is closed or was mapped already")
-    return fd
-
-
-def _receive(layout: dict[str, Any], handle: Inherited | DupFd | None, capacity: int, size: int, release: Release, board: int, retired: tuple[int, ...]) -> dict[str, Any]:
-    """Unpickling in the main process: the columns as views of the worker's buffer."""
-    owner = ReleaseBoard.find(board)
-    if owner is None:
-        raise RuntimeError("internal error: a chunk arrived for a loader that no longer exists")
-    if isinstance(handle, Inherited) and InheritedFiles.find(handle.files) is None:
-        # Its pass has ended (the files go with it), but a traceback kept torch's iterator, whose
-        # pin-memory thread still takes chunks off the queue: nothing will read this one.
-        return {}
-    view = memoryview(owner.mapping(release, handle, capacity, retired))[:size]
-    owner.received += 1
-    owner.recycled += release.use > 1
-    # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.
-    weakref.finalize(view, owner.post, release).atexit = False
-    columns = _read(layout, torch.frombuffer(view, dtype=torch.uint8))
-    del view
-    return columns
+        return (receive, (self.layout, self.handle, self.capacity, self.size, self.release, self.board, self.retired))
