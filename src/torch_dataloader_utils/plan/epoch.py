@@ -182,7 +182,7 @@ class EpochPlan:
         if self.drop_target is not None:
             round_robin = lane_schedule([0] * len(lanes), lengths, 0, size, keep_slots=False)
             kept = [0] * len(lanes)
-            for lane, start, stop in cap_batches(round_robin, size, self.drop_target):
+            for lane, _, stop in cap_batches(round_robin, size, self.drop_target):
                 kept[lane] = stop
             lengths = kept
         parts = [(lanes[worker], lengths[worker])]

@@ -30,7 +30,8 @@ class Split:
     def describe(self) -> str:
         if self.row_offset is None:
             return f"{self.path}  full file"
-        return f"{self.path}  rows [{self.row_offset:,}, {self.row_offset + self.row_length:,})"
+        end = self.row_offset + (self.row_length or 0)
+        return f"{self.path}  rows [{self.row_offset:,}, {end:,})"
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def epoch_order(num_splits: int, shuffle: bool, seed: int, epoch: int) -> np.nda
     return stable_permutation([seed, epoch], num_splits)
 
 
-def assign_splits(order: Sequence[int], rank: int, world_size: int, num_workers: int) -> list[list[int]]:
+def assign_splits(order: Sequence[int] | np.ndarray, rank: int, world_size: int, num_workers: int) -> list[list[int]]:
     """Deal the epoch's splits round-robin to ranks, then to this rank's workers.
 
     Returns, for each worker of ``rank``, the split indices it reads in order.

@@ -89,7 +89,9 @@ class Stream:
         owners = self._owners.get(window)
         if owners is None:
             bounds = np.cumsum([p.num_rows for p in self.window_pieces_of(window)])
-            owners = np.searchsorted(bounds, self.window_permutation(window), side="right").astype(np.int32)
+            permutation = self.window_permutation(window)
+            assert permutation is not None, "only shuffled windows have owners"
+            owners = np.searchsorted(bounds, permutation, side="right").astype(np.int32)
             self._owners.clear()
             self._owners[window] = owners
         return owners

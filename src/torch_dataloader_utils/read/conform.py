@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..errors import FileChangedError, WideningError
 
+
 @lru_cache(maxsize=64)
 def _projected(schema: pa.Schema, columns: tuple[str, ...] | None) -> pa.Schema:
     return project(schema, columns)

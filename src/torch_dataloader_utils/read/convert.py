@@ -25,7 +25,6 @@ import torch
 
 from ..catalog.schema import LARGE_TYPES
 
-
 _INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets
 
 Where = Callable[[], str]  # describes a chunk's source; called only when there is an error to report
@@ -260,13 +259,14 @@ def _join(parts: list[Any]) -> Any:
         return _join_tensors(parts)
     if all(isinstance(part, _ListColumn) for part in parts):
         values = [part.values for part in parts]
-        return _ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))
+        # a Joined stands in for each tensor until the transfer builds it in shared memory
+        return _ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))  # type: ignore[arg-type]
     if all(isinstance(part, _StringColumn) for part in parts):
         data = [part.data for part in parts]
         kind, offsets = parts[0].type, [part.offsets for part in parts]
         if sum(len(d) for d in data) > _INT32_OFFSET_MAX and kind in LARGE_TYPES:  # Arrow chunks each under 2 GiB, together over
             kind, offsets = LARGE_TYPES[kind], [o.to(torch.int64) for o in offsets]
-        return _StringColumn(kind, _join_offsets(offsets, [len(d) for d in data]), _join_tensors(data))
+        return _StringColumn(kind, _join_offsets(offsets, [len(d) for d in data]), _join_tensors(data))  # type: ignore[arg-type]
     strings: list = []  # strings with nulls in some parts: Python lists
     for part in parts:
         strings.extend(part if isinstance(part, list) else _slice_strings(part, 0, len(part.offsets) - 1))

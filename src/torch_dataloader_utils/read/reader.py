@@ -15,14 +15,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..catalog.build import Catalog
-from ..storage.versions import check_version
-from ..errors import DataReadError, FileChangedError
-from ..storage.paths import is_local, is_remote
+from ..errors import DataReadError, FileChangedError, WideningError
 from ..plan.lanes import Segment, StreamBook
-from ..storage.remote import RemoteReadError
-from ..errors import WideningError
-from .conform import iter_conformed, read_conformed
 from ..plan.streams import Piece, Stream
+from ..storage.paths import is_local, is_remote
+from ..storage.remote import RemoteReadError
+from ..storage.versions import check_version
+from .conform import iter_conformed, read_conformed
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2

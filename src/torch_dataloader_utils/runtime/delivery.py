@@ -141,7 +141,7 @@ class RankDelivery:
                 progress.advance(chunk.lane, chunk.stop, chunk.stop, following[index], padding=padding)
                 continue
             task = tasks[index]
-            for batch, end in chunk.batches(size, lambda: self.reader.describe(task)):
+            for batch, end in chunk.batches(size, lambda task=task: self.reader.describe(task)):
                 self._check_pass(current)
                 if stats is not None:
                     stats.handing_out(batch)

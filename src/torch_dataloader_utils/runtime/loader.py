@@ -151,7 +151,7 @@ class StructuredDataLoader:
         self._sampler = _TaskSampler(self._board)
         if workers:
             _preload_worker_imports()
-        self._loader_kwargs = dict(
+        self._loader_kwargs: dict[str, Any] = dict(
             batch_size=None,
             sampler=self._sampler,
             num_workers=workers,
@@ -164,6 +164,11 @@ class StructuredDataLoader:
             worker_init_fn=_WorkerStart(os.getpid() if self._forks else None) if workers else None,
         )
         self._loader = DataLoader(self._source(), **self._loader_kwargs)
+
+    def _chunk_source(self) -> _ChunkSource:
+        source = self._loader.dataset
+        assert isinstance(source, _ChunkSource)
+        return source
 
     def _source(self) -> _ChunkSource:
         if self._board is not None:
@@ -197,8 +202,9 @@ class StructuredDataLoader:
         if self._board is None or not self._forks or self._workers_started:
             return None
         self._workers_started = self._loader_kwargs["persistent_workers"]
-        self._loader.dataset.files = transfer.InheritedFiles(self.dataset.num_workers)
-        return self._loader.dataset.files
+        files = transfer.InheritedFiles(self.dataset.num_workers)
+        self._chunk_source().files = files
+        return files
 
     def _chunks(self) -> Iterator[Chunk]:
         """The torch DataLoader's chunks; a dead worker becomes one clear error, and the
@@ -211,7 +217,7 @@ class StructuredDataLoader:
                 chunks = iter(self._loader)  # forks the workers (they copy the files)
             finally:
                 if not self._loader_kwargs["persistent_workers"]:
-                    self._loader.dataset.files = None  # this pass holds them: they close when it ends
+                    self._chunk_source().files = None  # this pass holds them: they close when it ends
             yield from chunks
         except (KeyboardInterrupt, SystemExit):
             # Interrupted inside torch's iterator (Ctrl-C, a signal handler's exception): a persistent

@@ -59,6 +59,6 @@ class WorkerStream:
             delivery.note_skipped(chunk.skipped)
             if chunk.num_read == 0:
                 positions[worker] = base + task.stop
-            for batch, end in chunk.batches(size, lambda: delivery.reader.describe(task)):
+            for batch, end in chunk.batches(size, lambda task=task: delivery.reader.describe(task)):
                 positions[worker] = base + end
                 yield batch

@@ -61,11 +61,11 @@ def restore_elastic(state: Mapping[str, Any], check: PlanCheck) -> Progress:
     units = []
     known_targets: dict[tuple[int, int, int], int] = {}  # the same for every old rank without dealt lanes
     for part in rank_parts(state):
-        topology = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
-        if not all(is_count(v) for v in topology.values()):
-            raise mismatch("Checkpoint state has a damaged topology.", [], [f"rank entry says {topology}"])
-        progress = validate_rank_state(part, check.config(**topology), check.fingerprint, base.book, check.splits, base.lane_length)
-        old = Topology(**topology)
+        saved: dict[str, Any] = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
+        if not all(is_count(v) for v in saved.values()):
+            raise mismatch("Checkpoint state has a damaged topology.", [], [f"rank entry says {saved}"])
+        progress = validate_rank_state(part, check.config(**saved), check.fingerprint, base.book, check.splits, base.lane_length)
+        old = Topology(int(saved["rank"]), int(saved["world_size"]), int(saved["num_workers"]))
         lanes = list(progress.dealt) if progress.dealt is not None else base.book.canonical_lanes(progress.epoch, old.rank, old.world_size, old.num_workers)
         ends = [base.lane_length(lane) for lane in lanes]
         old_target = _old_drop_target(part, progress, old, base, known_targets)
@@ -101,10 +101,10 @@ def check_worker_state(state: Mapping[str, Any], check: PlanCheck, files_digest:
 
 def _saved_target(state: Mapping[str, Any]) -> int:
     """The batch target a state with dealt lanes must carry."""
-    target = state.get(BATCH_TARGET)
+    target: Any = state.get(BATCH_TARGET)
     if not is_count(target):
         raise mismatch("Checkpoint state key 'batch_target' is missing or damaged.", [], ["a state with 'lanes' must carry its batch target"])
-    return target
+    return int(target)
 
 
 def _old_drop_target(part: Mapping[str, Any], progress: Progress, old: Topology, base: EpochPlan, known: dict[tuple[int, int, int], int]) -> int | None:

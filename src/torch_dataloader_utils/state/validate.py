@@ -36,6 +36,7 @@ from .schema import (
     progress_content,
 )
 
+
 def _describe(entry: Any) -> str:
     if isinstance(entry, Mapping) and "path" in entry:
         try:
@@ -265,7 +266,9 @@ def validate_rank_state(
             )
         expected, partial = progress_content(book, lane, position, splits)
         in_progress = state.get(IN_PROGRESS)
-        saved_partial = in_progress[worker].get(SPLITS) if isinstance(in_progress, list) and worker < len(in_progress) and isinstance(in_progress[worker], Mapping) else None
+        saved_partial = None
+        if isinstance(in_progress, list) and worker < len(in_progress) and isinstance(in_progress[worker], Mapping):
+            saved_partial = in_progress[worker].get(SPLITS)
         if entry.get(SPLITS) != expected or saved_partial != partial:
             saved = entry.get(SPLITS)
             raise mismatch(
