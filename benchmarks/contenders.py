@@ -1,8 +1,10 @@
-"""The four contenders behind one interface: ``start(cfg, state) -> (batches, save_state)``.
+"""The four contenders and the ideal feeder behind one interface: ``start(cfg, state) -> (batches, save_state)``.
 
 ``batches`` yields dicts of tensors / lists (or, for the ceiling, a row count per decoded
-row group); ``save_state()`` returns a picklable resume state taken after the batches
-received so far. Optional dependencies are imported inside each contender.
+batch); ``save_state()`` returns a picklable resume state taken after the batches
+received so far. Optional dependencies are imported inside each contender. The training loop's
+reading of the batches (``consume.read_batch``) is run.py's, except in the ceiling, which reads
+what it decodes in the processes that decode it (``touch=True``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from consume import read_batch, slices
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -64,7 +67,10 @@ def _my_files(files: list[str]) -> tuple[list[str], int]:
 CEILING_BATCH_ROWS = 16384  # iter_batches at 16,384 rows decoded faster than read_row_group (text: 1.7 vs 2.5 CPU s)
 
 
-def _decode_files(files: list[str], columns: list[str], queue: Any) -> None:
+def _decode_files(files: list[str], columns: list[str], touch: bool, batch_size: int, queue: Any) -> None:
+    """Decode ``files`` into tensors; with ``touch``, read them too, as the training loop reads
+    (``read_batch`` on each ``batch_size``-row slice, so that the ceiling pays as many reads of
+    the same size as a loop that gets batches of ``batch_size``)."""
     torch.set_num_threads(1)  # as in a DataLoader worker
     if sys.platform.startswith("linux"):  # as (d)'s workers do (PR_SET_THP_DISABLE): text decodes ~7% cheaper
         ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
@@ -72,7 +78,10 @@ def _decode_files(files: list[str], columns: list[str], queue: Any) -> None:
         source = pq.ParquetFile(path)
         for group in range(source.metadata.num_row_groups):
             for batch in source.iter_batches(batch_size=CEILING_BATCH_ROWS, row_groups=[group], columns=columns, use_threads=False):
-                to_torch(batch)
+                tensors = to_torch(batch)
+                if touch:
+                    for part in slices(tensors, batch.num_rows, batch_size):
+                        read_batch(part)
                 queue.put(batch.num_rows)  # per decoded batch, so its first batch means what (d)'s does
     queue.put(None)
 
@@ -98,10 +107,12 @@ def _from_processes(target: Callable[..., None], args_per_worker: list[tuple]) -
         proc.join()
 
 
-def start_ceiling(cfg: Config, state: Any = None) -> Started:
-    """Raw decode into tensors in num_workers processes; nothing crosses a process boundary."""
+def start_ceiling(cfg: Config, state: Any = None, touch: bool = True) -> Started:
+    """Raw decode into tensors in num_workers processes, read there when ``touch``; nothing
+    crosses a process boundary."""
     workers = max(1, cfg.num_workers)
-    return _from_processes(_decode_files, [(cfg.files[w::workers], cfg.columns) for w in range(workers)]), lambda: None
+    args = [(cfg.files[w::workers], cfg.columns, touch, cfg.batch_size) for w in range(workers)]
+    return _from_processes(_decode_files, args), lambda: None
 
 
 # --------------------------------------------------------- (b) hand-written
@@ -187,6 +198,26 @@ def start_ours(cfg: Config, state: Any = None, **options: Any) -> Started:
     return loader, dataset.state_dict
 
 
+# ------------------------------------------------------------- the ideal feeder
+def prepare_ideal(cfg: Config) -> list[dict[str, Any]]:
+    """The epoch's batches (``batch_size`` rows, file after file), decoded in this process
+    before the clock starts and copied into memory of its own (``clone``: torch's allocator,
+    pages already faulted in), as a loader that costs the training loop nothing would hand them
+    over. Not cache-warm: the set is far larger than the caches, as the loaders' batches are."""
+    out = []
+    for path in cfg.files:
+        source = pq.ParquetFile(path)
+        for batch in source.iter_batches(batch_size=cfg.batch_size, columns=cfg.columns, use_threads=False):
+            out.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in to_torch(batch).items()})
+    return out
+
+
+def start_ideal(cfg: Config, state: Any = None, prepared: list[dict[str, Any]] | None = None) -> Started:
+    """The batches ``prepare_ideal`` made, handed over one by one: the upper bound a training
+    loop can see (its own reading of ordinary memory, nothing else)."""
+    return iter(prepared if prepared is not None else prepare_ideal(cfg)), lambda: None
+
+
 # ------------------------------------- references: the scaffolding, nothing read
 def _send_nothing(items: int, queue: Any) -> None:
     for _ in range(items):
@@ -224,6 +255,7 @@ CONTENDERS: dict[str, Callable[..., Started]] = {
     "b_handwritten": start_handwritten,
     "c_hf_datasets": start_hf,
     "d_this_library": start_ours,
+    "i_ideal_feeder": start_ideal,
 }
 # not in the table: what an epoch with nothing to read costs (run.py's fixed-cost line)
 REFERENCES: dict[str, Callable[..., Started]] = {
@@ -240,11 +272,18 @@ def warm_hf(cfg: Config) -> None:
 
 # run before the clock starts, like the imports
 WARMUPS: dict[str, Callable[[Config], None]] = {"c_hf_datasets": warm_hf}
+# run before the clock starts; what they return is passed to the contender's start as ``prepared``
+PREPARES: dict[str, Callable[[Config], Any]] = {"i_ideal_feeder": prepare_ideal}
+# read what they decode in their own processes (their start takes ``touch``), not in run.py's loop
+READS_IN_WORKERS = ("a_ceiling",)
+# have no untouched figure (an ideal feeder that nobody reads measures nothing)
+TOUCHED_ONLY = ("i_ideal_feeder",)
 # imported before the clock starts (pyarrow imports pandas lazily, in whichever process converts first)
 IMPORTS = {
     "a_ceiling": ("pandas",),
     "b_handwritten": ("pandas",),
     "c_hf_datasets": ("pandas", "datasets", "torchdata.stateful_dataloader"),
+    "i_ideal_feeder": ("pandas",),
     "d_this_library": (
         "pandas",
         "torch_dataloader_utils.dataset",
@@ -261,4 +300,5 @@ LABELS = {
     "b_handwritten": "(b) hand-written IterableDataset",
     "c_hf_datasets": "(c) HF datasets + StatefulDataLoader",
     "d_this_library": "(d) torch_dataloader_utils",
+    "i_ideal_feeder": "ideal feeder (pre-decoded, in memory)",
 }
