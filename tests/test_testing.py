@@ -266,6 +266,16 @@ class IgnoresSetEpochAfterALoad(Wrapper):
             super().set_epoch(epoch)
 
 
+class StaleEpoch(Wrapper):
+    """Reports the epoch set_epoch chose, not the one load_state_dict restored."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        super().set_epoch(epoch)
+
+
 @pytest.mark.parametrize(
     "cls, epochs, match",
     [
@@ -277,6 +287,7 @@ class IgnoresSetEpochAfterALoad(Wrapper):
         (ForgetsItsCounterOnLoad, 1, r"state_dict\(\) right after loading differs from the loaded state in \['count'\]"),
         (ReplaysButCountsFromTheResume, 1, r"after batch 0 of epoch 0, one batch, then a second resume: batch 2 differs"),
         (IgnoresSetEpochAfterALoad, 2, r"after batch 0 of epoch 0, then epoch 1: batch 0 differs"),
+        (StaleEpoch, 2, r"after batch 0 of epoch 1: dataset.epoch is 0 after load_state_dict, but the state was saved in epoch 1"),
     ],
 )
 def test_a_broken_wrapper_fails_naming_the_check(data, cls, epochs, match):

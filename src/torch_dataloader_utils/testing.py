@@ -214,12 +214,8 @@ def _check_point(make: _Make, ref: Reference, epoch: int, k: int, deep: bool, ba
     """Check 2 at one point; with ``deep`` also 3, 5 and 6."""
     name = f"resume from the state after batch {k} of epoch {epoch}"
     last = k == len(ref.batches[epoch]) - 1
-    loader, dataset = make()
-    if deep and last:  # no second resume from here: check 3 on this one
-        _load_and_check_state(loader, dataset, ref.states[epoch][k], name, save, load, ignore)
-    else:
-        load(loader, dataset, json.loads(json.dumps(ref.states[epoch][k])))
-    dataset.set_epoch(epoch)
+    # at an epoch's last point there is no second resume to run check 3 on: run it here
+    loader, dataset = _resume(make, ref.states[epoch][k], epoch, name, deep and last, save, load, ignore)
     rest, twice = [], None
     for batch in loader:
         rest.append(batch_key(batch))
@@ -231,19 +227,26 @@ def _check_point(make: _Make, ref: Reference, epoch: int, k: int, deep: bool, ba
     for later in range(epoch + 1, len(ref.batches)):  # check 5: the epochs after the resumed one
         dataset.set_epoch(later)
         _compare([batch_key(b) for b in loader], ref.batches[later], f"{name}, then epoch {later}", 0)
-    if twice is not None:  # check 6 (and 3): resume again from the state saved one batch after this resume
+    if twice is not None:  # checks 6 and 3: resume again from the state saved one batch after this resume
         name = f"{name}, one batch, then a second resume"
-        loader, dataset = make()
-        _load_and_check_state(loader, dataset, twice, name, save, load, ignore)
-        dataset.set_epoch(epoch)
+        loader, dataset = _resume(make, twice, epoch, name, True, save, load, ignore)
         _compare([batch_key(b) for b in loader], ref.batches[epoch][k + 2 :], name, k + 2)
 
 
-def _load_and_check_state(loader: Any, dataset: Any, state: dict, name: str, save: _Save, load: _Load, ignore: frozenset[str]) -> None:
-    """Check 3: the state saved right after loading (before iterating) equals the loaded one."""
+def _resume(make: _Make, state: dict, epoch: int, name: str, check_state: bool, save: _Save, load: _Load,
+            ignore: frozenset[str]) -> tuple[Any, Any]:
+    """A fresh ``make()`` that loads ``state`` (a JSON copy) and selects ``epoch``, as a training loop
+    does; with ``check_state``, check 3 between the two: the state saved at once equals the loaded one."""
+    loader, dataset = make()
     load(loader, dataset, json.loads(json.dumps(state)))
-    again = _json_state(save(loader, dataset), f"{name}: state_dict() right after loading")
-    differs = sorted(key for key in set(state) | set(again) if key not in ignore and state.get(key) != again.get(key))
-    if differs:
-        shown = "; ".join(f"{key}: loaded {_short(state.get(key), 120)}, got {_short(again.get(key), 120)}" for key in differs[:3])
-        raise AssertionError(f"{name}: state_dict() right after loading differs from the loaded state in {differs}: {shown}")
+    if check_state:
+        again = _json_state(save(loader, dataset), f"{name}: state_dict() right after loading")
+        differs = sorted(key for key in set(state) | set(again) if key not in ignore and state.get(key) != again.get(key))
+        if differs:
+            shown = "; ".join(f"{key}: loaded {_short(state.get(key), 120)}, got {_short(again.get(key), 120)}" for key in differs[:3])
+            raise AssertionError(f"{name}: state_dict() right after loading differs from the loaded state in {differs}: {shown}")
+    restored = getattr(dataset, "epoch", epoch) if load is _default_load else epoch  # (a StatefulDataLoader loads later)
+    if restored != epoch:
+        raise AssertionError(f"{name}: dataset.epoch is {restored!r} after load_state_dict, but the state was saved in epoch {epoch}")
+    dataset.set_epoch(epoch)
+    return loader, dataset
