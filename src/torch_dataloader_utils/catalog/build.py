@@ -7,6 +7,7 @@ never read a footer again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,8 +23,8 @@ import pyarrow as pa
 from ..formats import FileFormat, get_format
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
-from ..storage.paths import is_local
-from ..storage.remote import IOOptions, RemoteReadError, open_store, prefetched_tails
+from ..storage.paths import is_local, is_remote
+from ..storage.remote import IOOptions, RemoteReadError, open_store
 from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .progress_bar import progress
@@ -108,11 +109,25 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
     rows = []
     for split in splits:
         file = index[split.path]
-        if split.row_offset is None:
+        if split.row_offset is None or split.row_length is None:  # (both None: the whole file)
             rows.append(SplitRows(file, 0, layouts[file].num_rows))
         else:
             rows.append(SplitRows(file, split.row_offset, split.row_offset + split.row_length))
     return rows
+
+
+@contextlib.contextmanager
+def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
+    """While planning: every remote file's tail fetched in one concurrent batch (footers live
+    there); nothing for local files."""
+    if not is_remote(fs):
+        yield
+        return
+    fs.prefetch_tails(entries)
+    try:
+        yield
+    finally:
+        fs.drop_tails()
 
 
 def build_catalog(
@@ -129,7 +144,7 @@ def build_catalog(
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
-    with prefetched_tails(fs, files):
+    with _prefetched_tails(fs, files):
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]

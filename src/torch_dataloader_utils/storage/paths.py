@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def protocol_of(fs: Any) -> str:
-    """The first protocol name of an fsspec filesystem (``"s3"`` for s3fs, ``"file"`` for local)."""
-    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+from .remote import RemoteStore, protocol_of
 
 
 def is_local(fs: Any) -> bool:
@@ -17,6 +14,4 @@ def is_local(fs: Any) -> bool:
 
 def is_remote(fs: Any) -> bool:
     """Whether ``fs`` is a RemoteStore (an object store read through ranged requests)."""
-    from .remote import RemoteStore
-
     return isinstance(fs, RemoteStore)

@@ -11,16 +11,14 @@ transient faults with backoff (retry.py) and serving repeated reads from ``Range
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import FileChangedError
 from .cache import RangeCache, entry_key
-from .paths import protocol_of
 from .pinned_reads import PinnedRead, pinned_read_for
 from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
 from .versions import check_version
@@ -72,6 +70,11 @@ async def _gather(fs: Any, requests: Sequence[tuple[str, int, int, str | None]],
             return await (asyncio.wait_for(read, timeout) if timeout else read)
 
     return await asyncio.gather(*(one(*r) for r in requests), return_exceptions=True)
+
+
+def protocol_of(fs: Any) -> str:
+    """The first protocol name of an fsspec filesystem (``"s3"`` for s3fs, ``"file"`` for local)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
 
 
 class RemoteStore:
@@ -192,7 +195,8 @@ class RemoteStore:
 
     def _fetch_ranges(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
         """Bytes of each (path, start, end, tag), fetched in parts of at most PART_BYTES."""
-        parts, spans = [], []
+        parts: list[tuple[str, int, int, str | None]] = []
+        spans: list[tuple[int, int]] = []
         for path, start, end, tag in requests:
             first = len(parts)
             parts += [(path, s, min(s + PART_BYTES, end), tag) for s in range(start, end, PART_BYTES)]
@@ -253,10 +257,14 @@ class RemoteStore:
                 continue
             self.fs.invalidate_cache(path)  # fsspec may answer from the listing made at planning
             try:
-                info = self.call(lambda fs, path=path: self.info(path), f"info of {url}")
+                info = self._info(path, url)
             except Exception as error:  # re-raised as the read failure it is
                 raise RemoteReadError(f"checking the version of {url} after reading it failed: {type(error).__name__}: {error}") from error
             check_version(info, size, tag)
+
+    def _info(self, path: str, url: str) -> dict:
+        """``info(path)``, transient faults retried."""
+        return self.call(lambda fs: self.info(path), f"info of {url}")
 
     @staticmethod
     def _cache_put(cache: RangeCache, key: str, data: bytes) -> None:
@@ -310,19 +318,6 @@ class RemoteStore:
     def drop_tails(self) -> None:
         """Forget the prefetched tails not taken (planning is over)."""
         self._tails = {}
-
-
-@contextlib.contextmanager
-def prefetched_tails(fs: Any, entries: Sequence[Any]) -> Iterator[None]:
-    """While planning: every remote file's tail fetched in one concurrent batch (no-op for local)."""
-    if not isinstance(fs, RemoteStore):
-        yield
-        return
-    fs.prefetch_tails(entries)
-    try:
-        yield
-    finally:
-        fs.drop_tails()
 
 
 def open_store(fs: Any, options: IOOptions | None) -> Any:
