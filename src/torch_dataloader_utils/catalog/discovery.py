@@ -199,7 +199,7 @@ def infer_format(files: list[FileEntry]) -> str:
     unknown = [u for u, k in kinds.items() if k is None]
     if unknown:
         raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format='parquet' or 'orc'")
-    distinct = sorted(set(kinds.values()))
+    distinct = sorted({k for k in kinds.values() if k is not None})
     if len(distinct) > 1:
         raise ValueError(f"files of several formats {distinct} found; pass format= or a path holding one format")
     return distinct[0]

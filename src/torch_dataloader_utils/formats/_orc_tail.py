@@ -21,6 +21,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa
 
@@ -54,7 +55,10 @@ class OrcTail:
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """A protobuf message's fields as (field number, value): an int for a varint, else bytes
+    (a nested message, a packed run, a string, or a fixed-size value as it is stored)."""
     pos = 0
+    value: int | bytes
     while pos < len(data):
         key, pos = read_varint(data, pos)
         number, wire = key >> 3, key & 7
@@ -157,7 +161,7 @@ def stream_ranges(stripe: Stripe, footer: bytes, tail: OrcTail, columns: list[st
     for number, value in _fields(_decompress(footer, tail.compression)):
         if number != 1:
             continue
-        stream = dict(_fields(value))
+        stream = dict(_fields(cast(bytes, value)))  # (field 1: a Stream message)
         length, column = int(stream.get(3, 0)), int(stream.get(2, 0))
         if length and any(first <= column <= last for first, last in ranges):
             if wanted and wanted[-1][1] == offset:
@@ -185,13 +189,14 @@ def read_tail(source, file_size: int) -> OrcTail:
         source.seek(file_size - need)
         tail = source.read(need)
     footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)))
-    stripes, types = [], []
+    stripes: list[Stripe] = []
+    types: list[bytes] = []
     for number, value in _fields(footer):
         if number == 3:
-            info = dict(_fields(value))
+            info = dict(_fields(cast(bytes, value)))  # (field 3: a StripeInformation message)
             footer_length = int(info.get(4, 0))
             length = int(info.get(2, 0)) + int(info.get(3, 0)) + footer_length
             stripes.append(Stripe(int(info.get(1, 0)), length, int(info.get(5, 0)), footer_length))
         elif number == 4:
-            types.append(value)
+            types.append(cast(bytes, value))  # (field 4: a Type message)
     return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)))

@@ -109,8 +109,9 @@ def check_cut(source: Any, plan: CutPlan, group_rows: int) -> Cut:
     rows = [header.rows if header.rows is not None else header.values // per_row if per_row else None for header in headers]
     if None in rows:  # V1 pages of a list column count values, not rows: the cut cannot be checked
         return plan.whole()
-    if sum(rows) != side_rows:
-        raise ThriftError(f"the pages hold {sum(rows)} rows where the page index says {side_rows}")
+    held = sum(count for count in rows if count is not None)
+    if held != side_rows:
+        raise ThriftError(f"the pages hold {held} rows where the page index says {side_rows}")
     values = sum(header.values for header in headers)
     num_values = values if plan.count_kept else plan.num_values - values
     # Writers fall back from dictionary to plain encoding once per column chunk, never back: the

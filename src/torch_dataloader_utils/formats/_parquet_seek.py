@@ -127,11 +127,13 @@ def _leaves(schema: pa.Schema, columns: list[str] | None, num_leaves: int) -> di
     wanted = names if columns is None else list(columns)
     if len(set(names)) != len(names) or len(set(wanted)) != len(wanted) or not set(wanted) <= set(names):
         return None
-    first_leaf, leaf = {}, 0
+    first_leaf: dict[str, int] = {}  # of the columns with one leaf
+    leaf = 0
     for field in schema:
-        first_leaf[field.name] = leaf if _leaf_count(field.type) == 1 else None
+        if _leaf_count(field.type) == 1:
+            first_leaf[field.name] = leaf
         leaf += _leaf_count(field.type)
-    if leaf != num_leaves or any(first_leaf[name] is None for name in wanted):
+    if leaf != num_leaves or any(name not in first_leaf for name in wanted):
         return None
     return {name: first_leaf[name] for name in wanted}
 
@@ -178,11 +180,12 @@ def iter_from_row(
     group = row_group(thrift, unit)
     chunks = group.structs(GROUP_COLUMNS)
     num_rows = group.integer(GROUP_NUM_ROWS)
-    plans = {
+    planned = {
         name: _plan(source, chunks[leaf], row, num_rows, _values_per_row(footer, unit, leaf, schema.field(name).type), fetch is not None)
         for name, leaf in leaves.items()
     }
-    if any(plan is None for plan in plans.values()) or all(isinstance(plan, Cut) for plan in plans.values()):
+    plans = {name: plan for name, plan in planned.items() if plan is not None}
+    if len(plans) < len(planned) or all(isinstance(plan, Cut) for plan in plans.values()):
         return None
     if fetch is not None:
         fetch([r for plan in plans.values() for r in (plan.ranges() if isinstance(plan, CutPlan) else plan.whole_range())])

@@ -195,7 +195,8 @@ class _Reader:
     def struct(self, depth: int, only: tuple[int, int] | None = None) -> Struct:
         if depth > MAX_DEPTH:
             raise ThriftError("values nested too deeply")
-        fields, last = [], 0
+        fields: list[list[Any]] = []
+        last = 0
         while True:
             header = self.byte()
             kind = header & 0x0F

@@ -57,13 +57,13 @@ class _RemoteOrcReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         stripe = self._footer.layout.stripes[unit]
-        every = not _selectable(columns) or set(self._footer.layout.column_ids) <= set(columns)
-        if every or not stripe.footer_length:
-            self._source.fetch([(stripe.offset, stripe.offset + stripe.length)])
-        else:
+        some = columns if columns is not None and _selectable(columns) and not set(self._footer.layout.column_ids) <= set(columns) else None
+        if some is not None and stripe.footer_length:  # some columns: their streams alone
             self._source.fetch([(stripe.footer_start, stripe.offset + stripe.length)])
             footer = bytes(self._source.read_range(stripe.footer_start, stripe.offset + stripe.length))
-            self._source.fetch(stream_ranges(stripe, footer, self._footer.layout, columns))
+            self._source.fetch(stream_ranges(stripe, footer, self._footer.layout, some))
+        else:
+            self._source.fetch([(stripe.offset, stripe.offset + stripe.length)])
         try:
             if self._file is None:
                 self._file = orc.ORCFile(self._source)

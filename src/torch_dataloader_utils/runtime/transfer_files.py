@@ -36,7 +36,7 @@ class Inherited(NamedTuple):
 
     files: int
     worker: int
-    index: int
+    index: int  # type: ignore[assignment]  # (a field, in place of tuple.index)
 
 
 def _close_files(rows: list[list[int | None]]) -> None:

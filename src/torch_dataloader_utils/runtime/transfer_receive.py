@@ -11,7 +11,6 @@ import mmap
 import os
 import threading
 import weakref
-from multiprocessing.reduction import DupFd
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -19,7 +18,7 @@ import torch
 from ..read.convert import replace_leaves, tensor_nbytes
 from .transfer_files import Inherited, InheritedFiles
 
-Handle = Any  # how the main process maps a buffer: Inherited, a DupFd, or None (mapped already)
+Handle = Any  # how the main process maps a buffer: Inherited, a multiprocessing DupFd, or None (mapped already)
 
 
 class Release(NamedTuple):
@@ -104,7 +103,7 @@ class ReleaseBoard:
         with self._lock:
             self._mappings.clear()
 
-    def mapping(self, release: Release, handle: Inherited | DupFd | None, capacity: int, retired: tuple[int, ...]) -> mmap.mmap:
+    def mapping(self, release: Release, handle: Handle, capacity: int, retired: tuple[int, ...]) -> mmap.mmap:
         """The buffer of ``release``, mapped when its first chunk comes (once per buffer), then kept."""
         with self._lock:
             for number in retired:
@@ -123,7 +122,7 @@ class ReleaseBoard:
         return memory
 
 
-def _descriptor(handle: Inherited | DupFd) -> int:
+def _descriptor(handle: Handle) -> int:
     """A descriptor of a buffer's file, owned by the caller."""
     if not isinstance(handle, Inherited):
         return handle.detach()
@@ -135,7 +134,7 @@ def _descriptor(handle: Inherited | DupFd) -> int:
 
 
 def receive(
-    layout: dict[str, Any], handle: Inherited | DupFd | None, capacity: int, size: int, release: Release, board: int, retired: tuple[int, ...]
+    layout: dict[str, Any], handle: Handle, capacity: int, size: int, release: Release, board: int, retired: tuple[int, ...]
 ) -> dict[str, Any]:
     """Unpickling a packed chunk in the main process: the columns as views of the worker's buffer."""
     owner = ReleaseBoard.find(board)

@@ -95,18 +95,21 @@ class RangeCache:
             pass
         return data
 
-    def put(self, key: str, data: bytes | Iterable[bytes]) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
         """Store an entry (bytes or an iterable of byte chunks), then evict down to the limit."""
+        chunks: Iterable[bytes | bytearray | memoryview]
         if isinstance(data, (bytes, bytearray, memoryview)):
             if self.limit_bytes is not None and len(data) + _CHECKSUM_BYTES > self.limit_bytes:
                 return
-            data = [data]
+            chunks = [data]
+        else:
+            chunks = data
         tmp = os.path.join(self.root, f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}{_TMP_SUFFIX}")
         written, crc = 0, 0
         try:
             with open(tmp, "wb") as handle:
                 handle.write(bytes(_CHECKSUM_BYTES))
-                for chunk in data:
+                for chunk in chunks:
                     written += handle.write(chunk)
                     crc = zlib.crc32(chunk, crc)
                 handle.seek(0)
