@@ -14,6 +14,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointMismatchError": "errors",
     "DataReadError": "errors",
+    "FileChangedError": "errors",
+    "RemoteReadError": "errors",
+    "WideningError": "errors",
     "FileLayout": "plan.splits",
     "Ragged": "read.convert",
     "Split": "plan.splits",
@@ -27,11 +30,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .read.convert import Ragged
     from .dataset import StructuredDataset
-    from .errors import CheckpointMismatchError, DataReadError
-    from .runtime.loader import StructuredDataLoader
+    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
+    from .read.convert import Ragged
+    from .runtime.loader import StructuredDataLoader
 
 
 def __getattr__(name: str) -> Any:

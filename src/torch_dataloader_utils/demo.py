@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TextIO
 
 from .state.schema import COMPLETED_SHARDS, EPOCH, IN_PROGRESS
@@ -105,6 +106,12 @@ def _save_atomic(path: str, write) -> None:
     os.replace(temporary, path)
 
 
+def _save_torch(value: Any, path: str) -> None:
+    import torch
+
+    torch.save(value, path)
+
+
 def _write_json(path: str, value: Any) -> None:
     with open(path, "w") as f:
         json.dump(value, f)
@@ -138,10 +145,10 @@ def run_train(workdir: str, fmt: str, checkpoint_at: float) -> None:
             _say(f"  step {step:4d}  loss {loss:.4f}")
         if step == checkpoint_step:
             state = dataset.state_dict()
-            _save_atomic(os.path.join(workdir, "dataset_state.json"), lambda p: _write_json(p, state))
+            _save_atomic(os.path.join(workdir, "dataset_state.json"), partial(_write_json, value=state))
             payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                        "seen_ids": torch.cat(seen), "fresh_start_s": fresh_s}
-            _save_atomic(os.path.join(workdir, "model.pt"), lambda p: torch.save(payload, p))
+            _save_atomic(os.path.join(workdir, "model.pt"), partial(_save_torch, payload))
             _say(f"  step {step:4d}  loss {loss:.4f}  checkpoint saved: dataset_state.json + model.pt")
         if step == crash_step:
             _say(f"  step {step:4d}  killing this process with SIGKILL (the {step - checkpoint_step} steps "
@@ -171,13 +178,14 @@ def run_resume(workdir: str, fmt: str) -> None:
         state = json.load(file)
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
-    step = checkpoint["step"]
-    _say(f"run 2 (pid {os.getpid()}): resuming after step {step}")
+    saved_step = checkpoint["step"]
+    _say(f"run 2 (pid {os.getpid()}): resuming after step {saved_step}")
     loading = time.perf_counter()
     dataset.load_state_dict(state)
     dataset.set_epoch(state[EPOCH])  # safe: the restored epoch keeps its progress
-    resume_s, seen, loss = None, [], float("nan")
-    for step, batch in enumerate(loader, start=step + 1):
+    resume_s, seen, loss, step = None, [], float("nan"), saved_step
+    for batch in loader:
+        step += 1
         if resume_s is None:
             resume_s = time.perf_counter() - loading
             _say(f"  first batch {resume_s:.3f} s after load_state_dict")

@@ -23,6 +23,12 @@ class FileChangedError(OSError):
     Raised while reading, it reaches the user inside a DataReadError."""
 
 
+class RemoteReadError(OSError):
+    """A read from an object store that failed for good: a permanent fault, or a transient one that
+    outlasted ``download_retry`` retries. The message names the file and what the store answered.
+    Raised while reading, it reaches the user inside a DataReadError naming the split."""
+
+
 class WideningError(ValueError):
     """A value of one file does not fit the type its column is read as in all files (see the
     schema rule in docs/reliability.md). Raised while reading, it reaches the user inside a

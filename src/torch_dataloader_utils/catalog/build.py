@@ -20,11 +20,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..errors import RemoteReadError
 from ..formats import FileFormat, get_format
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote
-from ..storage.remote import IOOptions, RemoteReadError, open_store
+from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .progress_bar import progress

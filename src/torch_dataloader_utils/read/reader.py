@@ -15,11 +15,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..catalog.build import Catalog
-from ..errors import DataReadError, FileChangedError, WideningError
+from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningError
 from ..plan.lanes import Segment, StreamBook
 from ..plan.streams import Piece, Stream
 from ..storage.paths import is_local, is_remote
-from ..storage.remote import RemoteReadError
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
 

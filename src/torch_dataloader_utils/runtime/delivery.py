@@ -9,6 +9,7 @@ supersedes older iterators, which then raise instead of counting rows twice.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..plan.epoch import EpochPlan
@@ -141,7 +142,7 @@ class RankDelivery:
                 progress.advance(chunk.lane, chunk.stop, chunk.stop, following[index], padding=padding)
                 continue
             task = tasks[index]
-            for batch, end in chunk.batches(size, lambda task=task: self.reader.describe(task)):
+            for batch, end in chunk.batches(size, partial(self.reader.describe, task)):
                 self._check_pass(current)
                 if stats is not None:
                     stats.handing_out(batch)

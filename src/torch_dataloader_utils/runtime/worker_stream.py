@@ -4,6 +4,7 @@ which the StatefulDataLoader saves per worker and hands back on resume."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Iterator
 
 import torch
@@ -59,6 +60,6 @@ class WorkerStream:
             delivery.note_skipped(chunk.skipped)
             if chunk.num_read == 0:
                 positions[worker] = base + task.stop
-            for batch, end in chunk.batches(size, lambda task=task: delivery.reader.describe(task)):
+            for batch, end in chunk.batches(size, partial(delivery.reader.describe, task)):
                 positions[worker] = base + end
                 yield batch

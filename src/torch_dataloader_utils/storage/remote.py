@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import FileChangedError
+from ..errors import FileChangedError, RemoteReadError
 from .cache import RangeCache, entry_key
 from .pinned_reads import PinnedRead, pinned_read_for
 from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
@@ -51,10 +51,6 @@ class IOOptions:
             raise ValueError(f"cache_limit_bytes must be positive or None, got {self.cache_limit_bytes}")
         if self.cache_limit_bytes is not None and self.cache_dir is None:
             raise ValueError("cache_limit_bytes needs cache_dir")
-
-
-class RemoteReadError(OSError):
-    """A remote read that failed for good (permanent fault, or retries exhausted)."""
 
 
 async def _within(coroutine: Any, timeout: float) -> Any:
