@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # DataLoader arguments the loader sets itself (create_dataloader refuses them by name)
 _FIXED_LOADER_OPTIONS = {"collate_fn", "worker_init_fn", "sampler", "batch_sampler", "generator", "in_order"}
-_LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")
+_LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context", "device")
 
 
 class StructuredDataset(IterableDataset):
@@ -112,8 +112,10 @@ class StructuredDataset(IterableDataset):
 
         Takes the dataset's arguments plus the DataLoader's ``pin_memory``,
         ``prefetch_factor``, ``persistent_workers``, ``timeout`` and
-        ``multiprocessing_context``.
+        ``multiprocessing_context``, and ``device``: None (batches in host memory) or a
+        CUDA device the batches arrive on, copied ahead of the loop on a side stream.
         """
+        from .runtime.device_feed import check_device
         from .runtime.loader import StructuredDataLoader
 
         loader_kwargs = {k: kwargs.pop(k) for k in _LOADER_OPTIONS if k in kwargs}
@@ -124,6 +126,7 @@ class StructuredDataset(IterableDataset):
                 f"(batches come from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; "
                 "for a DataLoader of your own, see docs/stateful-dataloader.md"
             )
+        check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
         dataset = cls(path, format, **kwargs)
         return StructuredDataLoader(dataset, **loader_kwargs), dataset
 

@@ -7,7 +7,7 @@ one transfer between processes carries many batches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -36,6 +36,7 @@ class Chunk:
     columns: dict[str, Any]
     present: np.ndarray | None = None  # offsets (from start) of the rows read, when some were skipped
     skipped: dict[int, str] = field(default_factory=dict)  # split -> error, with on_error="skip"
+    ready: Callable[[], None] | None = None  # called before the first batch is handed out (a device copy's wait)
 
     @property
     def num_read(self) -> int:

@@ -37,12 +37,16 @@ class Ragged(NamedTuple):
     offsets: torch.Tensor
 
 
-class _ListColumn(NamedTuple):
+class ListColumn(NamedTuple):
+    """A list column of a chunk: its values and Arrow offsets (on the device when fed to one,
+    with ``host_offsets`` kept for slicing)."""
+
     values: torch.Tensor
     offsets: torch.Tensor
+    host_offsets: torch.Tensor | None = None
 
 
-class _StringColumn(NamedTuple):
+class StringColumn(NamedTuple):
     """Strings / binary of a chunk as their Arrow offsets and bytes (two tensors cross between
     processes instead of one pickled Python object per row); batches build their own list."""
 
@@ -60,7 +64,7 @@ def _strings(array: pa.Array) -> Any:
     wide = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     bounds = np.frombuffer(array.buffers()[1], dtype=np.int64 if wide else np.int32)[array.offset : array.offset + len(array) + 1]
     data = np.frombuffer(array.buffers()[2], dtype=np.uint8)[bounds[0] : bounds[-1]] if array.buffers()[2] else np.zeros(0, np.uint8)
-    return _StringColumn(array.type, torch.from_numpy(bounds - bounds[0]), _tensor(data))
+    return StringColumn(array.type, torch.from_numpy(bounds - bounds[0]), _tensor(data))
 
 
 _READ_ONLY_WARNING_SPENT = False  # torch warns once per process about read-only arrays
@@ -171,7 +175,7 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
             if not (_is_number(values.type) or _is_time_count(values.type)):
                 raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
             inner = _numeric(values, name, where)
-        return _ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
+        return ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
     if _is_number(kind) or pa.types.is_temporal(kind):
         return _numeric(array, name, where)
     raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
@@ -257,16 +261,16 @@ def _join(parts: list[Any]) -> Any:
     """One chunk's column from its converted Arrow chunks, tensors as ``Joined``."""
     if all(isinstance(part, torch.Tensor) for part in parts):
         return _join_tensors(parts)
-    if all(isinstance(part, _ListColumn) for part in parts):
+    if all(isinstance(part, ListColumn) for part in parts):
         values = [part.values for part in parts]
         # a Joined stands in for each tensor until the transfer builds it in shared memory
-        return _ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))  # type: ignore[arg-type]
-    if all(isinstance(part, _StringColumn) for part in parts):
+        return ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))  # type: ignore[arg-type]
+    if all(isinstance(part, StringColumn) for part in parts):
         data = [part.data for part in parts]
         kind, offsets = parts[0].type, [part.offsets for part in parts]
         if sum(len(d) for d in data) > _INT32_OFFSET_MAX and kind in LARGE_TYPES:  # Arrow chunks each under 2 GiB, together over
             kind, offsets = LARGE_TYPES[kind], [o.to(torch.int64) for o in offsets]
-        return _StringColumn(kind, _join_offsets(offsets, [len(d) for d in data]), _join_tensors(data))  # type: ignore[arg-type]
+        return StringColumn(kind, _join_offsets(offsets, [len(d) for d in data]), _join_tensors(data))  # type: ignore[arg-type]
     strings: list = []  # strings with nulls in some parts: Python lists
     for part in parts:
         strings.extend(part if isinstance(part, list) else _slice_strings(part, 0, len(part.offsets) - 1))
@@ -294,7 +298,7 @@ def table_to_columns(table: pa.Table, where: Where, copy: bool = True) -> dict[s
     return build_columns(table_to_joined(table, where), copy)
 
 
-def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:
+def _slice_strings(column: StringColumn, start: int, stop: int) -> list:
     offsets = column.offsets[start : stop + 1].numpy()
     first, last = int(offsets[0]), int(offsets[-1])
     buffers = [None, pa.py_buffer(offsets - first), pa.py_buffer(column.data[first:last].numpy())]
@@ -305,14 +309,17 @@ def _slice_strings(column: _StringColumn, start: int, stop: int) -> list:
         return array.to_pylist()
 
 
-def _slice_list(column: _ListColumn, start: int, stop: int) -> Any:
-    offsets = column.offsets[start : stop + 1]
+def _slice_list(column: ListColumn, start: int, stop: int) -> Any:
+    host = column.offsets if column.host_offsets is None else column.host_offsets
+    offsets = host[start : stop + 1]
     first = int(offsets[0])
     values = column.values[first : int(offsets[-1])]
     offsets = offsets - first
     lengths = offsets[1:] - offsets[:-1]
     if len(lengths) and bool((lengths == lengths[0]).all()):
         return values.reshape(len(lengths), int(lengths[0]), *values.shape[1:])
+    if column.host_offsets is not None:
+        offsets = column.offsets[start : stop + 1] - first
     return Ragged(values, offsets)
 
 
@@ -321,9 +328,9 @@ def slice_columns(columns: dict[str, Any], start: int, stop: int, where: Where |
     ``where`` describes the chunk's rows for an error message."""
     batch = {}
     for name, column in columns.items():
-        if isinstance(column, _ListColumn):
+        if isinstance(column, ListColumn):
             batch[name] = _slice_list(column, start, stop)
-        elif isinstance(column, _StringColumn):
+        elif isinstance(column, StringColumn):
             try:
                 batch[name] = _slice_strings(column, start, stop)
             except UnicodeDecodeError as error:

@@ -141,6 +141,8 @@ class RankDelivery:
             if chunk.num_read == 0:
                 progress.advance(chunk.lane, chunk.stop, chunk.stop, following[index], padding=padding)
                 continue
+            if chunk.ready is not None:
+                chunk.ready()
             task = tasks[index]
             for batch, end in chunk.batches(size, partial(self.reader.describe, task)):
                 self._check_pass(current)

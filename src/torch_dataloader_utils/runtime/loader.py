@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
 from . import transfer
+from .device_feed import DeviceFeed, check_device
 from .stats import LoaderStats
 
 if TYPE_CHECKING:
@@ -140,7 +141,11 @@ class StructuredDataLoader:
         persistent_workers: bool = False,
         timeout: float = 0,
         multiprocessing_context: Any = None,
+        device: Any = None,
     ):
+        self.device = check_device(device)
+        """Where batches arrive: None for host memory, else the CUDA device they are copied to."""
+        self._feed = DeviceFeed(self.device) if self.device is not None else None
         self.dataset = dataset
         """The StructuredDataset this loader reads (state_dict, load_state_dict and set_epoch are its)."""
         self.stats = LoaderStats()
@@ -194,7 +199,8 @@ class StructuredDataLoader:
         delivery = self.dataset.delivery
         tasks = delivery.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
-        return delivery.deliver(tasks, self._chunks(), self.stats)
+        chunks = self._chunks() if self._feed is None else self._feed.chunks(self._chunks(), len(tasks))
+        return delivery.deliver(tasks, chunks, self.stats)
 
     def _new_workers_files(self) -> transfer.InheritedFiles | None:
         """Files for the buffers of the workers the next ``iter()`` forks (None when it forks
