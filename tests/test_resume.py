@@ -3,12 +3,12 @@
 import json
 
 import pytest
+from datagen import write_dataset
+from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 
 from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
 from torch_dataloader_utils.formats import parquet
-
-from datagen import write_dataset
-from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
+from torch_dataloader_utils.testing import assert_resumes_exactly
 
 # three files; row groups of odd sizes so batches and chunks straddle them
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
@@ -49,13 +49,9 @@ def test_resume_at_every_interruption_point(data, fmt, shuffle, workers):
     config = _config(workers, shuffle, fmt)
     loader, dataset = make(data[fmt], **config)
     assert len(dataset.splits) > 3
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    full = assert_resumes_exactly(lambda: make(data[fmt], **config), epochs=1, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
     assert len(full) == len(loader)
-    for k in range(len(full)):
-        after = resume(data[fmt], states[k], **config)
-        assert after == full[k + 1 :], f"resume after batch {k} differs"
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -71,13 +67,8 @@ def test_resume_inside_row_groups_seeks_through_the_page_index(data, workers, mo
 
     monkeypatch.setattr(parquet, "iter_from_row", counted)  # counts in this process (workers=0)
     config = _config(workers, False, "parquet")
-    loader, dataset = make(data["parquet_paged"], **config)
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    full = assert_resumes_exactly(lambda: make(data["parquet_paged"], **config), epochs=1, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
-    for k in range(len(full)):
-        after = resume(data["parquet_paged"], states[k], **config)
-        assert after == full[k + 1 :], f"resume after batch {k} differs"
     if workers == 0:
         assert sum(seeks) > len(full) // 2, seeks
 
@@ -88,13 +79,9 @@ def test_persistent_workers_resume_at_every_point_in_one_live_loader(data, fmt, 
     """The same loader and its persistent workers (their open files and buffers) serve every
     resume: each load_state_dict must win over what the workers read before."""
     config = {**_config(2, shuffle, fmt), "persistent_workers": True}
-    loader, dataset = make(data[fmt], **config)
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    live = make(data[fmt], **config)
+    full = assert_resumes_exactly(lambda: live, epochs=1, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
-    for k in range(len(full)):
-        dataset.load_state_dict(json.loads(json.dumps(states[k])))
-        assert run_epoch(loader, dataset) == full[k + 1 :], f"resume after batch {k} differs"
 
 
 def test_shuffle_mixes_rows_and_depends_on_seed_and_epoch(data):
@@ -138,27 +125,15 @@ def test_several_interruptions_in_one_epoch(data, shuffle):
 @pytest.mark.parametrize("persistent", [False, True])
 def test_across_epoch_boundary(data, persistent):
     config = {**_config(2, True, "parquet"), "persistent_workers": persistent}
-    loader, dataset = make(data["parquet"], **config)
-    epochs = []
-    states = []
-    for epoch in range(3):
-        dataset.set_epoch(epoch)
-        states.append([])
-        epochs.append(run_epoch(loader, dataset, states[-1]))
-        assert_exactly_once(epochs[-1], ROWS)
+    # resume after every batch of every epoch with the reference's loop (set_epoch for the resumed
+    # epoch, then each later one): deep_stride=1 runs the later epochs at every point. (Saved
+    # after an epoch's last batch, that epoch delivers nothing more, then the next ones run.)
+    reference = assert_resumes_exactly(lambda: make(data["parquet"], **config), epochs=3, deep_stride=1, batch_key=batch_key)
+    epochs, states = reference.batches, reference.states
+    for epoch in epochs:
+        assert_exactly_once(epoch, ROWS)
     assert len({tuple(map(tuple, e)) for e in epochs}) == 3
-    # resume after every batch of epochs 0 and 1 with the reference's loop (set_epoch called for it too)
-    for saved_epoch in (0, 1):
-        for k in range(len(epochs[saved_epoch])):
-            loader, dataset = make(data["parquet"], **config)
-            dataset.load_state_dict(states[saved_epoch][k])
-            seen = []
-            for epoch in range(dataset.epoch, 3):
-                dataset.set_epoch(epoch)
-                seen.append(run_epoch(loader, dataset))
-            # (saved after an epoch's last batch, that epoch delivers nothing more, then the next ones run)
-            assert seen == [epochs[saved_epoch][k + 1 :], *epochs[saved_epoch + 1 :]], f"resume after batch {k} of epoch {saved_epoch}"
-    # a state saved at the end of an epoch, then set_epoch(next), starts the next epoch fresh
+    # a state saved at the end of an epoch, then set_epoch(next) at once, starts the next epoch fresh
     assert resume(data["parquet"], states[0][-1], epoch=1, **config) == epochs[1]
 
 
@@ -219,12 +194,9 @@ def test_drop_last_leaves_out_exactly_each_lanes_partial_batch_and_resumes(data,
     assert 0 < sum(len(b) != 13 for b in whole) <= 3
     config["drop_last"] = True
     loader, dataset = make(data["parquet"], **config)
-    states: list = []
-    cut = run_epoch(loader, dataset, states)
+    cut = assert_resumes_exactly(lambda: make(data["parquet"], **config), epochs=1, batch_key=batch_key).batches[0]
     assert cut == [b for b in whole if len(b) == 13]
     assert len(cut) == len(loader) and sum(map(len, cut)) == len(dataset)
-    for k in range(len(cut)):
-        assert resume(data["parquet"], states[k], **config) == cut[k + 1 :], f"resume after batch {k} differs"
 
 
 @pytest.mark.parametrize("taken", [2, 3])  # the old iterator stopped at a chunk's end, or inside one

@@ -9,10 +9,11 @@ import sys
 
 import numpy as np
 import pytest
-
 from datagen import write_dataset
-from torch_dataloader_utils import CheckpointMismatchError
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
+
+from torch_dataloader_utils import CheckpointMismatchError
+from torch_dataloader_utils.testing import assert_resumes_exactly
 
 # 48 files x 4 row groups of 64 rows: file of row i is i // 256; each of 2 workers owns 24 splits
 FILES, GROUPS, GROUP_ROWS = 48, 4, 64
@@ -125,13 +126,10 @@ def test_resume_inside_and_across_windows(data):
     is 16 batches, so these points fall inside chunks, on chunk ends, inside windows and
     on window ends (k=31: both workers' first windows done), and near the end of the epoch.
     """
-    loader, dataset = make(data, **CONFIG)
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    points = [(0, k) for k in (0, 2, 7, 13, 30, 31, 32, 50, -2)]
+    full = assert_resumes_exactly(lambda: make(data, **CONFIG), epochs=1, points=points, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
     assert len(full) == ROWS // BATCH
-    for k in (0, 2, 7, 13, 30, 31, 32, 50, len(full) - 2):
-        assert resume(data, states[k], **CONFIG) == full[k + 1 :], f"resume after batch {k} differs"
 
 
 def test_interrupted_twice_inside_windows(data):
