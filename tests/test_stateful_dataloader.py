@@ -13,12 +13,12 @@ import textwrap
 import pyarrow.compute  # noqa: F401  imported before workers fork (its first use otherwise imports pandas per worker)
 import pytest
 import torch
-
-from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # installed by .[dev]: a missing one fails, never skips
-
 from datagen import corrupt_data_pages, write_dataset
 from resume_helpers import stop_failed_workers
+from torchdata.stateful_dataloader import Stateful, StatefulDataLoader  # installed by .[dev]: a missing one fails, never skips
+
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
+from torch_dataloader_utils.testing import Reference, assert_resumes_exactly
 
 # three files; row groups of odd sizes so batches, chunks and splits do not line up
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]
@@ -71,13 +71,13 @@ def roundtrip(state: dict, how: str) -> dict:
     return torch.load(buffer)
 
 
-def run(loader, states: list | None = None, how: str = "json", stop: int | None = None) -> list[tuple]:
+def run(loader, states: list | None = None, stop: int | None = None) -> list[tuple]:
     """Batches of one pass (the first ``stop``), with the loader's state after each in ``states``."""
     batches = []
     for batch in loader:
         batches.append(key(batch))
         if states is not None:
-            states.append(roundtrip(loader.state_dict(), how))
+            states.append(roundtrip(loader.state_dict(), "json"))
         if stop is not None and len(batches) == stop:
             break
     return batches
@@ -89,6 +89,21 @@ def resume(path: str, state: dict, *args, epoch: int | None = None, **kwargs) ->
     if epoch is not None:
         dataset.set_epoch(epoch)
     return run(loader)
+
+
+def resumes(path: str, workers: int, shuffle: bool, *, how: str = "json", epochs: int = 1, points: list | None = None,
+            stride: int = 1, deep_stride: int = 4, **kwargs) -> Reference:
+    """assert_resumes_exactly over fresh StatefulDataLoaders (``make``'s arguments): the loader's own
+    state_dict, stored through JSON or torch.save (``how``), loaded by the loader's load_state_dict."""
+
+    def fresh():
+        dataset, loader = make(path, workers, shuffle, **kwargs)
+        return loader, dataset
+
+    return assert_resumes_exactly(
+        fresh, epochs=epochs, points=points, stride=stride, deep_stride=deep_stride, batch_key=key,
+        save=lambda loader, _: roundtrip(loader.state_dict(), how), load=lambda loader, _, state: loader.load_state_dict(state),
+    )
 
 
 def refused(loader, error: type, match: str) -> str:
@@ -110,13 +125,10 @@ def assert_exactly_once(batches: list[tuple]) -> None:
 def test_resume_at_every_interruption_point(data, workers, shuffle):
     via = "create" if workers == 1 else "ctor"  # both ways of obtaining the dataset
     how = "torch" if shuffle else "json"  # both ways of storing the state
-    dataset, loader = make(data, workers, shuffle, via=via)
-    states: list = []
-    full = run(loader, states, how)
+    dataset, _ = make(data, workers, shuffle, via=via)
+    full = resumes(data, workers, shuffle, via=via, how=how).batches[0]
     assert_exactly_once(full)
     assert len(full) == dataset.num_batches()
-    for k in range(len(full)):
-        assert resume(data, states[k], workers, shuffle, via=via) == full[k + 1 :], f"resume after batch {k}"
 
 
 @pytest.mark.parametrize("workers", [0, 3])
@@ -125,35 +137,24 @@ def test_drop_last_leaves_out_each_workers_short_batch_and_resumes(data, workers
     worker's stream to whole batches there too, in the order the run without it has."""
     whole = run(make(data, workers, True)[1])
     assert 0 < sum(len(b) != 13 for b in whole) <= max(1, workers)
-    dataset, loader = make(data, workers, True, drop_last=True)
-    states: list = []
-    full = run(loader, states)
+    dataset, _ = make(data, workers, True, drop_last=True)
+    full = resumes(data, workers, True, drop_last=True).batches[0]
     assert full == [b for b in whole if len(b) == 13]
     assert len(full) == dataset.num_batches()
-    for k in range(len(full)):
-        assert resume(data, states[k], workers, True, drop_last=True) == full[k + 1 :], f"resume after batch {k}"
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_on_error_skip_delivers_the_readable_rows_once_and_resumes(tmp_path, workers):
     write_dataset(tmp_path, LAYOUT, "parquet")
     corrupt_data_pages(tmp_path / "part-00001.parquet")  # rows 71-119
-    dataset, loader = make(str(tmp_path), workers, True, on_error="skip")
-    states: list = []
-    full = run(loader, states)
+    full = resumes(str(tmp_path), workers, True, stride=2, on_error="skip").batches[0]
     assert sorted(i for b in full for i in b) == [i for i in range(ROWS) if not 71 <= i < 120]
-    for k in range(0, len(full), 2):
-        assert resume(str(tmp_path), states[k], workers, True, on_error="skip") == full[k + 1 :], f"resume after batch {k}"
 
 
 def test_orc_resumes_at_every_interruption_point(tmp_path):
     write_dataset(tmp_path, LAYOUT, "orc")
-    dataset, loader = make(str(tmp_path), 2, True, format="orc", split_bytes=2000)
-    states: list = []
-    full = run(loader, states)
+    full = resumes(str(tmp_path), 2, True, stride=2, format="orc", split_bytes=2000).batches[0]
     assert_exactly_once(full)
-    for k in range(0, len(full), 2):
-        assert resume(str(tmp_path), states[k], 2, True, format="orc", split_bytes=2000) == full[k + 1 :], f"resume after batch {k}"
 
 
 def test_several_interruptions_in_one_epoch_with_persistent_workers(data):
@@ -171,15 +172,20 @@ def test_several_interruptions_in_one_epoch_with_persistent_workers(data):
 
 @pytest.mark.parametrize("workers,persistent", [(0, False), (3, False), (3, True)])
 def test_across_epochs_with_set_epoch(data, workers, persistent, caplog):
-    dataset, loader = make(data, workers, True, persistent=persistent)
-    epochs, states, ends = [], [], []
-    for epoch in range(3):
-        dataset.set_epoch(epoch)
-        states.append([])
-        epochs.append(run(loader, states[-1]))
-        ends.append(roundtrip(loader.state_dict(), "json"))  # taken after the epoch ended
-        assert_exactly_once(epochs[-1])
+    # every interruption point of epoch 1, resumed by the training loop of a restarted job (load,
+    # then set_epoch for each remaining epoch): the first batches too, where persistent workers
+    # have not yet delivered anything of the new epoch, and the last (epoch 1 delivers nothing more)
+    dataset, _ = make(data, workers, True)
+    dataset.set_epoch(1)
+    points = [(1, k) for k in range(dataset.num_batches())]
+    reference = resumes(data, workers, True, persistent=persistent, epochs=3, points=points, deep_stride=1)
+    epochs, states = reference.batches, reference.states
+    for epoch in epochs:
+        assert_exactly_once(epoch)
     assert epochs[0] != epochs[1] != epochs[2]
+    dataset, loader = make(data, workers, True, persistent=persistent)
+    assert run(loader) == epochs[0]
+    end = roundtrip(loader.state_dict(), "json")  # taken after epoch 0 ended
 
     def loop(state: dict, start: int) -> list[list[tuple]]:
         """The training loop of a restarted job: load, then set_epoch for each remaining epoch."""
@@ -191,19 +197,14 @@ def test_across_epochs_with_set_epoch(data, workers, persistent, caplog):
             seen.append(run(loader))
         return seen
 
-    # every interruption point of epoch 1: the first batches too, where persistent workers
-    # have not yet delivered anything of the new epoch
-    for k in range(len(epochs[1]) - 1):
-        assert loop(states[1][k], 1) == [epochs[1][k + 1 :], epochs[2]], f"resume after batch {k} of epoch 1"
-    assert loop(states[1][-1], 1) == [[], epochs[2]]  # saved at the last batch of epoch 1
-    assert loop(ends[0], 1) == [epochs[1], epochs[2]]  # saved after epoch 0 ended
+    assert loop(end, 1) == [epochs[1], epochs[2]]  # saved after epoch 0 ended
     # without set_epoch the restored epoch is finished first
     k = 4
     assert resume(data, states[2][k], workers, True, persistent=persistent) == epochs[2][k + 1 :]
     # create_dataloader's "this pass delivers nothing" warning is not this loader's case: torchdata
     # iterates the dataset again at once (docs/stateful-dataloader.md)
     with caplog.at_level("WARNING", logger="torch_dataloader_utils"):
-        resume(data, ends[0], workers, True, persistent=persistent)
+        resume(data, end, workers, True, persistent=persistent)
     assert not [r for r in caplog.records if "delivers nothing" in r.getMessage()]
 
 
@@ -241,11 +242,7 @@ def test_state_taken_before_iterating(data):
 
 
 def test_large_snapshot_interval_still_resumes_exactly(data):
-    _, loader = make(data, 3, True, snapshot=5)
-    states: list = []
-    full = run(loader, states)
-    for k in (0, 3, 4, 8, len(full) - 2):
-        assert resume(data, states[k], 3, True, snapshot=5) == full[k + 1 :], f"resume after batch {k}"
+    resumes(data, 3, True, points=[(0, k) for k in (0, 3, 4, 8, -2)], snapshot=5)
 
 
 @pytest.mark.parametrize("equalize", ["pad", "drop"])
@@ -254,13 +251,10 @@ def test_data_parallel_ranks_deliver_equal_batches(data, equalize):
     runs = []
     for rank in range(2):
         options = dict(rank=rank, world_size=2, equalize=equalize)
-        dataset, loader = make(data, 2, True, **options)
-        states: list = []
-        runs.append(run(loader, states))
+        dataset, _ = make(data, 2, True, **options)
+        points = None if equalize == "pad" else [(0, -3), (0, -2), (0, -1)]
+        runs.append(resumes(data, 2, True, points=points, **options).batches[0])
         assert len(runs[-1]) == dataset.num_batches()
-        points = range(len(runs[-1])) if equalize == "pad" else range(len(runs[-1]) - 3, len(runs[-1]))
-        for k in points:
-            assert resume(data, states[k], 2, True, **options) == runs[-1][k + 1 :], f"rank {rank}, resume after batch {k}"
     assert len(runs[0]) == len(runs[1])  # no rank waits for the other at the end of the epoch
     own = [{i for b in batches for i in b} for batches in runs]
     assert not own[0] & own[1]
@@ -292,13 +286,12 @@ def test_worker_states_after_an_elastic_load_resume_only_on_the_same_lanes(data,
         delivered += run(loader, stop=3)
         rank_states.append(roundtrip(dataset.state_dict(), "json"))
     global_state = roundtrip(merge_states(rank_states), "json")
-    states: list = []
-    rest = run(_elastic(data, shuffle, global_state)[1], states)
+    reference = assert_resumes_exactly(
+        lambda: _elastic(data, shuffle, global_state)[::-1], epochs=1, batch_key=key,
+        save=lambda loader, _: roundtrip(loader.state_dict(), "json"), load=lambda loader, _, state: loader.load_state_dict(state),
+    )
+    rest, states = reference.batches[0], reference.states[0]
     assert_exactly_once(delivered + rest)
-    for k in range(len(rest) - 1):
-        _, loader = _elastic(data, shuffle, global_state)
-        loader.load_state_dict(states[k])
-        assert run(loader) == rest[k + 1 :], f"resume after batch {k}"
     _, planned = _elastic(data, shuffle, None)
     planned.load_state_dict(states[2])
     refused(planned, CheckpointMismatchError, r"re-dealt; this dataset reads the planned lanes \(key 'deal'\)")
