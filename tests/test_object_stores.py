@@ -12,16 +12,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from datagen import rewrite_page_index, set_location, write_dataset
-from resume_helpers import assert_exactly_once, make, resume, run_epoch
+from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 from servers import BUCKET, get_store, object_store, s3, s3_options, store_registry  # noqa: F401 - fixtures
+
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.errors import DataReadError
 from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
 from torch_dataloader_utils.formats import parquet
 from torch_dataloader_utils.formats.io import RangeFile
 from torch_dataloader_utils.storage.remote import RemoteStore
+from torch_dataloader_utils.testing import assert_resumes_exactly
 
 LAYOUT = [[120, 80], [150], [60, 90, 70], [110, 40]]
 ROWS = sum(map(sum, LAYOUT))
@@ -77,12 +78,8 @@ def test_resume_inside_row_groups_seeks_through_the_page_index(object_store, upl
 
     monkeypatch.setattr(parquet, "iter_from_row", counted)
     config = _config(object_store, False, num_workers=workers)
-    loader, dataset = make(url, **config)
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    full = assert_resumes_exactly(lambda: make(url, **config), epochs=1, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
-    for k in range(len(full)):
-        assert resume(url, states[k], **config) == full[k + 1 :], f"resume after batch {k} differs"
     if workers == 0:
         assert sum(seeks) > len(full) // 2, seeks
         assert all(isinstance(source, RangeFile) for source in readers)
@@ -150,11 +147,8 @@ def test_exactly_once_and_resume(object_store, uploaded, shuffle):
     loader, dataset = make(url, **config)
     assert isinstance(dataset._catalog.fs, RemoteStore)
     assert len(dataset.splits) > 4
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    full = assert_resumes_exactly(lambda: make(url, **config), epochs=1, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
-    for k in range(len(full)):
-        assert resume(url, states[k], **config) == full[k + 1 :], f"resume after batch {k} differs"
 
 
 def test_orc_and_abfs_alias(object_store, uploaded):
@@ -163,11 +157,10 @@ def test_orc_and_abfs_alias(object_store, uploaded):
         url = url.replace("abfs://", "az://")
     config = {**_config(object_store, True, columns=["id", "x", "text"]), "format": "orc"}
     loader, dataset = make(url, **config)
-    states: list = []
-    full = run_epoch(loader, dataset, states)
+    points = [(0, 0), (0, len(loader) // 2), (0, -2)]
+    full = assert_resumes_exactly(lambda: make(url, **config), epochs=1, points=points, batch_key=batch_key).batches[0]
     assert_exactly_once(full, ROWS)
-    for k in (0, len(full) // 2, len(full) - 2):
-        assert resume(url, states[k], **config) == full[k + 1 :], f"resume after batch {k} differs"
+    assert len(full) == len(loader)
 
 
 def test_storage_options_survive_pickling(object_store, uploaded):
