@@ -43,10 +43,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+import pyarrow.parquet as pq  # noqa: E402
 import servers  # noqa: E402  (sets GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT before gcsfs loads)
 from generate import ensure_dataset, rows_for  # noqa: E402
-
-import pyarrow.parquet as pq  # noqa: E402
 
 from torch_dataloader_utils import StructuredDataset  # noqa: E402
 from torch_dataloader_utils.formats import parquet  # noqa: E402

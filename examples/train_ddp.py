@@ -105,16 +105,16 @@ def main() -> None:
     model = DistributedDataParallel(torch.nn.Linear(NUM_FEATURES, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 
-    epoch, step = 0, 0  # step counts optimizer steps over the whole job
+    first_epoch, step = 0, 0  # step counts optimizer steps over the whole job
     if os.path.exists(args.checkpoint):
         checkpoint = torch.load(args.checkpoint)
         model.module.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
-        epoch, step = checkpoint["epoch"], checkpoint["step"]
+        first_epoch, step = checkpoint["epoch"], checkpoint["step"]
         # same topology: this rank's part; another world size or num_workers: re-dealt
         dataset.load_state_dict(checkpoint["dataset"], elastic=True)
         if rank == 0:
-            print(f"resumed from {args.checkpoint}: epoch {epoch}, step {step}, world size {world_size}", flush=True)
+            print(f"resumed from {args.checkpoint}: epoch {first_epoch}, step {step}, world size {world_size}", flush=True)
 
     id_log = None
     if args.log_ids:
@@ -122,7 +122,7 @@ def main() -> None:
         id_log = open(os.path.join(args.log_ids, f"ids-rank{rank}.jsonl"), "a")
     steps_this_run = 0
 
-    for epoch in range(epoch, args.epochs):
+    for epoch in range(first_epoch, args.epochs):
         dataset.set_epoch(epoch)  # keeps the progress just restored for this epoch
         for batch in loader:
             padding = dataset.last_batch_is_padding

@@ -24,7 +24,6 @@ from typing import Any
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
-
 from datagen import make_table, write_dataset
 from resume_helpers import batch_key, make
 

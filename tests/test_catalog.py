@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog import build as catalog
 from torch_dataloader_utils.formats import parquet

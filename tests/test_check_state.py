@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from datagen import write_dataset
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
-
-from datagen import write_dataset
 
 
 def ids(loader) -> list[list[int]]:

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 import torch
-
 from datagen import corrupt_data_pages, write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog import progress_bar as progress_module
 from torch_dataloader_utils.catalog.build import build_catalog

@@ -236,8 +236,8 @@ def test_a_chunked_column_crosses_a_shared_buffer_intact():
     import pickle
     from multiprocessing.reduction import ForkingPickler
 
-    from torch_dataloader_utils.runtime import transfer
     from torch_dataloader_utils.read.convert import slice_columns, table_to_columns, table_to_joined
+    from torch_dataloader_utils.runtime import transfer
 
     if not transfer.SUPPORTED:
         pytest.skip("needs os.memfd_create")

@@ -6,12 +6,11 @@ import re
 
 import pytest
 import torch
+from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.read.convert import Ragged, replace_leaves
 from torch_dataloader_utils.read.chunks import Chunk
-
-from datagen import write_dataset
+from torch_dataloader_utils.read.convert import Ragged, replace_leaves
 
 
 @pytest.mark.parametrize(

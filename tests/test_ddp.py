@@ -19,7 +19,6 @@ import sys
 import time
 
 import pytest
-
 from datagen import write_dataset
 
 # process start-up (importing torch in every rank) dominates; each launch has its own timeout
@@ -197,7 +196,7 @@ def test_same_topology_resume_is_equivalent_per_rank(runs):
 
 
 def test_elastic_resume_is_exactly_once_across_ranks(runs):
-    for n, (world, workers, _, _, _, (target_world, target_workers)) in CASES.items():
+    for n, (world, _workers, _, _, _, (target_world, target_workers)) in CASES.items():
         before = _ranks(runs, f"checkpoint-{world}", n)
         after = _ranks(runs, f"resume-{target_world}", f"{n}-elastic")
         assert len(after) == target_world

@@ -3,8 +3,8 @@ import subprocess
 import sys
 
 import pytest
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 
 

@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from datagen import write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,14 +8,14 @@ import json
 import random
 
 import pytest
-
 from datagen import write_dataset
 from resume_helpers import batch_key
+
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import local_state, merge_states
+from torch_dataloader_utils.plan.lanes import Segment
 from torch_dataloader_utils.state.elastic import deal
 from torch_dataloader_utils.state.merge import plan_differences, plan_summary
-from torch_dataloader_utils.plan.lanes import Segment
 
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14], [50], [7, 7, 7]]
 ROWS = sum(map(sum, LAYOUT))

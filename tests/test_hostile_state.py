@@ -22,13 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from datagen import write_dataset
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
+from resume_helpers import make, run_epoch, stop_failed_workers
 from torchdata.stateful_dataloader import StatefulDataLoader  # installed by .[dev]
 
-from datagen import write_dataset
-from resume_helpers import make, run_epoch, stop_failed_workers
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 LAYOUT = [[30, 30], [25], [40, 20], [17]]

@@ -18,7 +18,6 @@ import time
 
 import psutil
 import pytest
-
 from datagen import write_dataset
 from resume_helpers import batch_key, make, resume, run_epoch
 

@@ -5,8 +5,8 @@ import collections
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from stream_helpers import rows_in_order
+
 from torch_dataloader_utils.plan.lanes import Lane, Segment, StreamBook, StreamKey
 from torch_dataloader_utils.plan.streams import SplitRows
 

@@ -12,14 +12,13 @@ import time
 import traceback
 
 import pytest
+from datagen import write_dataset
+from interrupts import interrupted_at
+from resume_helpers import batch_key
 from torch.utils.data import get_worker_info
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.read.chunks import ChunkReader
-
-from datagen import write_dataset
-from interrupts import interrupted_at
-from resume_helpers import batch_key
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")

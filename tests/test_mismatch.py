@@ -5,8 +5,8 @@ import os
 import shutil
 
 import pytest
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 
 LAYOUT = [[30, 30], [25], [40, 20]]

@@ -10,13 +10,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datagen import PAGED, offset_index_range, rewrite_page_index, set_location
 
 from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
-from torch_dataloader_utils.formats.parquet import _ParquetReader
 from torch_dataloader_utils.formats._parquet_seek import decode_batch_rows, footer_struct, iter_from_row, leaf_columns, offset_index_ranges, worth_seeking
 from torch_dataloader_utils.formats._thrift_compact import I32, Struct, ThriftError, ThriftList, encode_struct
-
-from datagen import PAGED, offset_index_range, rewrite_page_index, set_location
+from torch_dataloader_utils.formats.parquet import _ParquetReader
 
 ROWS = 300
 

@@ -7,11 +7,10 @@ import random
 
 import pyarrow as pa
 import pytest
+from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.read.reader import StreamReader
-
-from datagen import write_dataset
 
 
 def _reads(dataset: StructuredDataset, stream_rows: int, order: list[int]) -> dict[int, pa.Table]:

@@ -8,8 +8,8 @@ import collections
 
 import pyarrow.parquet as pq
 import pytest
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 
 LAYOUT = [[23, 31, 17], [40, 9], [11, 29, 33, 14]]

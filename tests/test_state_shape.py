@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.state.shape import StateShapeError, check_state_shape
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 import torch
-
 from datagen import write_dataset
+
 from torch_dataloader_utils import Ragged, StructuredDataset
 from torch_dataloader_utils.runtime.stats import BOTTLENECK_WAIT_SHARE, LoaderStats, StatsSnapshot, batch_rows
 

@@ -5,10 +5,10 @@ import collections
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from stream_helpers import rows_in_order
-from torch_dataloader_utils.plan.streams import SplitRows, build_stream, split_rows_between, unit_offsets
+
 from torch_dataloader_utils.plan.splits import FileLayout
+from torch_dataloader_utils.plan.streams import SplitRows, build_stream, split_rows_between, unit_offsets
 
 # files of row groups; each split is a row range of one file
 layouts = st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=4), min_size=1, max_size=4)

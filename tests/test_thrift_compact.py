@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datagen import PAGED, make_table
 
 from torch_dataloader_utils.formats._thrift_compact import (
     BINARY,
@@ -21,8 +22,6 @@ from torch_dataloader_utils.formats._thrift_compact import (
     decode_struct,
     encode_struct,
 )
-
-from datagen import PAGED, make_table
 
 
 def _footer_bytes(path) -> bytes:

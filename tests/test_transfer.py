@@ -46,7 +46,7 @@ def data(tmp_path):
 def test_buffers_are_recycled_when_batches_are_dropped(data):
     expected = _expected(data)
     loader, _ = StructuredDataset.create_dataloader(str(data), batch_size=50, columns=COLUMNS, num_workers=2, chunk_rows=200)
-    for epoch in range(2):
+    for _epoch in range(2):
         for batch, want in zip(loader, expected, strict=True):
             assert _same(batch, want)
             del batch
