@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # DataLoader arguments the loader sets itself (create_dataloader refuses them by name)
 _FIXED_LOADER_OPTIONS = {"collate_fn", "worker_init_fn", "sampler", "batch_sampler", "generator", "in_order"}
-_LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context", "device")
+_LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context", "device", "worker_mode")
 
 
 class StructuredDataset(IterableDataset):
@@ -112,8 +112,10 @@ class StructuredDataset(IterableDataset):
 
         Takes the dataset's arguments plus the DataLoader's ``pin_memory``,
         ``prefetch_factor``, ``persistent_workers``, ``timeout`` and
-        ``multiprocessing_context``, and ``device``: None (batches in host memory) or a
-        CUDA device the batches arrive on, copied ahead of the loop on a side stream.
+        ``multiprocessing_context``; ``device``: None (batches in host memory) or a
+        CUDA device the batches arrive on, copied ahead of the loop on a side stream;
+        ``worker_mode``: "process" (DataLoader worker processes) or "thread" (threads of
+        this process; same plan, order and state).
         """
         from .runtime.device_feed import check_device
         from .runtime.loader import StructuredDataLoader

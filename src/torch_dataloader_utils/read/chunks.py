@@ -71,7 +71,12 @@ class ChunkReader:
         self.columns = columns
         self.skip_errors = skip_errors
         self.chunk_rows = chunk_rows
+        self.use_threads: bool | None = None  # pyarrow's own threads; None: in the main process only
         self._reader: StreamReader | None = None
+
+    def reset(self) -> None:
+        """Forget open files and decoded windows (the next read opens them anew)."""
+        self._reader = None
 
     def read(self, task: ChunkTask, joined: bool = False) -> Chunk:
         """Read and convert one chunk; with ``joined``, tensors are left as ``convert.Joined`` for
@@ -81,7 +86,8 @@ class ChunkReader:
         in_main = get_worker_info() is None
         if self._reader is None:
             decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
-            self._reader = StreamReader(self.catalog, self.columns, in_main, self.skip_errors, stream_rows=decode_rows)
+            use_threads = in_main if self.use_threads is None else self.use_threads
+            self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, stream_rows=decode_rows)
         try:
             rows = self._reader.read_segments(self.book, task.segments)
         except BaseException:

@@ -22,6 +22,7 @@ from ..read.chunks import Chunk, ChunkReader
 from . import transfer
 from .device_feed import DeviceFeed, check_device
 from .stats import LoaderStats
+from .thread_reader import ThreadedChunks
 
 if TYPE_CHECKING:
     from ..dataset import StructuredDataset
@@ -88,6 +89,7 @@ def _preload_worker_imports() -> None:
     pa.array(np.zeros(1))
 
 
+WORKER_MODES = ("process", "thread")
 PR_SET_THP_DISABLE = 41  # linux/prctl.h
 WORKER_SWITCH_INTERVAL_S = 0.0005  # sys.setswitchinterval in worker processes (Python's default: 0.005)
 
@@ -142,7 +144,12 @@ class StructuredDataLoader:
         timeout: float = 0,
         multiprocessing_context: Any = None,
         device: Any = None,
+        worker_mode: str = "process",
     ):
+        if worker_mode not in WORKER_MODES:
+            raise ValueError(f"worker_mode must be one of {WORKER_MODES}, got {worker_mode!r}")
+        self.worker_mode = worker_mode
+        """Where the num_workers readers run: DataLoader worker processes, or threads of this process."""
         self.device = check_device(device)
         """Where batches arrive: None for host memory, else the CUDA device they are copied to."""
         self._feed = DeviceFeed(self.device) if self.device is not None else None
@@ -150,7 +157,11 @@ class StructuredDataLoader:
         """The StructuredDataset this loader reads (state_dict, load_state_dict and set_epoch are its)."""
         self.stats = LoaderStats()
         """Delivery statistics (batches, rows, time waiting for data), separate from the checkpoint state."""
+        self._threads: ThreadedChunks | None = None
         workers = dataset.num_workers
+        if worker_mode == "thread" and workers:
+            self._threads = ThreadedChunks(dataset.delivery.reader, workers, ahead=prefetch_factor or 2, pin_memory=pin_memory)
+            workers = 0  # the DataLoader below stays unused
         self._forks = workers > 0 and _forks(multiprocessing_context)
         self._board = transfer.ReleaseBoard(spread=2 * workers) if workers and transfer.SUPPORTED else None
         self._sampler = _TaskSampler(self._board)
@@ -199,7 +210,9 @@ class StructuredDataLoader:
         delivery = self.dataset.delivery
         tasks = delivery.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
-        chunks = self._chunks() if self._feed is None else self._feed.chunks(self._chunks(), len(tasks))
+        chunks = self._chunks() if self._threads is None else self._threads.chunks(tasks)
+        if self._feed is not None:
+            chunks = self._feed.chunks(chunks, len(tasks))
         return delivery.deliver(tasks, chunks, self.stats)
 
     def _new_workers_files(self) -> transfer.InheritedFiles | None:
