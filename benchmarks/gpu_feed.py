@@ -168,10 +168,10 @@ def read_all(batch: dict[str, Any]) -> None:
         batch[key].sum()
 
 
-def loader_only(paths: list[str], batch_size: int, workers: int, seconds: float, touch: bool) -> float:
+def loader_only(paths: list[str], batch_size: int, workers: int, seconds: float, touch: bool, mode: str = "process") -> float:
     torch.set_num_threads(1)  # the reading consumer takes one core, as a loop feeding a GPU does
     rows, start = 0, time.perf_counter()
-    for batch in ours(paths, batch_size, workers):
+    for batch in ours(paths, batch_size, workers, worker_mode=mode):
         if touch:
             read_all(batch)
         rows += len(batch["label"])
@@ -249,20 +249,24 @@ def main(argv: list[str] | None = None) -> None:
             record(f"ours w={w} pin_memory=False", train_rows(device, ours(paths, args.batch_size, w), seconds, on_device(device, False)))
             record(f"ours w={w} pin_memory=True", train_rows(device, ours(paths, args.batch_size, w, pin_memory=True), seconds, on_device(device, True)))
             record(f"ours w={w} device='cuda'", train_rows(device, ours(paths, args.batch_size, w, device="cuda"), seconds, None))
+            threaded = ours(paths, args.batch_size, w, device="cuda", worker_mode="thread")
+            record(f"ours w={w} device='cuda' worker_mode='thread'", train_rows(device, threaded, seconds, None))
             record(f"hand-written IterableDataset w={w}", train_rows(device, handwritten(paths, args.batch_size, w), seconds, on_device(device, True)))
         else:
-            for name in ("pin_memory=False", "pin_memory=True", "device='cuda'"):
+            for name in ("pin_memory=False", "pin_memory=True", "device='cuda'", "device='cuda' worker_mode='thread'"):
                 record(f"ours w={w} {name}", None)
     for w in [w for w in workers if w >= 8] or workers[-1:]:
         top = ceiling(paths, args.batch_size, w, seconds)
         untouched, touched = (loader_only(paths, args.batch_size, w, seconds, touch) for touch in (False, True))
         record(f"loader only: ours w={w}, batches not read", untouched, f"  ({untouched / top:.2f}x of the ceiling)")
         record(f"loader only: ours w={w}, every batch read", touched, f"  ({touched / top:.2f}x of the ceiling)")
+        threaded = loader_only(paths, args.batch_size, w, seconds, True, "thread")
+        record(f"loader only: ours w={w} threads, every batch read", threaded, f"  ({threaded / top:.2f}x of the ceiling)")
         record(f"loader only: ceiling, {w} processes reading", top)
     if cuda:
         rows = results["rows"]
         for w in workers:
-            for name in ("pin_memory=False", "pin_memory=True", "device='cuda'"):
+            for name in ("pin_memory=False", "pin_memory=True", "device='cuda'", "device='cuda' worker_mode='thread'"):
                 value = rows[f"ours w={w} {name}"]
                 ratio = value["rows_per_s"] / rows["ideal feeder (pinned, non_blocking)"]["rows_per_s"]
                 print(f"ours w={w} {name}: {ratio:.2f}x of the ideal feeder (pinned)")
