@@ -1,0 +1,1 @@
+"""From paths to a catalog: discovery, footers read in parallel, schema unification, the split plan."""

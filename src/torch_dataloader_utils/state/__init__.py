@@ -1,0 +1,1 @@
+"""The checkpoint state: its schema, live progress, validation, restoring, merging ranks, elastic re-dealing."""
