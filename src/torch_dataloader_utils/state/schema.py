@@ -34,7 +34,7 @@ ROWS_DELIVERED = "rows_delivered"  # per worker (lane): rows the loop received; 
 NEXT_WORKER = "next_worker"  # the lane whose chunk comes next
 PADDING_DELIVERED = "padding_delivered"  # rows repeated so far to meet the batch target (equalize="pad")
 LANES = "lanes"  # lanes an elastic resume dealt, as [stream key..., start, stop] segments; None: planned
-BATCH_TARGET = "batch_target"  # batches every rank delivers, with dealt lanes
+BATCH_TARGET = "batch_target"  # batches every rank delivers, with dealt lanes (null with planned lanes)
 ROWS_TOTAL = "rows_total"  # informational: rows per lane this epoch
 SKIPPED_SPLITS = "skipped_splits"  # informational: splits that lost rows to on_error="skip"
 BATCHES_DELIVERED = "batches_delivered"  # ranks of a global state must agree on it to resume in place
@@ -99,7 +99,7 @@ class RankState(TypedDict, total=False):
     skipped_splits: list[dict[str, Any]]
     batches_delivered: int | None
     chunk_rows: int
-    batch_target: int
+    batch_target: int | None
 
 
 class WorkerState(TypedDict, total=False):
@@ -170,9 +170,8 @@ def rank_state(config: Mapping[str, Any], fingerprint: list[list], progress: Pro
         SKIPPED_SPLITS: [{**splits[i].to_dict(), "error": message} for i, message in sorted(progress.skipped.items())],
         BATCHES_DELIVERED: progress.batches_delivered,
         CHUNK_ROWS: chunk_rows,
+        BATCH_TARGET: progress.dealt_target,  # null with the planned lanes: every state has the same keys
     }
-    if progress.dealt_target is not None:
-        state[BATCH_TARGET] = progress.dealt_target
     return state
 
 
