@@ -22,6 +22,7 @@ import torch
 
 from ..read.chunks import Chunk
 from ..read.convert import ListColumn
+from .background import track
 
 _ALIGN = 64
 _END = object()
@@ -77,6 +78,7 @@ class DeviceFeed:
         self._next_staging = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        track(self)
 
     def chunks(self, source: Iterator[Chunk], count: int) -> Iterator[Chunk]:
         """The first ``count`` chunks of ``source`` on the device, in order; then ``source`` is run
@@ -97,11 +99,11 @@ class DeviceFeed:
         finally:
             self._stop.set()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop the thread of an earlier pass (it finishes the chunk it is waiting for)."""
         if self._thread is not None:
             self._stop.set()
-            self._thread.join()
+            self._thread.join(timeout)
             self._thread = None
 
     def _run(self, source: Iterator[Chunk], count: int, ready: queue.Queue, stop: threading.Event) -> None:

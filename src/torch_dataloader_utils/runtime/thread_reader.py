@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
+from .background import track
 
 
 class ThreadedChunks:
@@ -28,6 +29,7 @@ class ThreadedChunks:
         self._pin = pin_memory
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
+        track(self)
 
     def chunks(self, tasks: Sequence[ChunkTask]) -> Iterator[Chunk]:
         """The chunks of ``tasks``, in order."""
@@ -53,12 +55,12 @@ class ThreadedChunks:
         finally:
             stop.set()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop the threads of an earlier pass (each finishes the chunk it is reading)."""
         if self._stop is not None:
             self._stop.set()
         for thread in self._threads:
-            thread.join()
+            thread.join(timeout)
         self._threads = []
 
 
