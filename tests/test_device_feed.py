@@ -103,3 +103,19 @@ def test_cuda_resume_equivalence_and_side_stream(tmp_path):
     write_dataset(tmp_path, [[30, 25], [40], [9]])
     gpu_checks.device_resumes_exactly(str(tmp_path))
     gpu_checks.a_side_stream_consumer_sees_finished_copies(str(tmp_path))
+
+
+def test_persistent_workers_across_epochs_and_an_abandoned_pass(tmp_path):
+    write_dataset(tmp_path, [[40], [35]])
+    loader, dataset = fed(str(tmp_path), batch_size=5, num_workers=2, chunk_rows=10, persistent_workers=True, shuffle=True)
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        seen = []
+        if epoch == 1:
+            for i, batch in enumerate(loader):
+                seen += batch["id"].tolist()
+                if i == 2:
+                    break
+            dataset.set_epoch(epoch)  # the rest of the epoch continues where the loop stopped
+        seen += [i for batch in loader for i in batch["id"].tolist()]
+        assert sorted(seen) == list(range(75)), epoch
