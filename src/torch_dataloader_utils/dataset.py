@@ -99,7 +99,7 @@ class StructuredDataset(IterableDataset):
             Topology(self.rank, self.world_size, self.num_workers),
             Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
         )
-        self._plans: dict[tuple[int, int], EpochPlan] = {}
+        self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
         reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
@@ -247,13 +247,10 @@ class StructuredDataset(IterableDataset):
     # ------------------------------------------------------------ internals
     def _plan_for(self, progress: Progress) -> EpochPlan:
         """The epoch plan for progress: the planned lanes of its epoch, or the lanes an elastic resume dealt."""
-        key = (progress.epoch, id(progress.dealt) if progress.dealt is not None else 0)
-        plan = self._plans.get(key)
-        if plan is None or plan.dealt is not progress.dealt:
+        plan = self._plan
+        if plan.epoch != progress.epoch or plan.dealt is not progress.dealt or plan.dealt_target != progress.dealt_target:
             plan = replace(self._base_plan, epoch=progress.epoch, dealt=progress.dealt, dealt_target=progress.dealt_target)
-            if len(self._plans) > 4:
-                self._plans.clear()
-            self._plans[key] = plan
+            self._plan = plan
         return plan
 
     def _plan_check(self) -> PlanCheck:

@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Sequence
 
+from ..plan.epoch import EQUALIZE_POLICIES
 from ..plan.splits import MAX_SEED_WORD
 from .bench import cmd_bench
 from .demo import cmd_demo
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--shuffle", action="store_true", help="plan a shuffled epoch")
     plan.add_argument("--shuffle-seed", type=int_at_least(0, MAX_SEED_WORD), default=0, metavar="S")
     plan.add_argument("--epoch", type=int_at_least(0, MAX_SEED_WORD), default=0, metavar="E", help="epoch to show (matters with --shuffle)")
-    plan.add_argument("--equalize", choices=["pad", "drop", "none"], default="pad",
+    plan.add_argument("--equalize", choices=EQUALIZE_POLICIES, default="pad",
                       help="how ranks get equal batch counts under DDP (default pad)")
     plan.add_argument("--all", action="store_true", help="list every (rank, worker), however many")
     plan.add_argument("--json", action="store_true", help="machine-readable output")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..plan.lanes import Lane
 
@@ -38,7 +39,7 @@ class Progress:
         """Whether any row was delivered (or the epoch's lanes were re-dealt)."""
         return bool(any(self.positions) or self.padding_delivered or self.dealt is not None)
 
-    @property
+    @cached_property
     def deal_digest(self) -> str | None:
         """A digest of the lanes and batch target an elastic resume set (None: the planned ones): a
         worker state's rows_delivered counts along its lane, so it fits only the same deal."""
