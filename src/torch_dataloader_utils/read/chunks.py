@@ -16,8 +16,9 @@ from torch.utils.data import get_worker_info
 from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
-from .convert import Where, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .reader import StreamReader
+from .slicing import BatchSlicer
 
 #: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
 #: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
@@ -52,13 +53,14 @@ class Chunk:
         """(batch, lane row after it); the last batch also passes any skipped rows at the end.
         ``where`` describes the chunk's rows for an error message."""
         read = self.num_read
-        for offset in range(0, read, size):
+        slicer = BatchSlicer(self.columns, size, where)
+        for index, offset in enumerate(range(0, read, size)):
             stop = min(offset + size, read)
             if stop == read:
                 end = self.stop
             else:
                 end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
-            yield slice_columns(self.columns, offset, stop, where), end
+            yield slicer.batch(index, stop - offset), end
 
 
 class ChunkReader:
