@@ -277,8 +277,8 @@ def _join(parts: list[Any]) -> Any:
         widths = {part.width for part in parts if len(part.offsets) > 1}
         width = widths.pop() if len(widths) == 1 else None
         # a Joined stands in for each tensor until the transfer builds it in shared memory
-        offsets = _join_offsets([part.offsets for part in parts], [len(v) for v in values])
-        return ListColumn(_join_tensors(values), offsets, width=width)  # type: ignore[arg-type]
+        joined_offsets = _join_offsets([part.offsets for part in parts], [len(v) for v in values])
+        return ListColumn(_join_tensors(values), joined_offsets, width=width)  # type: ignore[arg-type]
     if all(isinstance(part, StringColumn) for part in parts):
         data = [part.data for part in parts]
         kind, offsets = parts[0].type, [part.offsets for part in parts]
