@@ -124,3 +124,47 @@ def add_equality_deletes(table: Any, ids: list[int]) -> None:
     )  # fmt: skip
     data_file.spec_id = table.spec().spec_id
     _commit_delete_file(table, data_file)
+
+
+_Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def _z85(data: bytes) -> str:
+    data = data + b"\0" * (-len(data) % 4)
+    out = []
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i : i + 4], "big")
+        out.append("".join(_Z85[value // 85**k % 85] for k in range(4, -1, -1)))
+    return "".join(out)
+
+
+def add_deletion_vector(table_path: str, file_path: str, positions: list[int]) -> list[int]:
+    """Commit an inline deletion vector deleting ``positions`` of the table's file ``file_path``
+    (as Spark or Databricks write them; deltalake rewrites files to delete). Returns the ids deleted."""
+    import glob
+    import json
+    import struct
+    import time
+
+    from pyroaring import BitMap
+
+    log = os.path.join(table_path, "_delta_log")
+    versions = sorted(glob.glob(os.path.join(log, "*.json")))
+    add = None
+    for name in versions:
+        with open(name) as handle:
+            for line in handle:
+                action = json.loads(line)
+                if "add" in action and action["add"]["path"] == file_path:
+                    add = action["add"]
+    assert add is not None, file_path
+    bitmap = BitMap(positions).serialize()
+    data = struct.pack("<i", 1681511377) + struct.pack("<q", 1) + struct.pack("<I", 0) + bitmap
+    vector = {"storageType": "i", "pathOrInlineDv": _z85(data), "sizeInBytes": len(data), "cardinality": len(positions)}
+    now = int(time.time() * 1000)
+    remove = {"path": file_path, "deletionTimestamp": now, "dataChange": True, "partitionValues": add.get("partitionValues", {}), "size": add["size"]}
+    actions = [{"remove": remove}, {"add": {**add, "deletionVector": vector, "dataChange": True, "modificationTime": now}}]
+    with open(os.path.join(log, f"{len(versions):020d}.json"), "w") as handle:
+        handle.write("\n".join(json.dumps(a) for a in actions) + "\n")
+    ids = pq.read_table(os.path.join(table_path, file_path.replace("%3D", "="))).column("id").to_pylist()
+    return [ids[p] for p in positions]
