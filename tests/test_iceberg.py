@@ -218,3 +218,24 @@ def test_warehouse_on_s3(s3, tmp_path):
     reference = assert_resumes_exactly(_make(config), epochs=1, points=[(0, 4)], batch_key=batch_key)
     ids = ids_of(reference.batches[0])
     assert len(ids) == len(set(ids)) == 497 and set(ids) <= set(range(500))
+
+
+@pytest.mark.parametrize("options", [dict(persistent_workers=True), dict(worker_mode="thread")])
+def test_a_live_loader_follows_a_new_snapshot(table, options):
+    """Persistent workers and reader threads hold a copy of the plan: after set_epoch took a new
+    snapshot, the same loader reads the new one."""
+    config, ice = table
+    loader, dataset = _make(config, **options)()
+    assert len(ids_of(_run(loader, dataset))) == 1000
+    ice.append(rows(1000, 1100))
+    dataset.set_epoch(1)
+    assert sorted(ids_of(_run(loader, dataset))) == list(range(1100))
+
+
+def test_dataset_pickles_for_stateful_dataloader(table):
+    import pickle
+
+    config, _ = table
+    _, dataset = _make(config, scan_filter="id > 5", filters=pc.field("id") < 900)()
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy.snapshot == dataset.snapshot and len(copy) == len(dataset) == 894 - 0

@@ -161,7 +161,7 @@ class StructuredDataLoader:
         workers = dataset.num_workers
         self._generation = dataset.delivery.reader.generation  # the plan the workers or threads read
         if worker_mode == "thread" and workers:
-            self._thread_options = dict(threads=workers, ahead=prefetch_factor or 2, pin_memory=pin_memory)
+            self._thread_options: dict[str, Any] = dict(threads=workers, ahead=prefetch_factor or 2, pin_memory=pin_memory)
             self._threads = ThreadedChunks(dataset.delivery.reader, **self._thread_options)
             workers = 0  # the DataLoader below stays unused
         self._forks = workers > 0 and _forks(multiprocessing_context)

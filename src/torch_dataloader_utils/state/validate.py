@@ -320,8 +320,7 @@ def table_entry(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     first = entries[0]
     if any(entry != first for entry in entries):
         raise mismatch("Checkpoint state's ranks were planned on different table snapshots.", [], [f"{TABLE!r} entries: {entries[:4]}"])
-    well_formed = isinstance(first, Mapping) and set(first) == set(TABLE_KEYS)
-    if not well_formed or not isinstance(first["name"], str) or not is_count(first["snapshot"]):
+    if not isinstance(first, Mapping) or set(first) != set(TABLE_KEYS) or not isinstance(first["name"], str) or not is_count(first["snapshot"]):
         raise mismatch(
             f"Checkpoint state key {TABLE!r} is damaged.", [], [f"expected {{{', '.join(TABLE_KEYS)}}} with a snapshot number, found {first!r:.120}"]
         )

@@ -4,7 +4,7 @@ Iceberg position deletes, Delta deletion vectors, and rows a row filter does not
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
