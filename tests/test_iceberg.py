@@ -239,3 +239,24 @@ def test_dataset_pickles_for_stateful_dataloader(table):
     _, dataset = _make(config, scan_filter="id > 5", filters=pc.field("id") < 900)()
     copy = pickle.loads(pickle.dumps(dataset))
     assert copy.snapshot == dataset.snapshot and len(copy) == len(dataset) == 894 - 0
+
+
+def test_stateful_dataloader_resumes_the_checkpoint_snapshot(table):
+    """torchdata's StatefulDataLoader hands each worker its state: the worker plans the state's
+    snapshot again, so the resume is exact after an append."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    config, ice = table
+
+    def fresh():
+        return StatefulDataLoader(IcebergDataset("db.t", config, **CONFIG), batch_size=None, num_workers=2)
+
+    loader = fresh()
+    batches, states = [], []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    ice.append(rows(1000, 1100))
+    resumed = fresh()
+    resumed.load_state_dict(states[4])
+    assert [batch_key(batch) for batch in resumed] == batches[5:]
