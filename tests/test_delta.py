@@ -48,7 +48,7 @@ def _run(loader, dataset, states=None):
 
 def test_exactly_once_and_resume_with_two_workers(table):
     """Partition values (not stored in the files) come back as a column; resumes are exact."""
-    reference = assert_resumes_exactly(_make(table), epochs=2, points=[(0, 1), (0, 7), (1, -2)], batch_key=batch_key)
+    reference = assert_resumes_exactly(_make(table), epochs=2, points=[(0, 7), (1, -2)], batch_key=batch_key)
     for epoch in reference.batches:
         assert sorted(ids_of(epoch)) == list(range(800))
     loader, _ = DeltaDataset.create_dataloader(table, batch_size=100, num_workers=0)
