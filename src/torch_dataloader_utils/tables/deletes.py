@@ -20,11 +20,16 @@ DELETE_POS_ID = 2147483545
 
 
 def merge_dropped(*positions: np.ndarray) -> np.ndarray:
-    """Sorted unique positions of all the arrays."""
-    parts = [p for p in positions if len(p)]
+    """Sorted unique positions of all the arrays (a sort and a neighbour compare: much faster than
+    ``np.unique``'s hashing on the already sorted arrays this mostly gets)."""
+    parts = [np.asarray(p, dtype=np.int64) for p in positions if len(p)]
     if not parts:
         return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate(parts).astype(np.int64))
+    merged = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    distinct = np.empty(len(merged), dtype=bool)
+    distinct[0] = True
+    np.not_equal(merged[1:], merged[:-1], out=distinct[1:])
+    return merged if distinct.all() else merged[distinct]
 
 
 def _storage_path(fs: Any, path: str) -> str:
