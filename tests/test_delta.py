@@ -34,7 +34,7 @@ def table(tmp_path):
 
 
 def _make(path, **kwargs):
-    return lambda: DeltaDataset.create_dataloader(path, **{**CONFIG, **kwargs})
+    return lambda: DeltaDataset.create_dataloader(path=path, **{**CONFIG, **kwargs})
 
 
 def _run(loader, dataset, states=None):
@@ -121,3 +121,8 @@ def test_deletion_vectors_are_applied(tmp_path):
     reference = assert_resumes_exactly(_make(table), epochs=1, points=[(0, 1), (0, 4)], batch_key=batch_key)
     assert sorted(ids_of(reference.batches[0])) == sorted(set(range(400)) - set(deleted))
     assert len(_make(table)()[1]) == 400 - 5
+
+
+def test_filters_must_be_an_expression(table):
+    with pytest.raises(TypeError, match="pyarrow.compute expression"):
+        _make(table, filters=[("id", ">", 3)])()

@@ -33,7 +33,7 @@ def table(tmp_path):
 
 
 def _make(config, **kwargs):
-    return lambda: IcebergDataset.create_dataloader("db.t", config, **{**CONFIG, **kwargs})
+    return lambda: IcebergDataset.create_dataloader(table="db.t", catalog_config=config, **{**CONFIG, **kwargs})
 
 
 def _run(loader, dataset, states=None):

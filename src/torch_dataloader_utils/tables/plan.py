@@ -55,6 +55,11 @@ def apply_row_filter(plan: TablePlan, expression: pc.Expression | None) -> None:
     are read once, here, so that unit row counts are exact)."""
     if expression is None:
         return
+    if not isinstance(expression, pc.Expression):
+        raise TypeError(
+            f"filters must be a pyarrow.compute expression over the table's columns, e.g. pc.field('year') == 2024; "
+            f"got {type(expression).__name__}"
+        )
     for file in progress(iter(plan.files), len(plan.files), "evaluating the row filter"):
         file.dropped = merge_dropped(file.dropped, unmatched_rows(plan.fs, file, expression, plan.schema))
 
