@@ -126,3 +126,12 @@ def test_deletion_vectors_are_applied(tmp_path):
 def test_filters_must_be_an_expression(table):
     with pytest.raises(TypeError, match="pyarrow.compute expression"):
         _make(table, filters=[("id", ">", 3)])()
+
+
+def test_a_removed_data_file_is_named(table):
+    import os
+
+    first = pa.table(DeltaTable(table).get_add_actions(flatten=True)).column("path").to_pylist()[0]
+    os.remove(os.path.join(table, first))
+    with pytest.raises(FileNotFoundError, match="a data file of delta table"):
+        _make(table)()
