@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pyarrow.compute as pc
 import pytest
 
@@ -16,7 +15,6 @@ from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
 from table_helpers import add_equality_deletes, add_position_deletes, batch_key, data_files, iceberg_config, iceberg_table, ids_of, rows  # noqa: E402
 
 from torch_dataloader_utils import CheckpointMismatchError, IcebergDataset  # noqa: E402
-from torch_dataloader_utils.tables.files import physical_row  # noqa: E402
 from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
 
 CONFIG = dict(batch_size=32, num_workers=2, split_bytes=1, chunk_rows=64, shuffle=True, shuffle_seed=5, shuffle_buffer_rows=150)
@@ -67,12 +65,6 @@ def test_resume_inside_a_split_with_deletes_unshuffled_streams(tmp_path):
     make = _make(config, shuffle=False, split_bytes=1 << 30, batch_size=10, chunk_rows=20, num_workers=0)
     reference = assert_resumes_exactly(make, epochs=1, points=[(0, 0), (0, 4), (0, 9), (0, 13), (0, 15)], batch_key=batch_key)
     assert ids_of(reference.batches[0]) == sorted(set(range(1000)) - set(DELETED))
-
-
-def test_physical_row_skips_deleted_rows():
-    gone = np.array([0, 1, 5, 6, 7])
-    kept = [r for r in range(12) if r not in set(gone)]
-    assert [physical_row(gone, k) for k in range(len(kept))] == kept
 
 
 def test_resume_after_an_append_reads_the_checkpoint_snapshot(table):
