@@ -252,3 +252,27 @@ def test_stateful_dataloader_resumes_the_checkpoint_snapshot(table):
     resumed = fresh()
     resumed.load_state_dict(states[4])
     assert [batch_key(batch) for batch in resumed] == batches[5:]
+
+
+def test_global_state_of_two_ranks_resumes_the_snapshot(table):
+    """merge_states keeps every rank's table entry; each rank re-plans the snapshot from the global state."""
+    from torch_dataloader_utils.distributed import merge_states
+
+    config, ice = table
+    ranks = [_make(config, num_workers=0, rank=r, world_size=2)() for r in range(2)]
+    full, states = [], []
+    for loader, dataset in ranks:
+        batches, saved = [], []
+        batches = _run(loader, dataset, saved)
+        full.append(batches)
+        states.append(saved[2])
+    merged = merge_states(states)
+    ice.append(rows(1000, 1100))
+    for rank in range(2):
+        loader, dataset = _make(config, num_workers=0, rank=rank, world_size=2)()
+        dataset.load_state_dict(merged)
+        assert _run(loader, dataset) == full[rank][3:]
+    damaged = json.loads(json.dumps(merged))
+    damaged["ranks"][1]["table"]["snapshot"] = 1
+    with pytest.raises(CheckpointMismatchError, match="different table snapshots"):
+        _make(config, num_workers=0, rank=0, world_size=2)()[1].load_state_dict(damaged)

@@ -26,6 +26,7 @@ from .schema import (
     LANES,
     NEXT_WORKER,
     PADDING_DELIVERED,
+    RANKS,
     ROWS_DELIVERED,
     SCOPE,
     SCOPES,
@@ -313,7 +314,7 @@ def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], f
 def table_entry(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The table and snapshot a table dataset's state was planned on (a global state: its ranks');
     None for a state of plain files."""
-    parts = state.get("ranks") if state.get(SCOPE) == "global" else [state]
+    parts = state.get(RANKS) if state.get(SCOPE) == "global" else [state]
     entries = [part.get(TABLE) for part in parts if isinstance(part, Mapping)] if isinstance(parts, list) else []
     if not entries or all(entry is None for entry in entries):
         return None
