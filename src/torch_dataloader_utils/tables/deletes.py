@@ -88,7 +88,7 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
         if name in physical:
             arrays[name] = read.column(physical[name]).cast(kind)
         elif name in file.constants:
-            arrays[name] = pa.array([file.constants[name].as_py()] * rows, kind)
+            arrays[name] = pa.repeat(file.constants[name], rows).cast(kind)
         else:
             arrays[name] = pa.nulls(rows, kind)
     try:

@@ -120,7 +120,8 @@ class TableFileReader:
         table = table.rename_columns([self._footer.names[name] for name in table.column_names])
         for name, value in self._footer.file.constants.items():
             if columns is None or name in columns:
-                table = table.append_column(self._footer.schema.field(name), pa.array([value.as_py()] * table.num_rows, self._footer.schema.field(name).type))
+                column = self._footer.schema.field(name)
+                table = table.append_column(column, pa.repeat(value, table.num_rows).cast(column.type))
         order = self._footer.schema.names if columns is None else columns
         return table.select([name for name in order if name in table.column_names])
 
