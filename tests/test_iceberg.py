@@ -276,3 +276,10 @@ def test_global_state_of_two_ranks_resumes_the_snapshot(table):
     damaged["ranks"][1]["table"]["snapshot"] = 1
     with pytest.raises(CheckpointMismatchError, match="different table snapshots"):
         _make(config, num_workers=0, rank=0, world_size=2)()[1].load_state_dict(damaged)
+
+
+@pytest.mark.parametrize("scan_filter", ["nope >= 3", 42])
+def test_a_bad_scan_filter_names_the_argument(table, scan_filter):
+    config, _ = table
+    with pytest.raises(ValueError, match=r"scan_filter .* is not a pyiceberg expression over the snapshot's columns \['id', 'x'\]"):
+        _make(config, scan_filter=scan_filter)()

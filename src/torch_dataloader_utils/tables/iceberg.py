@@ -94,10 +94,16 @@ def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
 
     if scan_filter is None:
         return AlwaysTrue(), None
-    expression = parse(scan_filter) if isinstance(scan_filter, str) else scan_filter
-    if not isinstance(expression, BooleanExpression):
-        raise ValueError(f"scan_filter must be a pyiceberg expression or its text (e.g. \"year = 2024\"), got {type(scan_filter).__name__}")
-    return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True))
+    try:
+        expression = parse(scan_filter) if isinstance(scan_filter, str) else scan_filter
+        if not isinstance(expression, BooleanExpression):
+            raise TypeError(f"got {type(scan_filter).__name__}")
+        return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True))
+    except Exception as error:  # pyiceberg's parse and bind errors: re-raised naming the argument
+        raise ValueError(
+            f"scan_filter {scan_filter!r:.200} is not a pyiceberg expression over the snapshot's columns {[f.name for f in schema.fields]} "
+            f"({type(error).__name__}: {error}); give its text (e.g. \"year = 2024 and id > 5\") or a pyiceberg.expressions object"
+        ) from error
 
 
 def plan_iceberg(
