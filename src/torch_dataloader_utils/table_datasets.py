@@ -65,6 +65,13 @@ class _TableDataset(StructuredDataset):
             current = self._current_snapshot()
             if current != self._ref.snapshot:
                 log.info("epoch %d reads %s (the epoch before read %s)", epoch, current, self._ref.snapshot)
+                if self.world_size > 1:
+                    log.warning(
+                        "rank %d: epoch %d reads the table's new snapshot %d; every rank must read the same one (a commit "
+                        "between two ranks' set_epoch calls splits them): under DDP pin it (pin_snapshot=True or snapshot_id=; Delta: "
+                        "pin_version=True or version=)",
+                        self.rank, epoch, current,
+                    )  # fmt: skip
                 self._switch(self._plan_table(current))
         super().set_epoch(epoch)
 
