@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("deltalake")
 
 from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
+from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
 from table_helpers import batch_key, ids_of, rows  # noqa: E402
 
 from torch_dataloader_utils import CheckpointMismatchError, DeltaDataset  # noqa: E402
@@ -135,3 +136,17 @@ def test_a_removed_data_file_is_named(table):
     os.remove(os.path.join(table, first))
     with pytest.raises(FileNotFoundError, match="a data file of delta table"):
         _make(table)()
+
+
+def test_table_on_s3(s3, tmp_path):
+    """A Delta table on an S3 server (moto): s3fs's storage_options are passed on to deltalake."""
+    endpoint = s3.options["client_kwargs"]["endpoint_url"]
+    uri = f"s3://{BUCKET}/delta-{tmp_path.name}"
+    writer = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
+              "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}  # fmt: skip
+    write_deltalake(uri, _part(0, 300), partition_by=["part"], storage_options=writer)
+    write_deltalake(uri, _part(300, 400), mode="append", partition_by=["part"], storage_options=writer)
+    make = _make(uri, storage_options=s3.options, num_workers=0)
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 3)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == list(range(400))
+    assert make()[1].snapshot == 1
