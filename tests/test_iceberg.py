@@ -8,6 +8,7 @@ import json
 
 import pyarrow.compute as pc
 import pytest
+import torch
 
 pytest.importorskip("pyiceberg")
 
@@ -283,3 +284,23 @@ def test_a_bad_scan_filter_names_the_argument(table, scan_filter):
     config, _ = table
     with pytest.raises(ValueError, match=r"scan_filter .* is not a pyiceberg expression over the snapshot's columns \['id', 'x'\]"):
         _make(config, scan_filter=scan_filter)()
+
+
+def test_type_promotion_widens_old_files(tmp_path):
+    """int -> long after the first file: the old file's values are read as the promoted type."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.types import LongType
+
+    config = iceberg_config(str(tmp_path))
+    settings = dict(config)
+    catalog = load_catalog(settings.pop("name"), **settings)
+    catalog.create_namespace("db")
+    ice = catalog.create_table("db.t", schema=pa.schema([("id", pa.int64()), ("n", pa.int32())]))
+    ice.append(pa.table({"id": pa.array([0, 1], pa.int64()), "n": pa.array([5, 6], pa.int32())}))
+    with ice.update_schema() as update:
+        update.update_column("n", LongType())
+    ice.append(pa.table({"id": pa.array([2], pa.int64()), "n": pa.array([2**40], pa.int64())}))
+    loader, _ = IcebergDataset.create_dataloader("db.t", config, batch_size=10, num_workers=0)
+    (batch,) = list(loader)
+    assert batch["n"].dtype == torch.int64 and dict(zip(batch["id"].tolist(), batch["n"].tolist())) == {0: 5, 1: 6, 2: 2**40}
