@@ -144,7 +144,11 @@ def build_catalog(
     if format is not None:
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
-    fmt = get_format(format or infer_format(files))
+    return catalog_of_files(fs, get_format(format or infer_format(files)), files, split_bytes)
+
+
+def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int) -> Catalog:
+    """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     with _prefetched_tails(fs, files):
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]

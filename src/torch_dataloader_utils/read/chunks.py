@@ -75,6 +75,12 @@ class ChunkReader:
         self.chunk_rows = chunk_rows
         self.use_threads: bool | None = None  # pyarrow's own threads; None: in the main process only
         self._reader: StreamReader | None = None
+        self.generation = 0  # counts replan(): copies of an older generation (workers, threads) read another plan
+
+    def replan(self, catalog: Catalog, book: StreamBook) -> None:
+        """Read another plan from now on (a table dataset's other snapshot)."""
+        self.catalog, self.book, self._reader = catalog, book, None
+        self.generation += 1
 
     def reset(self) -> None:
         """Forget open files and decoded windows (the next read opens them anew)."""
