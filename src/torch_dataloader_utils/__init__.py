@@ -17,6 +17,7 @@ _EXPORTS = {
     "FileChangedError": "errors",
     "RemoteReadError": "errors",
     "WideningError": "errors",
+    "TransformError": "errors",
     "FileLayout": "plan.splits",
     "Ragged": "read.convert",
     "Split": "plan.splits",
@@ -31,7 +32,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .dataset import StructuredDataset
-    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, WideningError
+    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
     from .read.convert import Ragged
     from .runtime.loader import StructuredDataLoader

@@ -1,0 +1,183 @@
+"""Row filters at planning time: the filter checked against the data's schema, and the units
+(row groups) whose statistics show that no row can match, which are then never read.
+
+Pruning is conservative by construction: each unit's statistics become a *guarantee* (an
+expression every row of the unit satisfies, e.g. ``a >= 3 and a <= 17``), and pyarrow's own
+simplification decides whether the filter can be true under it; a unit is left out only when it
+cannot. A unit without usable statistics (an ORC stripe, a file written without them, a column
+type whose statistics are not trusted here) is always kept: the count of matching rows
+(read/filtering.py) is exact either way, pruning only saves reading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """A dataset's row filter: the expression, the columns it reads, and its digest (saved in states)."""
+
+    expression: pc.Expression
+    columns: tuple[str, ...]
+    digest: str
+
+    @property
+    def text(self) -> str:
+        return str(self.expression)
+
+
+def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
+    """``filters`` (a pyarrow.compute.Expression, or pyarrow's DNF list form) checked against the
+    data's unified ``schema``; ValueError / TypeError naming what is wrong."""
+    expression = _expression(filters)
+    if schema is None or not len(schema):
+        raise ValueError(f"filters={expression} cannot apply: the files have no columns")
+    _check_binds(expression, schema)
+    columns = _referenced_columns(expression, schema)
+    digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
+    return RowFilter(expression, columns, digest)
+
+
+def _expression(filters: Any) -> pc.Expression:
+    if isinstance(filters, pc.Expression):
+        return filters
+    if isinstance(filters, (list, tuple)) and filters:
+        try:
+            return pq.filters_to_expression(list(filters))
+        except (TypeError, ValueError, pa.ArrowException) as error:
+            raise ValueError(
+                f"filters must be a pyarrow.compute.Expression or pyarrow's DNF list form, e.g. [('label', '<', 10)] or "
+                f"[[('a', '=', 1)], [('b', 'in', [2, 3])]]; {filters!r:.120} is neither: {error}"
+            ) from error
+    raise TypeError(
+        f"filters must be a pyarrow.compute.Expression (e.g. pc.field('label') < 10) or a non-empty DNF list such as "
+        f"[('label', '<', 10)], got {type(filters).__name__} {filters!r:.80}"
+    )
+
+
+def _binds(expression: pc.Expression, schema: pa.Schema) -> bool:
+    try:
+        schema.empty_table().filter(expression)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def _check_binds(expression: pc.Expression, schema: pa.Schema) -> None:
+    try:
+        schema.empty_table().filter(expression)
+    except pa.ArrowInvalid as error:
+        if "No match for FieldRef" in str(error):
+            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {schema.names}") from error
+        raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        raise ValueError(f"filters={expression} does not fit the columns' types ({schema}): {error}") from error
+
+
+def _referenced_columns(expression: pc.Expression, schema: pa.Schema) -> tuple[str, ...]:
+    """The top-level columns ``expression`` reads (pyarrow does not list an expression's fields):
+    the columns whose names its text mentions, then each one the expression still binds without
+    is dropped. Falls back to every column when the names do not appear as written."""
+    text = str(expression)
+    needed = [name for name in schema.names if name in text]
+    if not _binds(expression, pa.schema([schema.field(n) for n in needed])):
+        needed = list(schema.names)
+    for name in list(needed):
+        rest = [n for n in needed if n != name]
+        if _binds(expression, pa.schema([schema.field(n) for n in rest])):
+            needed = rest
+    return tuple(needed)
+
+
+# ----------------------------------------------------------------- pruning by statistics
+def _trusted(kind: pa.DataType) -> bool:
+    """Types whose min/max statistics bound every value a comparison sees. Floats are left out:
+    writers leave NaN out of their statistics, and ``not (x < 5)`` is true for NaN."""
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_date(kind)
+        or pa.types.is_timestamp(kind)
+    )
+
+
+class _ParquetFile:
+    """A Parquet footer with its Arrow schema and column indices by name, made once per file."""
+
+    def __init__(self, footer: pq.FileMetaData):
+        self.footer = footer
+        self.arrow = footer.schema.to_arrow_schema()
+        self.leaf = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+
+
+def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str]) -> pc.Expression:
+    """What every row of row group ``unit`` satisfies in ``columns``, from its statistics."""
+    group, arrow, leaf = file.footer.row_group(unit), file.arrow, file.leaf
+    terms = []
+    for name in columns:
+        field = pc.field(name)
+        if name in lacking:
+            terms.append(field.is_null())  # read as nulls in this file
+            continue
+        index = leaf.get(name)
+        if index is None or arrow.get_field_index(name) < 0:
+            continue
+        stats = group.column(index).statistics
+        if stats is None:
+            continue
+        all_null = stats.has_null_count and stats.null_count == group.num_rows
+        if all_null:
+            terms.append(field.is_null())
+            continue
+        kind, target = arrow.field(name).type, unified.field(name).type
+        if not (stats.has_min_max and _trusted(kind) and _trusted(target)):
+            continue
+        try:
+            low = pa.scalar(stats.min, type=kind).cast(target)
+            high = pa.scalar(stats.max, type=kind).cast(target)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            continue  # a value that does not convert: no guarantee from this column
+        bounded = (field >= low) & (field <= high)
+        terms.append(bounded if stats.has_null_count and stats.null_count == 0 else bounded | field.is_null())
+    guarantee = pc.scalar(True)
+    for term in terms:
+        guarantee = guarantee & term
+    return guarantee
+
+
+def may_match(
+    rows_filter: RowFilter, footers: Sequence[Any], unit_counts: Sequence[int], unified: pa.Schema, missing: Sequence[Sequence[str]]
+) -> list[list[bool]]:
+    """Per file, per unit: whether a row of it may match (False only where statistics rule it out)."""
+    fragments, where = [], []
+    file_format = ds.ParquetFileFormat()
+    nowhere = pafs.LocalFileSystem()
+    result = [[True] * count for count in unit_counts]
+    for file, (footer, count) in enumerate(zip(footers, unit_counts)):
+        if not isinstance(footer, pq.FileMetaData):
+            continue  # no statistics this module reads (ORC)
+        lacking = missing[file] if missing else ()
+        parquet = _ParquetFile(footer)
+        for unit in range(count):
+            guarantee = _parquet_guarantee(parquet, unit, rows_filter.columns, unified, lacking)
+            # a fragment is only a holder of its guarantee here: nothing is opened at its path
+            fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
+            where.append((file, unit))
+            result[file][unit] = False
+    if fragments:
+        dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
+        for fragment in dataset.get_fragments(filter=rows_filter.expression):
+            file, unit = where[int(fragment.path.rsplit("/", 1)[1])]
+            result[file][unit] = True
+    return result
