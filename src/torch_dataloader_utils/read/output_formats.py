@@ -73,7 +73,8 @@ def batch_bounds(rows: int, size: int) -> Iterator[tuple[int, int]]:
 
 def prepare_batches(table: pa.Table, output: BatchOutput, where: Where, copy: bool, batch_of: Callable[[int, int], str]) -> list[Any]:
     """The chunk ``table`` as finished batches: sliced, in ``output.format``, transformed.
-    ``copy`` (torch only): tensors of their own rather than views of ``table``; ``batch_of(start,
+    ``copy``: False where the batches are pickled next (a DataLoader worker): torch tensors may stay
+    views of ``table``, Arrow batches are compacted to their own rows; ``batch_of(start,
     stop)`` describes a batch for a transform's error."""
     if output.format == "torch":
         columns = table_to_columns(table, where, copy=copy)
@@ -81,6 +82,8 @@ def prepare_batches(table: pa.Table, output: BatchOutput, where: Where, copy: bo
     else:
         form = _FORMS[output.format]
         batches = [form(table.slice(start, stop - start)) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
+        if output.format == "arrow" and not copy:
+            batches = [_compact(batch) for batch in batches]
     if output.transform is None:
         return batches
     transformed = []
@@ -102,6 +105,12 @@ def to_record_batch(table: pa.Table) -> pa.RecordBatch:
     if len(batches) == 1:
         return batches[0]
     return pa.RecordBatch.from_arrays([pa.array([], type=field.type) for field in table.schema], schema=table.schema)
+
+
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch holding only its own rows' bytes: pickling a slice of a larger batch writes the
+    whole of its buffers (pyarrow 26), here the whole decoded chunk for every batch."""
+    return batch.take(pa.array(np.arange(batch.num_rows)))
 
 
 def to_numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
