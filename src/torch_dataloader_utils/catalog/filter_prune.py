@@ -160,7 +160,8 @@ def may_match(
     rows_filter: RowFilter, footers: Sequence[Any], unit_counts: Sequence[int], unified: pa.Schema, missing: Sequence[Sequence[str]]
 ) -> list[list[bool]]:
     """Per file, per unit: whether a row of it may match (False only where statistics rule it out)."""
-    fragments, where = [], []
+    fragments: list[Any] = []
+    where: list[tuple[int, int]] = []
     file_format = ds.ParquetFileFormat()
     nowhere = pafs.LocalFileSystem()
     result = [[True] * count for count in unit_counts]

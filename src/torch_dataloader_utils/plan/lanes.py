@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .splits import assign_splits, epoch_order
-from .streams import SplitRows, Stream, build_stream, split_rows_between
+from .streams import Piece, SplitRows, Stream, build_stream, split_rows_between
 
 _CACHED_STREAMS = 16
 
@@ -152,9 +152,9 @@ class StreamBook:
         """Indices of the splits holding the rows of these segments (for messages)."""
         return sorted({piece.split for piece in self._pieces_of(segments)})
 
-    def _pieces_of(self, segments: Sequence[Segment]) -> list:
+    def _pieces_of(self, segments: Sequence[Segment]) -> list[Piece]:
         """The pieces of the windows these segments touch."""
-        pieces = []
+        pieces: list[Piece] = []
         for segment in segments:
             stream = self.stream(segment.key)
             first, last = stream.window_of(segment.start), stream.window_of(max(segment.start, segment.stop - 1))

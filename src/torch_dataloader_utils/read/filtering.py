@@ -71,12 +71,13 @@ def count_matching(catalog: Catalog, matching: Sequence[Sequence[bool]], cache_d
 
     if todo:
         with ThreadPoolExecutor(max_workers=min(_COUNT_THREADS, len(todo))) as pool:
-            for file, counts in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
-                results[file] = counts
-                _store(cache_dir, keys[file], counts)
-    for key, counts in zip(keys, results):
-        _MEMO[key] = counts  # type: ignore[assignment]
-    return [counts for counts in results if counts is not None]
+            for file, counted in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
+                results[file] = counted
+                _store(cache_dir, keys[file], counted)
+    done = [counts for counts in results if counts is not None]
+    assert len(done) == len(results), "every file was counted"
+    _MEMO.update(zip(keys, done))
+    return done
 
 
 def _count_file(catalog: Catalog, file: int, units: Sequence[bool]) -> tuple[int, ...]:
