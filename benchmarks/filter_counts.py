@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         full_read(catalog, columns, args.threads)
         times["read"].append(time.perf_counter() - start)
     count, read = (float(np.median(times[k])) for k in ("count", "read"))
-    print(f"{rows:,} rows in {len(files)} files ({sum(len(l.unit_rows) for l in catalog.layouts)} row groups); filter {filters} matches {matching:,}")
+    print(f"{rows:,} rows in {len(files)} files ({sum(len(layout.unit_rows) for layout in catalog.layouts)} row groups); filter {filters} matches {matching:,}")
     print(f"| pass | seconds (median of {args.rounds}) | x full read |")
     print("|---|---|---|")
     print(f"| count matching rows (reads label) | {count:.3f} | {count / read:.2f} |")

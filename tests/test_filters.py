@@ -251,3 +251,34 @@ def test_bad_filters_name_the_problem(data):
         StructuredDataset(data["parquet"], filters=pc.field("text") < 3, num_workers=0)
     with pytest.raises(TypeError, match="Expression"):
         StructuredDataset(data["parquet"], filters="label < 3", num_workers=0)
+
+
+def unchanged(batch):
+    return batch
+
+
+def test_a_filter_and_arrow_batches_inside_torchdatas_stateful_dataloader(data):
+    """The dataset alone in a StatefulDataLoader (each worker its own lane): filtered arrow batches
+    (collate_fn keeps them as they are) resume exactly from the loader's own state."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make():
+        dataset = StructuredDataset(data["parquet"], num_workers=2, filters=pc.field("label") >= 4, output_format="arrow", **CONFIG)
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=2, collate_fn=unchanged), dataset
+
+    reference = assert_resumes_exactly(
+        make,
+        epochs=1,
+        points=[(0, 2), (0, 7)],
+        batch_key=lambda batch: tuple(batch.column("id").to_pylist()),
+        save=lambda loader, _: json.loads(json.dumps(loader.state_dict())),
+        load=lambda loader, _, state: loader.load_state_dict(state),
+    )
+    assert sorted(i for batch in reference.batches[0] for i in batch) == expected(ALL_IDS, ALL_IDS % 7 >= 4)
+
+
+def test_a_file_without_the_filter_column_reads_it_as_nulls(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1, 2], "score": [5, None, 9]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": [3, 4]}), tmp_path / "b.parquet")
+    assert sorted(delivered(str(tmp_path), filters=pc.field("score").is_null(), columns=["id"])[0]) == [1, 3, 4]
+    assert sorted(delivered(str(tmp_path), filters=[("score", ">", 6)], columns=["id"])[0]) == [2]
