@@ -88,8 +88,16 @@ def test_numpy_forms_of_other_types():
     assert columns["pair"].tolist() == [{"a": 1}, {"a": 2}, None]
 
 
+def test_a_device_takes_torch_batches_only(data, monkeypatch):
+    from torch_dataloader_utils.runtime import device_feed, loader  # noqa: F401 - the loader binds check_device before the patch
+
+    monkeypatch.setattr(device_feed, "check_device", lambda device: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="device= feeds torch batches"):
+        StructuredDataset.create_dataloader(data, output_format="arrow", num_workers=0, device="cuda")
+
+
 def test_bad_output_arguments_are_named(data):
     with pytest.raises(ValueError, match="output_format"):
         StructuredDataset(data, output_format="pandas", num_workers=0)
-    with pytest.raises(ValueError, match="device="):
-        StructuredDataset.create_dataloader(data, output_format="numpy", num_workers=0, device=torch.device("cpu"))
+    loader, _ = StructuredDataset.create_dataloader(data, output_format="numpy", num_workers=0, device=torch.device("cpu"))  # host memory
+    assert isinstance(next(iter(loader))["id"], np.ndarray)

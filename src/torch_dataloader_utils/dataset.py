@@ -138,8 +138,8 @@ class StructuredDataset(IterableDataset):
                 f"(batches come from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; "
                 "for a DataLoader of your own, see docs/stateful-dataloader.md"
             )
-        check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
-        if loader_kwargs.get("device") is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
+        device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
+        if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
             raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
         dataset = cls(path, format, **kwargs)
         return StructuredDataLoader(dataset, **loader_kwargs), dataset
