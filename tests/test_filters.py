@@ -130,9 +130,9 @@ def test_statistics_prune_units_and_files_without_them_are_read():
         footers.append(pq.ParquetFile(pa.BufferReader(sink.getvalue())).metadata)
     rf = row_filter([("id", ">=", 25), ("id", "<", 30)], table.schema)
     assert rf.columns == ("id",)
-    assert may_match(rf, footers, [3, 3], table.schema, [(), ()]) == [[False, True, False], [True, True, True]]
+    assert may_match(rf, footers, [[20] * 3] * 2, table.schema, [(), ()]) == [[False, True, False], [True, True, True]]
     every_null = row_filter(pc.field("score").is_null(), table.schema)
-    assert may_match(every_null, footers[:1], [3], table.schema, [("score",)]) == [[True, True, True]]  # a file lacking it: all null
+    assert may_match(every_null, footers[:1], [[20] * 3], table.schema, [("score",)]) == [[True, True, True]]  # a file lacking it: all null
 
 
 class _Counted:
@@ -177,6 +177,28 @@ def test_pruning_reads_fewer_bytes(monkeypatch):
     # (reading); without: footers, the id column of all six, then the one row group
     assert read[True] < 0.6 * read[False], read
     assert read[True] < 0.4 * unfiltered, (read, unfiltered)
+
+
+def test_orc_stripe_statistics_prune_stripes(monkeypatch):
+    """ORC: the stripes' statistics (the file's Metadata section) leave out every stripe but one,
+    which shows in the bytes read."""
+    memory = MemoryFileSystem()
+    rng = np.random.default_rng(0)
+    table = pa.table({"id": np.arange(60_000), "noise": rng.random(60_000)})
+    sink = pa.BufferOutputStream()
+    writer = orc.ORCWriter(sink, stripe_size=1, batch_size=20_000, compression="uncompressed")
+    for start in (0, 20_000, 40_000):
+        writer.write(table.slice(start, 20_000))
+    writer.close()
+    memory.pipe_file("/prune-orc/p.orc", sink.getvalue().to_pybytes())
+    counted = _Counted(monkeypatch)
+    got, dataset = delivered("memory://prune-orc", format="orc", filters=[("id", ">=", 21_000), ("id", "<", 21_100)], batch_size=64)
+    assert sorted(got) == list(range(21_000, 21_100))
+    assert dataset._catalog.layouts[0].unit_rows == (0, 100, 0)
+    filtered = counted.bytes
+    counted.bytes = 0
+    delivered("memory://prune-orc", format="orc", batch_size=20_000)
+    assert filtered < 0.6 * counted.bytes, (filtered, counted.bytes)
 
 
 @pytest.mark.parametrize(("workers", "shuffle"), [(0, False), (2, True)])
@@ -284,7 +306,8 @@ def test_a_file_without_the_filter_column_reads_it_as_nulls(tmp_path):
     assert sorted(delivered(str(tmp_path), filters=[("score", ">", 6)], columns=["id"])[0]) == [2]
 
 
-def test_pruning_never_loses_a_matching_row(tmp_path):
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_pruning_never_loses_a_matching_row(tmp_path, fmt):
     """Filters of every kind statistics can rule on (ranges, negations, nulls, sets, strings,
     timestamps, booleans, floats with NaN): the rows delivered are exactly those pyarrow's
     Table.filter keeps from the whole data."""
@@ -300,7 +323,13 @@ def test_pruning_never_loses_a_matching_row(tmp_path):
             "f": pa.array([float("nan") if i % 7 == 0 else i / 10 for i in ids]),
         }
     )
-    pq.write_table(table, tmp_path / "data.parquet", row_group_size=30)
+    if fmt == "parquet":
+        pq.write_table(table, tmp_path / "data.parquet", row_group_size=30)
+    else:
+        writer = orc.ORCWriter(str(tmp_path / "data.orc"), stripe_size=1, batch_size=30, compression="uncompressed")
+        for start in (0, 30, 60):
+            writer.write(table.slice(start, 30))
+        writer.close()
     field = pc.field
     filters = [
         field("id") < 30,
@@ -317,5 +346,5 @@ def test_pruning_never_loses_a_matching_row(tmp_path):
         field("f").is_nan(),
     ]
     for expression in filters:
-        got = sorted(delivered(str(tmp_path), filters=expression, columns=["id"], batch_size=7)[0])
+        got = sorted(delivered(str(tmp_path), format=fmt, filters=expression, columns=["id"], batch_size=7)[0])
         assert got == sorted(table.filter(expression).column("id").to_pylist()), str(expression)

@@ -4,14 +4,16 @@
 Pruning is conservative by construction: each unit's statistics become a *guarantee* (an
 expression every row of the unit satisfies, e.g. ``a >= 3 and a <= 17``), and pyarrow's own
 simplification decides whether the filter can be true under it; a unit is left out only when it
-cannot. A unit without usable statistics (an ORC stripe, a file written without them, a column
-type whose statistics are not trusted here) is always kept: the count of matching rows
+cannot. A unit without usable statistics (a file written without them, a column type whose
+statistics are not trusted here) is always kept: the count of matching rows
 (read/filtering.py) is exact either way, pruning only saves reading.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -20,6 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+
+from ..formats._orc_tail import read_stripe_statistics, read_tail
+from ..formats.io import open_input
+
+_STATISTICS_THREADS = 16
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -136,42 +144,97 @@ def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], un
         stats = group.column(index).statistics
         if stats is None:
             continue
-        all_null = stats.has_null_count and stats.null_count == group.num_rows
-        if all_null:
-            terms.append(field.is_null())
+        nulls = stats.null_count if stats.has_null_count else None
+        bounds = (stats.min, stats.max) if stats.has_min_max else None
+        term = _term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
+        if term is not None:
+            terms.append(term)
+    return _all(terms)
+
+
+def _term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
+    """What every row satisfies in one column with values in ``bounds`` (of type ``kind``, read as
+    ``target``) and ``nulls`` null values (None: unknown) of ``rows``; None: nothing known."""
+    field = pc.field(name)
+    if nulls is not None and nulls == rows:
+        return field.is_null()
+    if bounds is None or not (_trusted(kind) and _trusted(target)):
+        return None
+    try:
+        low, high = (pa.scalar(value, type=kind).cast(target) for value in bounds)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None  # a value that does not convert: no guarantee from this column
+    bounded = (field >= low) & (field <= high)
+    return bounded if nulls == 0 else bounded | field.is_null()
+
+
+def _orc_guarantee(stripe: dict[str, Any], schema: pa.Schema, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str], rows: int) -> pc.Expression:
+    """What every row of an ORC stripe satisfies in ``columns``, from its statistics (see
+    formats/_orc_tail.py: integers, dates, strings and booleans carry bounds)."""
+    terms = []
+    for name in columns:
+        if name in lacking:
+            terms.append(pc.field(name).is_null())
             continue
-        kind, target = arrow.field(name).type, unified.field(name).type
-        if not (stats.has_min_max and _trusted(kind) and _trusted(target)):
+        stats = stripe.get(name)
+        if stats is None or schema.get_field_index(name) < 0:
             continue
-        try:
-            low = pa.scalar(stats.min, type=kind).cast(target)
-            high = pa.scalar(stats.max, type=kind).cast(target)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            continue  # a value that does not convert: no guarantee from this column
-        bounded = (field >= low) & (field <= high)
-        terms.append(bounded if stats.has_null_count and stats.null_count == 0 else bounded | field.is_null())
+        nulls = None if stats.values is None or stats.has_null is None else rows - stats.values
+        bounds = None if stats.minimum is None else (stats.minimum, stats.maximum)
+        term = _term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
+        if term is not None:
+            terms.append(term)
+    return _all(terms)
+
+
+def _all(terms: list[pc.Expression]) -> pc.Expression:
     guarantee = pc.scalar(True)
     for term in terms:
         guarantee = guarantee & term
     return guarantee
 
 
+def orc_statistics(fs: Any, files: Sequence[Any]) -> list[list[dict[str, Any]]]:
+    """Per ORC file: each stripe's column statistics (read from its tail)."""
+
+    def read(entry: Any) -> list[dict[str, Any]]:
+        try:
+            with open_input(fs, entry.fs_path) as source:
+                return read_stripe_statistics(source, entry.size, read_tail(source, entry.size).column_ids)
+        except (OSError, ValueError, IndexError, KeyError, TypeError) as error:  # no pruning in this file, still exact
+            log.debug("no stripe statistics from %s: %s", entry.url, error)
+            return []
+
+    with ThreadPoolExecutor(max_workers=min(_STATISTICS_THREADS, max(1, len(files)))) as pool:
+        return list(pool.map(read, files))
+
+
 def may_match(
-    rows_filter: RowFilter, footers: Sequence[Any], unit_counts: Sequence[int], unified: pa.Schema, missing: Sequence[Sequence[str]]
+    rows_filter: RowFilter,
+    footers: Sequence[Any],
+    unit_rows: Sequence[Sequence[int]],
+    unified: pa.Schema,
+    missing: Sequence[Sequence[str]],
+    orc: Sequence[list[dict[str, Any]]] | None = None,
 ) -> list[list[bool]]:
-    """Per file, per unit: whether a row of it may match (False only where statistics rule it out)."""
+    """Per file, per unit: whether a row of it may match (False only where statistics rule it
+    out). Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
+    unit_counts = [len(rows) for rows in unit_rows]
     fragments: list[Any] = []
     where: list[tuple[int, int]] = []
     file_format = ds.ParquetFileFormat()
     nowhere = pafs.LocalFileSystem()
     result = [[True] * count for count in unit_counts]
     for file, (footer, count) in enumerate(zip(footers, unit_counts)):
-        if not isinstance(footer, pq.FileMetaData):
-            continue  # no statistics this module reads (ORC)
         lacking = missing[file] if missing else ()
-        parquet = _ParquetFile(footer)
-        for unit in range(count):
-            guarantee = _parquet_guarantee(parquet, unit, rows_filter.columns, unified, lacking)
+        if isinstance(footer, pq.FileMetaData):
+            parquet = _ParquetFile(footer)
+            guarantees = [_parquet_guarantee(parquet, unit, rows_filter.columns, unified, lacking) for unit in range(count)]
+        elif orc is not None and len(orc[file]) == count:  # (the unified schema stands for the file's: its types only widen)
+            guarantees = [_orc_guarantee(orc[file][unit], unified, rows_filter.columns, unified, lacking, unit_rows[file][unit]) for unit in range(count)]
+        else:
+            continue
+        for unit, guarantee in enumerate(guarantees):
             # a fragment is only a holder of its guarantee here: nothing is opened at its path
             fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
             where.append((file, unit))

@@ -4,7 +4,7 @@ With a filter the plan is made in *matching rows*: every unit's row count is the
 rows that match, so splits, lanes, equal batches per rank and a state's positions all count
 matching rows, exactly as they count rows without a filter. The counts come from one pass at
 planning that reads only the filter's columns of the units statistics did not rule out
-(catalog/filter_prune.py), in parallel threads; they are kept for the process and, with
+(catalog/filter_prune.py: Parquet row groups and ORC stripes), in parallel threads; they are kept for the process and, with
 ``cache_dir``, on disk by file version and filter. A reader then decodes a unit with the
 filter's columns, keeps the matching rows and slices them by their index among the matching
 rows; a resume inside a unit decodes it from its start and skips that many matching rows.
@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from ..catalog.build import Catalog, replanned
-from ..catalog.filter_prune import RowFilter, may_match, row_filter
+from ..catalog.filter_prune import RowFilter, may_match, orc_statistics, row_filter
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
@@ -47,7 +47,8 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
     assert catalog.schema is not None  # row_filter refuses a catalog without columns
     check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
     layouts = catalog.layouts
-    matching = may_match(rows_filter, catalog.footers, [len(layout.unit_rows) for layout in layouts], catalog.schema, catalog.missing_columns)
+    orc = orc_statistics(catalog.fs, catalog.files) if catalog.format.name == "orc" else None
+    matching = may_match(rows_filter, catalog.footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
     source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
     counts = count_matching(source, matching, io.cache_dir if io is not None else None)
     filtered = [
