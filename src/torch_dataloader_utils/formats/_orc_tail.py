@@ -8,7 +8,8 @@ from apache/arrow#14806, but pyarrow does not expose it), and nothing about a st
 which a remote read needs to fetch the projected columns' bytes in one concurrent round before
 pyarrow reads them (pyarrow's reader asks the file object for bytes as it decodes).
 ``read_tail`` can go once pyarrow exposes the stripe information; ``stream_ranges`` has no
-pyarrow counterpart.
+pyarrow counterpart, nor has ``read_stripe_statistics`` (each stripe's column statistics, which
+filters= prunes stripes by; Arrow C++'s ORC adapter does not expose them either).
 
 It parses the two small protobuf messages at the end of the file: the PostScript
 (uncompressed) and the Footer (compressed with the file's codec, in ORC's 3-byte-header
