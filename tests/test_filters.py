@@ -348,3 +348,14 @@ def test_pruning_never_loses_a_matching_row(tmp_path, fmt):
     for expression in filters:
         got = sorted(delivered(str(tmp_path), format=fmt, filters=expression, columns=["id"], batch_size=7)[0])
         assert got == sorted(table.filter(expression).column("id").to_pylist()), str(expression)
+
+
+def test_columns_a_filter_reads_are_found_and_other_columns_do_not_matter():
+    from torch_dataloader_utils.catalog.filter_prune import row_filter
+
+    schema = pa.schema([("a", pa.int64()), ("odd", pa.dense_union([pa.field("x", pa.int32())])), ("label", pa.int32()), ("la", pa.int8())])
+    assert row_filter([("label", "<", 3), ("a", ">", 0)], schema).columns == ("a", "label")  # not "la", whose name is in "label"
+    with pytest.raises(ValueError, match="cannot filter rows by"):
+        row_filter(pc.field("odd") == 3, schema)
+    with pytest.raises(ValueError, match=r"do not have; their columns are \['a', 'odd', 'label', 'la'\]"):
+        row_filter([("b", "<", 3)], schema)

@@ -49,7 +49,6 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
     expression = _expression(filters)
     if schema is None or not len(schema):
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
-    _check_binds(expression, schema)
     columns = _referenced_columns(expression, schema)
     digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
     return RowFilter(expression, columns, digest)
@@ -80,12 +79,12 @@ def _binds(expression: pc.Expression, schema: pa.Schema) -> bool:
     return True
 
 
-def _check_binds(expression: pc.Expression, schema: pa.Schema) -> None:
+def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str]) -> None:
     try:
         schema.empty_table().filter(expression)
     except pa.ArrowInvalid as error:
         if "No match for FieldRef" in str(error):
-            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {schema.names}") from error
+            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}") from error
         raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
         raise ValueError(f"filters={expression} does not fit the columns' types ({schema}): {error}") from error
@@ -94,11 +93,17 @@ def _check_binds(expression: pc.Expression, schema: pa.Schema) -> None:
 def _referenced_columns(expression: pc.Expression, schema: pa.Schema) -> tuple[str, ...]:
     """The top-level columns ``expression`` reads (pyarrow does not list an expression's fields):
     the columns whose names its text mentions, then each one the expression still binds without
-    is dropped. Falls back to every column when the names do not appear as written."""
+    is dropped. Falls back to every column when the names do not appear as written. (Binding is
+    tried on those columns only: a column of a type pyarrow cannot filter a table of does not
+    matter unless the filter reads it.)"""
     text = str(expression)
     needed = [name for name in schema.names if name in text]
     if not _binds(expression, pa.schema([schema.field(n) for n in needed])):
-        needed = list(schema.names)
+        needed = [field.name for field in schema if _binds(pc.scalar(True), pa.schema([field]))]  # tables pyarrow can filter
+        unusable = [f"{name} ({schema.field(name).type})" for name in schema.names if name not in needed and name in text]
+        if unusable:
+            raise ValueError(f"filters={expression} reads {', '.join(unusable)}, which pyarrow cannot filter rows by; filter on other columns")
+        _check_binds(expression, pa.schema([schema.field(n) for n in needed]), schema.names)  # raises, unless only the text misled
     for name in list(needed):
         rest = [n for n in needed if n != name]
         if _binds(expression, pa.schema([schema.field(n) for n in rest])):
