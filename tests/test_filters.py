@@ -117,7 +117,7 @@ def test_nulls_in_the_filter_column_do_not_match(nullable, name):
 
 
 def test_statistics_prune_units_and_files_without_them_are_read():
-    from torch_dataloader_utils.catalog.filter_prune import may_match, row_filter
+    from torch_dataloader_utils.catalog.filter_prune import ALL, NONE, SOME, may_match, row_filter
 
     ids = np.arange(60)
     table = pa.table({"id": ids, "score": scores(ids)})
@@ -130,9 +130,12 @@ def test_statistics_prune_units_and_files_without_them_are_read():
         footers.append(pq.ParquetFile(pa.BufferReader(sink.getvalue())).metadata)
     rf = row_filter([("id", ">=", 25), ("id", "<", 30)], table.schema)
     assert rf.columns == ("id",)
-    assert may_match(rf, footers, [[20] * 3] * 2, table.schema, [(), ()]) == [[False, True, False], [True, True, True]]
+    assert may_match(rf, footers, [[20] * 3] * 2, table.schema, [(), ()]) == [[NONE, SOME, NONE], [SOME] * 3]
+    below = row_filter([("id", "<", 40)], table.schema)  # row groups [0, 20) and [20, 40) match whole
+    assert may_match(below, footers, [[20] * 3] * 2, table.schema, [(), ()]) == [[ALL, ALL, NONE], [SOME] * 3]
+    assert may_match(row_filter([("score", "<", 99)], table.schema), footers[:1], [[20] * 3], table.schema, [()]) == [[SOME] * 3]  # nulls
     every_null = row_filter(pc.field("score").is_null(), table.schema)
-    assert may_match(every_null, footers[:1], [[20] * 3], table.schema, [("score",)]) == [[True, True, True]]  # a file lacking it: all null
+    assert may_match(every_null, footers[:1], [[20] * 3], table.schema, [("score",)]) == [[ALL] * 3]  # a file lacking it: all null
 
 
 class _Counted:

@@ -214,6 +214,10 @@ def orc_statistics(fs: Any, files: Sequence[Any]) -> list[list[dict[str, Any]]]:
         return list(pool.map(read, files))
 
 
+#: what statistics say of a unit: no row matches, some may, every row does
+NONE, SOME, ALL = 0, 1, 2
+
+
 def may_match(
     rows_filter: RowFilter,
     footers: Sequence[Any],
@@ -221,15 +225,16 @@ def may_match(
     unified: pa.Schema,
     missing: Sequence[Sequence[str]],
     orc: Sequence[list[dict[str, Any]]] | None = None,
-) -> list[list[bool]]:
-    """Per file, per unit: whether a row of it may match (False only where statistics rule it
-    out). Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
+) -> list[list[int]]:
+    """Per file, per unit: NONE where statistics rule out every row, ALL where they show every row
+    matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
+    SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
     unit_counts = [len(rows) for rows in unit_rows]
     fragments: list[Any] = []
     where: list[tuple[int, int]] = []
     file_format = ds.ParquetFileFormat()
     nowhere = pafs.LocalFileSystem()
-    result = [[True] * count for count in unit_counts]
+    result = [[SOME] * count for count in unit_counts]
     for file, (footer, count) in enumerate(zip(footers, unit_counts)):
         lacking = missing[file] if missing else ()
         if isinstance(footer, pq.FileMetaData):
@@ -243,10 +248,10 @@ def may_match(
             # a fragment is only a holder of its guarantee here: nothing is opened at its path
             fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
             where.append((file, unit))
-            result[file][unit] = False
     if fragments:
         dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
-        for fragment in dataset.get_fragments(filter=rows_filter.expression):
-            file, unit = where[int(fragment.path.rsplit("/", 1)[1])]
-            result[file][unit] = True
+        some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
+        other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+        for index, (file, unit) in enumerate(where):
+            result[file][unit] = NONE if index not in some else SOME if index in other else ALL
     return result

@@ -3,8 +3,8 @@
 With a filter the plan is made in *matching rows*: every unit's row count is the number of its
 rows that match, so splits, lanes, equal batches per rank and a state's positions all count
 matching rows, exactly as they count rows without a filter. The counts come from one pass at
-planning that reads only the filter's columns of the units statistics did not rule out
-(catalog/filter_prune.py: Parquet row groups and ORC stripes), in parallel threads; they are kept for the process and, with
+planning that reads only the filter's columns of the units whose statistics neither rule out nor
+wholly match the filter (catalog/filter_prune.py: Parquet row groups and ORC stripes), in parallel threads; they are kept for the process and, with
 ``cache_dir``, on disk by file version and filter. A reader then decodes a unit with the
 filter's columns, keeps the matching rows and slices them by their index among the matching
 rows; a resume inside a unit decodes it from its start and skips that many matching rows.
@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from ..catalog.build import Catalog, replanned
-from ..catalog.filter_prune import RowFilter, may_match, orc_statistics, row_filter
+from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, may_match, orc_statistics, row_filter
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
@@ -55,14 +55,16 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
         FileLayout(layout.path, layout.size, tuple(rows), tuple(size if n else 0 for size, n in zip(layout.unit_bytes, rows)))
         for layout, rows in zip(layouts, counts)
     ]
-    pruned = sum(not may for units in matching for may in units)
-    log.debug("filters=%s: %d of %d units pruned by statistics, %d rows match", rows_filter.text, pruned, sum(map(len, matching)), sum(map(sum, counts)))
+    known = [sum(state == value for units in matching for state in units) for value in (NONE, ALL)]
+    units, rows = sum(map(len, matching)), sum(map(sum, counts))
+    log.debug("filters=%s: of %d units, statistics rule out %d and show %d match whole; %d rows match", rows_filter.text, units, *known, rows)
     return replanned(source, filtered)
 
 
 # ------------------------------------------------------------------ counting at planning
-def count_matching(catalog: Catalog, matching: Sequence[Sequence[bool]], cache_dir: str | None = None) -> list[tuple[int, ...]]:
-    """Per file, per unit: the rows ``catalog.row_filter`` matches (0 where ``matching`` is False)."""
+def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None) -> list[tuple[int, ...]]:
+    """Per file, per unit: the rows ``catalog.row_filter`` matches; read only where ``matching``
+    (filter_prune.may_match) says SOME."""
     keys = [_count_key(catalog, file) for file in range(len(catalog.files))]
     results: list[tuple[int, ...] | None] = [_MEMO.get(key) or _load(cache_dir, key, len(units)) for key, units in zip(keys, matching)]
     todo = [file for file, found in enumerate(results) if found is None]
@@ -81,9 +83,11 @@ def count_matching(catalog: Catalog, matching: Sequence[Sequence[bool]], cache_d
     return done
 
 
-def _count_file(catalog: Catalog, file: int, units: Sequence[bool]) -> tuple[int, ...]:
-    if not any(units):
-        return (0,) * len(units)
+def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int, ...]:
+    """Matching rows per unit of one file; ``units``: what statistics say of each (filter_prune)."""
+    rows = catalog.source_layouts[file].unit_rows if catalog.source_layouts is not None else catalog.layouts[file].unit_rows
+    if SOME not in units:
+        return tuple(rows[unit] if known == ALL else 0 for unit, known in enumerate(units))
     rows_filter: RowFilter = catalog.row_filter
     entry = catalog.files[file]
     source = _Source(catalog)
@@ -91,9 +95,12 @@ def _count_file(catalog: Catalog, file: int, units: Sequence[bool]) -> tuple[int
     unit = 0
     try:
         reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footers[file], False)
-        for unit, may in enumerate(units):
-            table = read_conformed(reader, unit, list(rows_filter.columns), source, file) if may else None
-            counts.append(0 if table is None else table.filter(rows_filter.expression).num_rows)
+        for unit, known in enumerate(units):
+            if known != SOME:
+                counts.append(rows[unit] if known == ALL else 0)
+                continue
+            table = read_conformed(reader, unit, list(rows_filter.columns), source, file)
+            counts.append(table.filter(rows_filter.expression).num_rows)
     except Exception as error:  # noqa: BLE001 - re-raised naming the file
         if isinstance(error, (RemoteReadError, DataReadError)):
             raise
