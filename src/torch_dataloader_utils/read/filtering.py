@@ -169,7 +169,10 @@ def _projected(table: pa.Table, columns: Sequence[str] | None) -> pa.Table:
 
 
 def _changed(unit: int, seen: int, planned: int) -> FileChangedError:
-    return FileChangedError(f"unit {unit} has {seen} rows that match the filter but had {planned} when planned: the file changed after planning")
+    return FileChangedError(
+        f"unit {unit} has {seen} rows that match the filter but had {planned} when planned: the file changed after planning, "
+        "or its statistics are wrong (planning trusts them to rule a unit out or in whole)"
+    )
 
 
 def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int) -> pa.Table:
