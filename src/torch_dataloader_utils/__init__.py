@@ -18,6 +18,7 @@ _EXPORTS = {
     "FileChangedError": "errors",
     "RemoteReadError": "errors",
     "WideningError": "errors",
+    "TransformError": "errors",
     "FileLayout": "plan.splits",
     "IcebergDataset": "table_datasets",
     "Ragged": "read.convert",
@@ -33,7 +34,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .dataset import StructuredDataset
-    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, WideningError
+    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
     from .read.convert import Ragged
     from .runtime.loader import StructuredDataLoader

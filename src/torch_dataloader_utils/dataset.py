@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -17,11 +17,13 @@ from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
 from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
+from .read.filtering import filter_catalog
+from .read.output_formats import check_output
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
-from .state.schema import rank_state, worker_state
+from .state.schema import FILTERS, rank_state, worker_state
 from .state.validate import MAX_EPOCH, check_header, mismatch
 from .storage.remote import IOOptions
 
@@ -67,6 +69,9 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        output_format: str = "torch",
+        transform: Callable[[Any], Any] | None = None,
+        filters: Any = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -89,9 +94,15 @@ class StructuredDataset(IterableDataset):
         self.on_error = options.on_error
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
+        self._output = check_output(output_format, transform, self.num_workers, self.batch_size)
+        self.output_format = output_format
+        """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        book = self._use_catalog(self._make_catalog(path, format, storage_options, options.split_bytes, io))
-        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows)
+        catalog = self._make_catalog(path, format, storage_options, options.split_bytes, io)
+        if filters is not None:
+            catalog = filter_catalog(catalog, filters, io)
+        book = self._use_catalog(catalog)
+        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows, self._output)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
@@ -119,7 +130,9 @@ class StructuredDataset(IterableDataset):
                 f"(batches come from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; "
                 "for a DataLoader of your own, see docs/stateful-dataloader.md"
             )
-        check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
+        device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
+        if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
+            raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
         dataset = cls(path, format, **kwargs)
         return StructuredDataLoader(dataset, **loader_kwargs), dataset
 
@@ -284,8 +297,9 @@ class StructuredDataset(IterableDataset):
         if not any(rows for _, rows in files):
             return  # nothing will be converted (files without rows may type a column as null)
         check_repeated_columns(catalog.schema, self.columns, catalog.repeated_columns)
-        check_batch_forms(catalog.schema, self.columns)
-        check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
+        if self.output_format == "torch":  # the other forms hold every type, and nulls
+            check_batch_forms(catalog.schema, self.columns)
+            check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
         info = get_worker_info()
@@ -335,4 +349,5 @@ class StructuredDataset(IterableDataset):
             "_batch_size": self.batch_size,
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
+            **({FILTERS: self._catalog.row_filter.digest} if self._catalog.row_filter is not None else {}),
         }

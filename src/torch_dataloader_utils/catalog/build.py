@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,8 @@ class Catalog:
     schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
     missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
     repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
+    row_filter: Any = None  # a filter_prune.RowFilter: layouts then count the rows that match, and readers keep only those
+    source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -115,6 +117,13 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
         else:
             rows.append(SplitRows(file, split.row_offset, split.row_offset + split.row_length))
     return rows
+
+
+def replanned(catalog: Catalog, layouts: list[FileLayout]) -> Catalog:
+    """``catalog`` with other row counts per unit (a row filter's) and the splits planned from them."""
+    splits = plan_splits(layouts, catalog.split_bytes)
+    offsets = [unit_offsets(layout) for layout in layouts]
+    return replace(catalog, layouts=layouts, splits=splits, split_rows=_split_rows(splits, layouts), file_offsets=offsets)
 
 
 @contextlib.contextmanager

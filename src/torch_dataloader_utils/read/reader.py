@@ -21,6 +21,7 @@ from ..plan.streams import Piece, Stream
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
+from .filtering import iter_filtered, read_filtered
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
@@ -143,7 +144,8 @@ class StreamReader:
         """The piece's rows from its row ``first`` on, in decoded batches; errors name the file and split."""
         try:
             row = piece.start + first
-            batches = iter_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
+            iterate = iter_conformed if self._catalog.row_filter is None else iter_filtered
+            batches = iterate(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
             unit_rows = self._catalog.layouts[piece.file].unit_rows[piece.unit]
             for table in batches:
                 stop = min(piece.stop - row, table.num_rows)
@@ -171,7 +173,8 @@ class StreamReader:
 
     def _piece(self, piece: Piece) -> pa.Table:
         try:
-            table = read_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
+            read = read_conformed if self._catalog.row_filter is None else read_filtered
+            table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
             raise self._read_error(piece, error) from error
         return table.slice(piece.start, piece.stop - piece.start)

@@ -72,6 +72,8 @@ CONFIG_KEYS = {
     "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
+#: digest of the row filter (read/filtering.py), present only with a filter: positions count matching rows
+FILTERS = "_filters"
 
 
 class SplitEntry(TypedDict, total=False):

@@ -21,6 +21,7 @@ from .schema import (
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILTERS,
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
@@ -129,6 +130,8 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
             same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
             shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
+    if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
+        causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
     return causes
 
 
