@@ -17,6 +17,8 @@ from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
 from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
+from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
+from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress
@@ -67,6 +69,7 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        row_cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -104,6 +107,7 @@ class StructuredDataset(IterableDataset):
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
+        self._rows = RowAccess(self._catalog, self.columns, row_cache_bytes)  # random access (docs/random-access.md)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -151,6 +155,27 @@ class StructuredDataset(IterableDataset):
     def files(self) -> list[str]:
         """The dataset's files (URLs), in plan order."""
         return [f.url for f in self._catalog.files]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in all files (all ranks), from their footers: the range of ``dataset[i]``."""
+        return self._rows.num_rows
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        """Random access by global row number (file order, then stored order; the same for every
+        rank, worker, shuffle and epoch). An int (negative: from the end) gives one row as
+        column -> value; a slice, list, 1-d integer numpy array or tensor gives a batch in the
+        loader's form, rows in the order asked. See docs/random-access.md."""
+        return self._rows[key]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """(file URL, row within that file) of global row ``index``."""
+        return self._rows.locate(index)
+
+    @property
+    def rows(self) -> RowsDataset:
+        """The rows as a map-style torch ``Dataset`` (all files), for a DataLoader with any Sampler."""
+        return RowsDataset(self._rows)
 
     @property
     def last_batch_is_padding(self) -> bool:
