@@ -129,20 +129,21 @@ class RowAccess:
         return cached
 
     def _read_run(self, reader: Any, file: int, unit: int, lo: int, hi: int) -> pa.Table:
-        """Rows lo..hi of a unit and the rows after them in the last decoded batch (at least
-        ``PARTIAL_MIN_ROWS`` in all, or to the unit's end)."""
+        """Rows lo.. of a unit: through hi, and at least ``PARTIAL_MIN_ROWS`` (or to the unit's
+        end), with the rest of the last batch decoded."""
         want = hi - lo + 1
+        target = min(max(want, PARTIAL_MIN_ROWS), self.catalog.layouts[file].unit_rows[unit] - lo)
         tables, got = [], 0
-        batches = iter_conformed(reader, unit, self.columns, self.catalog, file, max(want, PARTIAL_MIN_ROWS), lo)
+        batches = iter_conformed(reader, unit, self.columns, self.catalog, file, target, lo)
         try:
             for table in batches:
                 tables.append(table)
                 got += table.num_rows
-                if got >= want:
+                if got >= target:
                     break
         finally:
             batches.close()  # (a remote reader forgets the bytes it fetched)
-        if got < want:
+        if got < target:
             raise FileChangedError(f"unit {unit} ended after {lo + got} rows; the file changed after planning")
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
