@@ -198,6 +198,9 @@ def test_only_the_units_holding_requested_rows_are_read_and_then_cached(tmp_path
     assert reads == []
     dataset[420:425]  # file 2 unit 1 rows 10..14: a run
     assert reads == [("run", 2, 1, 10)]
+    reads.clear()
+    dataset[440:445]  # the same unit again, rows the run did not decode: now the whole unit
+    assert reads == [("whole", 2, 1, ["id", "text"])]
 
 
 def test_a_short_run_seeks_through_the_page_index(tmp_path, monkeypatch, seek_tiny_files):

@@ -3,8 +3,8 @@
 Only the units (row groups / stripes) holding requested rows are read, with the dataset's
 column projection. A run of rows that is short next to its unit (a slice, one row) is decoded
 from the page holding its first row where the file has a page index (the resume path's seek,
-``formats/_parquet_seek.py``), else from the unit's first row up to the run's end; other reads
-decode the whole unit. Decoded rows stay in a bounded cache (``unit_cache.py``), so neighbouring
+``formats/_parquet_seek.py``), else from the unit's first row up to the run's end; other reads,
+and a unit's second read that the cache cannot serve, decode the whole unit. Decoded rows stay in a bounded cache (``unit_cache.py``), so neighbouring
 accesses read nothing again.
 """
 
@@ -32,7 +32,7 @@ from .unit_cache import DEFAULT_ROW_CACHE_BYTES, CachedRows, UnitCache
 #: holds its first row), not with the whole unit.
 PARTIAL_FRACTION = 0.25
 #: Rows decoded at least by a partial read, so that the rows after a single row read are cached too.
-PARTIAL_MIN_ROWS = 4096
+PARTIAL_MIN_ROWS = 1024
 _OPEN_FILES = 16
 
 __all__ = ["DEFAULT_ROW_CACHE_BYTES", "RowAccess"]
@@ -117,7 +117,9 @@ class RowAccess:
         try:
             reader = self._open(file)
             unit_rows = self.catalog.layouts[file].unit_rows[unit]
-            partial = getattr(self.catalog.format, "streams_units", False) and hi - lo + 1 <= unit_rows * PARTIAL_FRACTION
+            # a second miss in a unit (a walk through it, or scattered reads) decodes the whole unit
+            short = hi - lo + 1 <= unit_rows * PARTIAL_FRACTION and key not in self.cache
+            partial = short and getattr(self.catalog.format, "streams_units", False)
             if partial:
                 cached = CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
             else:
