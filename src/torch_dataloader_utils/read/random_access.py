@@ -144,7 +144,7 @@ class RowAccess:
                 if got >= target:
                     break
         finally:
-            batches.close()  # (a remote reader forgets the bytes it fetched)
+            getattr(batches, "close", lambda: None)()  # a generator: a remote reader forgets the bytes it fetched
         if got < target:
             raise FileChangedError(f"unit {unit} ended after {lo + got} rows; the file changed after planning")
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
