@@ -300,3 +300,11 @@ def test_remote_files_on_an_object_store(s3, tmp_path, fmt, seek_tiny_files):
     assert dataset[333]["text"] == "row-333"
     loader = DataLoader(dataset.rows, sampler=BatchSampler(SequentialSampler(dataset.rows), 70, False), batch_size=None, num_workers=2)
     assert torch.cat([batch["id"] for batch in loader]).tolist() == list(range(ROWS))
+
+
+def test_files_without_rows_take_no_row_numbers(tmp_path):
+    write_dataset(tmp_path, [[10], [0], [5, 5]])
+    dataset = StructuredDataset(str(tmp_path), num_workers=0)
+    assert dataset.num_rows == 20 and len(dataset.files) == 3
+    assert dataset.locate(10) == (dataset.files[2], 0)
+    assert dataset[8:12]["id"].tolist() == [8, 9, 10, 11]
