@@ -14,7 +14,7 @@ import pytest
 import torch
 from datagen import write_dataset
 from servers import s3, store_registry  # noqa: F401 - fixtures
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
 
 from torch_dataloader_utils import Ragged, StructuredDataset
 from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
@@ -308,3 +308,12 @@ def test_files_without_rows_take_no_row_numbers(tmp_path):
     assert dataset.num_rows == 20 and len(dataset.files) == 3
     assert dataset.locate(10) == (dataset.files[2], 0)
     assert dataset[8:12]["id"].tolist() == [8, 9, 10, 11]
+
+
+def test_a_subset_sampler_of_tensor_indices(tmp_path):
+    """SubsetRandomSampler over a tensor hands 0-d tensors to ``__getitems__``."""
+    write_dataset(tmp_path, LAYOUT)
+    rows = StructuredDataset(str(tmp_path), num_workers=0).rows
+    subset = torch.arange(0, ROWS, 3)
+    loader = DataLoader(rows, batch_size=16, sampler=SubsetRandomSampler(subset))
+    assert sorted(torch.cat([batch["id"] for batch in loader]).tolist()) == subset.tolist()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from .random_access import RowAccess
@@ -39,5 +40,5 @@ class RowsDataset(Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The rows of one sampled batch, read together (torch's fetcher calls this)."""
-        batch = self.access[list(indices)] if not isinstance(indices, np.ndarray) else self.access[indices]
+        batch = self.access[indices if isinstance(indices, (np.ndarray, torch.Tensor)) else list(indices)]
         return split_rows(batch, len(indices))
