@@ -6,8 +6,8 @@
 On generate.py's files (8 Parquet files, 64Ki-row row groups, page index), in one process:
 
 - gathers: ``--calls`` calls of 1024 uniformly random rows of the whole dataset, the same rows
-  for every contender, contenders interleaved call by call (a shared machine's load then falls
-  on all of them alike). ``pyarrow``: ``pq.ParquetFile(...).read_row_group(g, columns)`` of every
+  for every contender, contenders interleaved call by call, the first of each turn rotating (a
+  shared machine's load then falls on all of them alike). ``pyarrow``: ``pq.ParquetFile(...).read_row_group(g, columns)`` of every
   row group holding a requested row, ``take`` of its rows, one table in the requested order
   (files opened once, before timing). ``ours``: ``dataset[rows]``, which also converts the rows
   to the loader's batch (tensors, lists of str), with the cache off (``row_cache_bytes=0``:
@@ -83,12 +83,15 @@ class HandWritten:
 
 
 def _interleaved(contenders: dict[str, Callable[[np.ndarray], Any]], requests: list[np.ndarray]) -> dict[str, float]:
-    """Seconds each contender spent on all requests, call by call in turn (after one untimed call)."""
+    """Seconds each contender spent on all requests, call by call in turn (after one untimed call);
+    the turn's first contender rotates, so that none always runs after the same one."""
     for call in contenders.values():
         call(requests[0])
     spent = dict.fromkeys(contenders, 0.0)
-    for rows in requests[1:]:
-        for name, call in contenders.items():
+    names = list(contenders)
+    for index, rows in enumerate(requests[1:]):
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            call = contenders[name]
             started = time.perf_counter()
             call(rows)
             spent[name] += time.perf_counter() - started
