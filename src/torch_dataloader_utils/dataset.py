@@ -19,6 +19,8 @@ from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
 from .read.filtering import filter_catalog
 from .read.output_formats import check_output
+from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
+from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress
@@ -72,6 +74,7 @@ class StructuredDataset(IterableDataset):
         output_format: str = "torch",
         transform: Callable[[Any], Any] | None = None,
         filters: Any = None,
+        row_cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -98,14 +101,16 @@ class StructuredDataset(IterableDataset):
         self.output_format = output_format
         """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        catalog = self._make_catalog(path, format, storage_options, options.split_bytes, io)
-        if filters is not None:
-            catalog = filter_catalog(catalog, filters, io)
+        stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
+        catalog = filter_catalog(stored, filters, io) if filters is not None else stored
         book = self._use_catalog(catalog)
         reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows, self._output)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
+        self._row_cache_bytes = row_cache_bytes
+        # random access numbers every stored row: filters= choose what the loader delivers, not the index
+        self._rows = RowAccess(stored, self.columns, row_cache_bytes)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -155,6 +160,27 @@ class StructuredDataset(IterableDataset):
     def files(self) -> list[str]:
         """The dataset's files (URLs), in plan order."""
         return [f.url for f in self._catalog.files]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in all files (all ranks), from their footers: the range of ``dataset[i]``."""
+        return self._rows.num_rows
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        """Random access by global row number (file order, then stored order; the same for every
+        rank, worker, shuffle and epoch). An int (negative: from the end) gives one row as
+        column -> value; a slice, list, 1-d integer numpy array or tensor gives a batch in the
+        loader's form, rows in the order asked. See docs/random-access.md."""
+        return self._rows[key]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """(file URL, row within that file) of global row ``index``."""
+        return self._rows.locate(index)
+
+    @property
+    def rows(self) -> RowsDataset:
+        """The rows as a map-style torch ``Dataset`` (all files), for a DataLoader with any Sampler."""
+        return RowsDataset(self._rows)
 
     @property
     def last_batch_is_padding(self) -> bool:
@@ -273,6 +299,7 @@ class StructuredDataset(IterableDataset):
         self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
         if hasattr(self, "_delivery"):
             self._delivery.reader.replan(catalog, book)
+            self._rows = RowAccess(catalog, self.columns, self._row_cache_bytes)
         return book
 
     def _plan_for(self, progress: Progress) -> EpochPlan:
