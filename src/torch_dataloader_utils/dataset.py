@@ -12,6 +12,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .catalog.build import Catalog, build_catalog
 from .catalog.schema import check_missing_columns, check_repeated_columns
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
+from .plan.canonical import CanonicalBook, check_canonical
+from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
@@ -19,6 +21,7 @@ from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
+from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
 from .state.schema import rank_state, worker_state
@@ -67,6 +70,7 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        canonical_lanes: int | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -89,11 +93,19 @@ class StructuredDataset(IterableDataset):
         self.on_error = options.on_error
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
+        self.canonical_lanes = canonical_lanes
+        """C: the epoch's rows in C canonical lanes, the same global batches for every valid topology
+        (docs/reproducible-order.md); None: the topology's own order."""
+        if canonical_lanes is not None:
+            check_canonical(canonical_lanes, self.world_size, self.num_workers, self.batch_size)
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
         self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io)
         self._check_columns()
-        book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-        self._base_plan = EpochPlan(
+        book_args = (self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+        book = StreamBook(*book_args) if canonical_lanes is None else CanonicalBook(*book_args, lanes=canonical_lanes)
+        if canonical_lanes is not None:
+            book.reader_windows = canonical_lanes // self.world_size + 2  # a worker reads its rank's lanes in turn
+        self._base_plan = (EpochPlan if canonical_lanes is None else CanonicalPlan)(
             book,
             0,
             Topology(self.rank, self.world_size, self.num_workers),
@@ -203,8 +215,12 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+            state = worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        else:
+            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+        if self.canonical_lanes is not None:
+            state[CANONICAL_LANES] = self.canonical_lanes
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -219,7 +235,7 @@ class StructuredDataset(IterableDataset):
             self._load_worker_state(state)
             return
         selected = self.epoch
-        progress = restore_progress(state, scope, self._plan_check(), elastic)
+        progress = self._restore(state, scope, elastic)
         self._delivery.restore(progress)
         self._worker.epoch_cell[0] = progress.epoch
         if progress.epoch < selected and not self._delivery.remaining():
@@ -230,9 +246,10 @@ class StructuredDataset(IterableDataset):
         ``state``; change nothing. A worker state is checked against its worker's share of the plan."""
         scope = check_header(state)
         if scope == "worker":
+            check_lanes_key(state, self.canonical_lanes)
             check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         else:
-            restore_progress(state, scope, self._plan_check(), elastic)
+            self._restore(state, scope, elastic)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -242,9 +259,20 @@ class StructuredDataset(IterableDataset):
             return self._delivery.deliver(tasks, (reader.read(task) for task in tasks))
         # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
         self._check_loader_workers(info.num_workers)
+        if self.canonical_lanes is not None and info.num_workers > 1 and self.chunk_rows != self.batch_size:
+            raise ValueError(
+                f"canonical_lanes with a DataLoader of {info.num_workers} workers that yield batches one by one (torchdata's "
+                f"StatefulDataLoader) needs chunk_rows=batch_size={self.batch_size} (got {self.chunk_rows}): the global steps are "
+                "dealt to the workers in chunks, and such a loader takes one batch from each worker in turn"
+            )
         return self._worker.begin(info.id)
 
     # ------------------------------------------------------------ internals
+    def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:
+        if self.canonical_lanes is None and saved_lanes(state) is None:
+            return restore_progress(state, scope, self._plan_check(), elastic)
+        return restore_canonical(state, scope, self._plan_check(), self.canonical_lanes, elastic)
+
     def _plan_for(self, progress: Progress) -> EpochPlan:
         """The epoch plan for progress: the planned lanes of its epoch, or the lanes an elastic resume dealt."""
         plan = self._plan
@@ -280,6 +308,7 @@ class StructuredDataset(IterableDataset):
                 "Resume a StatefulDataLoader with loader.load_state_dict(...) of its own loader.state_dict(), which hands "
                 "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
             )
+        check_lanes_key(state, self.canonical_lanes)
         epoch, worker, position = check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         self._check_loader_workers(info.num_workers)
         if worker != info.id:
@@ -315,7 +344,7 @@ class StructuredDataset(IterableDataset):
             "_split_bytes": self._catalog.split_bytes,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
-            "_batch_size": self.batch_size,
+            "_batch_size": topology.get("batch_size", self.batch_size),
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
         }

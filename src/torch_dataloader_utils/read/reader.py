@@ -57,12 +57,15 @@ class _Window:
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0):
+    def __init__(
+        self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0, windows: int = _CACHED_WINDOWS
+    ):
         self._catalog = catalog
         self._columns = columns
         self._use_threads = use_threads
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
+        self._cached_windows = windows  # decoded windows kept (at most one per stream)
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
 
@@ -128,7 +131,7 @@ class StreamReader:
 
     def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
         self._windows[key] = window
-        while len(self._windows) > _CACHED_WINDOWS:
+        while len(self._windows) > self._cached_windows:
             self._windows.popitem(last=False)
 
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
