@@ -55,8 +55,8 @@ def check_canonical(lanes: int, world_size: int, num_workers: int, batch_size: i
         options.append(f"num_workers in {fitting_workers[-4:]} (with canonical_lanes={lanes})")
     fitting_lanes = [c for c in range(logical, global_batch + 1, logical) if global_batch % c == 0]
     if fitting_lanes:
-        options.append(f"canonical_lanes={fitting_lanes[-1]} (every global batch of {global_batch} rows then fits; "
-                       "but the order differs from another C's)")
+        shown = [c for c in fitting_lanes if c <= 256][-5:] or fitting_lanes[:1]
+        options.append(f"canonical_lanes in {shown} (each C gives its own order: keep one C for a whole job)")
     step = lanes // np.gcd(lanes, world_size)  # batch_size must be a multiple of this for C | G
     if lanes % logical == 0:
         options.append(f"batch_size={max(step, batch_size // step * step)} (a multiple of {step})")
