@@ -80,7 +80,10 @@ def lane_streams(
     buffer_rows: int,
 ) -> list[Stream]:
     """The C canonical lanes of an epoch: the splits in ``order`` end to end, cut into ``lanes``
-    runs of equal length (the first ones one row longer), each a stream."""
+    runs of equal length (to one row), each a stream whose shuffle windows hold
+    ``buffer_rows / lanes`` rows (at least one piece): a worker reads the lanes of its rank in
+    turn and keeps one window of each, so it holds at most ``buffer_rows`` rows as without
+    canonical lanes (plus whole pieces where a piece is larger)."""
     pieces = [p for s in order for p in split_pieces(int(s), split_rows[int(s)], file_offsets[split_rows[int(s)].file])]
     total = sum(p.num_rows for p in pieces)
     bounds = [lane * total // lanes for lane in range(lanes + 1)]
@@ -96,9 +99,10 @@ def lane_streams(
             start += take
             row += take
     streams = []
+    window = max(1, buffer_rows // lanes)  # a worker holds a window of each lane it reads: at most C per worker
     for lane, lane_pieces in enumerate(per_lane):
         splits = tuple(dict.fromkeys(p.split for p in lane_pieces))
-        streams.append(stream_of_pieces((seed, epoch, lanes, lane, _SEED_MARK), splits, lane_pieces, shuffle, buffer_rows))
+        streams.append(stream_of_pieces((seed, epoch, lanes, lane, _SEED_MARK), splits, lane_pieces, shuffle, window))
     return streams
 
 
@@ -166,7 +170,7 @@ class GlobalOrder:
         """q: rows of each lane in a global step of the body."""
         return self.global_batch // self.lanes
 
-    @property
+    @cached_property
     def rows(self) -> int:
         return sum(self.lane_rows)
 

@@ -24,6 +24,7 @@ from .conform import iter_conformed, read_conformed
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
+_GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
 
 
 @dataclass
@@ -71,7 +72,29 @@ class StreamReader:
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
+        if len(segments) > _GATHER_SEGMENTS and not self._skip_errors:
+            gathered = self._gathered(book, segments)
+            if gathered is not None:
+                return gathered
         return self._join([(self.read(book.stream(s.key), s.start, s.stop), s.num_rows) for s in segments], None)
+
+    def _gathered(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows | None:
+        """Many small segments that interleave a few streams (canonical lanes): each stream's span
+        read once, then one take puts the rows in segment order (None when the spans hold more
+        than twice the segments' rows)."""
+        spans: dict[Any, list[int]] = {}
+        for s in segments:
+            span = spans.setdefault(s.key, [s.start, s.stop])
+            span[0], span[1] = min(span[0], s.start), max(span[1], s.stop)
+        if sum(hi - lo for lo, hi in spans.values()) > 2 * sum(s.num_rows for s in segments):
+            return None
+        tables, base, offset = [], {}, 0
+        for key, (lo, hi) in spans.items():
+            tables.append(self.read(book.stream(key), lo, hi).table)
+            base[key] = offset - lo
+            offset += hi - lo
+        index = np.concatenate([np.arange(s.start, s.stop, dtype=np.int64) + base[s.key] for s in segments])
+        return Rows(self._concat(tables, None).take(pa.array(index)).combine_chunks())
 
     def read(self, stream: Stream, start: int, stop: int) -> Rows:
         """Rows [start, stop) of the stream, in stream order."""

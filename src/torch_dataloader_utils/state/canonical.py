@@ -111,8 +111,8 @@ def _plan_of(part: Mapping[str, Any], check: PlanCheck) -> CanonicalPlan:
 def _saved_steps(part: Mapping[str, Any], check: PlanCheck) -> int:
     """The global step a rank state reached, once its settings, files and positions are checked
     against the plan it was saved under."""
-    saved = {key: part.get(f"_{key}") for key in ("rank", "world_size", "num_workers", "batch_size")}
-    chunk_rows = part.get(CHUNK_ROWS)
+    saved: dict[str, Any] = {key: part.get(f"_{key}") for key in ("rank", "world_size", "num_workers", "batch_size")}
+    chunk_rows: Any = part.get(CHUNK_ROWS)
     if not all(is_count(v) for v in (*saved.values(), chunk_rows)) or not saved["world_size"] or not saved["batch_size"]:
         raise mismatch("Checkpoint state has a damaged topology.", [], [f"it says {saved}, chunk_rows={chunk_rows!r:.20}"])
     causes = config_causes(part, check.config(**saved)) + file_causes(part.get(FILES), check.fingerprint)
@@ -132,7 +132,8 @@ def _saved_steps(part: Mapping[str, Any], check: PlanCheck) -> int:
             f"The global steps are the same only with the same global batch: use batch_size={saved_global // plan.topology.world_size}"
             if saved_global % plan.topology.world_size == 0 else None,
         )
-    epoch, steps = part.get(EPOCH), part.get(BATCHES_DELIVERED)
+    epoch: Any = part.get(EPOCH)
+    steps: Any = part.get(BATCHES_DELIVERED)
     if not is_count(epoch) or epoch > MAX_EPOCH:
         raise mismatch(f"Checkpoint state key 'epoch' is out of range ({epoch!r:.20}).", [], ["the state is damaged"])
     if not is_count(steps) or chunk_rows < saved["batch_size"] or chunk_rows % saved["batch_size"]:
