@@ -10,13 +10,14 @@ segments are computed on demand, never stored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import cast
+from typing import Iterator, Sequence, cast
 
 from .canonical import CanonicalBook, GlobalOrder
 from .epoch import EpochPlan
 from .lanes import Lane, Segment, StreamKey
+from .schedule import ChunkTask, Schedule
 
 
 def worker_steps(steps: int, worker: int, workers: int, chunk_batches: int) -> int:
@@ -85,6 +86,39 @@ class CanonicalLane:
         return tuple(self.slice(0, self.num_rows))
 
 
+@dataclass(frozen=True)
+class LaneRows(Sequence[Segment]):
+    """The segments of lane rows [start, stop), computed when first asked (in the process that
+    reads them): a pass's tasks are planned for the whole epoch at once, and a canonical step has
+    C/R segments per batch."""
+
+    lane: CanonicalLane
+    start: int
+    stop: int
+    _segments: list[list[Segment]] = field(default_factory=list, compare=False, repr=False)
+
+    def _computed(self) -> list[Segment]:
+        if not self._segments:
+            self._segments.append(self.lane.slice(self.start, self.stop))
+        return self._segments[0]
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return self._computed()[index]
+
+    def __len__(self) -> int:
+        return len(self._computed())
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self._computed())
+
+    def __getstate__(self) -> dict:
+        return {"lane": self.lane, "start": self.start, "stop": self.stop, "_segments": []}
+
+    def __setstate__(self, state: dict) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+
+
 @dataclass(frozen=True, eq=False)
 class CanonicalPlan(EpochPlan):
     """An ``EpochPlan`` whose lanes deal the global steps of canonical lanes. Every rank has the
@@ -125,6 +159,11 @@ class CanonicalPlan(EpochPlan):
     @cached_property
     def batch_target(self) -> int | None:
         return None
+
+    def tasks(self, schedule: Schedule) -> list[ChunkTask]:
+        """The chunk tasks of a schedule; their segments are computed where the task is read."""
+        lanes = self.lanes
+        return [ChunkTask(lane, start, stop, cast(tuple, LaneRows(cast(CanonicalLane, lanes[lane]), start, stop))) for lane, start, stop in schedule]
 
     def worker_of(self, step: int) -> int:
         return (step // (self.batching.chunk_rows // self.batching.batch_size)) % self.topology.lanes
