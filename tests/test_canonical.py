@@ -214,3 +214,46 @@ def test_real_ddp_processes_with_torchrun(data, tmp_path):
     for world, workers in [(3, 1), (1, 0)]:
         after, _ = global_steps(data, world, workers, states=saved, elastic=True)
         assert reference[0][:2] + after[0] == reference[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_global_sequence_is_every_row_once_and_the_tail_is_short(seed):
+    """Pure planning, random layouts: the global sequence holds each lane row once, lanes differ
+    by at most one row, rows outside the lanes' interleaved body are under G + C, and a rank's
+    lanes (with lazily computed task segments, also after pickling) cover its shares of every step."""
+    import pickle
+    import random
+
+    import numpy as np
+
+    from torch_dataloader_utils.plan.canonical import CanonicalBook, GlobalOrder
+    from torch_dataloader_utils.plan.canonical_plan import CanonicalPlan
+    from torch_dataloader_utils.plan.epoch import Batching, Topology
+    from torch_dataloader_utils.plan.streams import SplitRows
+
+    rng = random.Random(seed)
+    units = [[rng.randint(1, 40) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 12))]
+    split_rows = [SplitRows(i, 0, sum(u)) for i, u in enumerate(units)]
+    offsets = [np.concatenate([[0], np.cumsum(u)]) for u in units]
+    lanes, world, workers, batch = 12, rng.choice([1, 2, 3, 4]), rng.choice([0, 1, 3]), 0
+    workers = workers if lanes % (world * max(1, workers)) == 0 else 1
+    batch = 96 // world
+    book = CanonicalBook(split_rows, offsets, seed % 2 == 0, seed, 30, lanes=lanes)
+    streams = book.lane_streams(0)
+    sizes = [s.num_rows for s in streams]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == sum(map(sum, units))
+    order = GlobalOrder(0, tuple(sizes), 96, "none")
+    assert order.rows - order.body_steps * 96 < 96 + lanes
+    keys = [book.lane_key(0, lane) for lane in range(lanes)]
+    seen = collections.Counter((s.key.rank, row) for s in order.segments(keys, 0, order.rows) for row in range(s.start, s.stop))
+    assert set(seen.values()) == {1} and len(seen) == order.rows
+    for rank in range(world):
+        plan = CanonicalPlan(book, 0, Topology(rank, world, workers), Batching(batch, 2 * batch, False, "none"))
+        tasks = [pickle.loads(pickle.dumps(t)) for t in plan.tasks(plan.schedule([0] * plan.topology.lanes, 0, 0))]
+        got = [(s.key, s.start, s.stop) for t in tasks for s in t.segments]
+        want = []
+        for step in range(plan.rank_steps):
+            start = step * 96 + rank * batch
+            want += [(s.key, s.start, s.stop) for s in order.segments(keys, start, min(start + batch, order.rows))]
+        merged = lambda segs: [(k, r) for k, a, b in segs for r in range(a, b)]  # noqa: E731
+        assert merged(got) == merged(want)
