@@ -13,6 +13,7 @@ import sys
 import pytest
 from datagen import write_dataset
 from resume_helpers import batch_key
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import merge_states
@@ -186,6 +187,16 @@ def test_orc_files(tmp_path):
     write_dataset(tmp_path, LAYOUT[:4], fmt="orc")
     runs = [global_steps(str(tmp_path), world, workers, format="orc")[0] for world, workers in [(1, 0), (2, 2)]]
     assert runs[0] == runs[1]
+
+
+def test_remote_files_on_s3(data, s3):
+    s3.upload(data, "canonical")
+    url = s3.url("canonical")
+    reference, _ = global_steps(data, 1, 0)
+    assert global_steps(url, 2, 2, storage_options=s3.options)[0] == reference
+    _, states = global_steps(url, 2, 2, stop=(0, 2), storage_options=s3.options)
+    after, _ = global_steps(url, 3, 1, states=merge_states(states), elastic=True, storage_options=s3.options)
+    assert reference[0][:2] + after[0] == reference[0]
 
 
 def test_stateful_dataloader_with_chunks_of_one_batch(data):
