@@ -193,10 +193,9 @@ def test_remote_files_on_s3(data, s3):
     s3.upload(data, "canonical")
     url = s3.url("canonical")
     reference, _ = global_steps(data, 1, 0)
-    assert global_steps(url, 2, 2, storage_options=s3.options)[0] == reference
-    _, states = global_steps(url, 2, 2, stop=(0, 2), storage_options=s3.options)
+    before, states = global_steps(url, 2, 2, stop=(0, 2), storage_options=s3.options)
     after, _ = global_steps(url, 3, 1, states=merge_states(states), elastic=True, storage_options=s3.options)
-    assert reference[0][:2] + after[0] == reference[0]
+    assert before[0] + after[0] == reference[0]
 
 
 def test_stateful_dataloader_with_chunks_of_one_batch(data):
