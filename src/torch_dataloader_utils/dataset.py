@@ -12,6 +12,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .catalog.build import Catalog, build_catalog
 from .catalog.schema import check_missing_columns, check_repeated_columns
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
+from .plan.canonical import CanonicalBook, check_canonical
+from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
@@ -23,6 +25,7 @@ from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
 from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
+from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
 from .state.schema import FILTERS, rank_state, worker_state
@@ -75,6 +78,7 @@ class StructuredDataset(IterableDataset):
         transform: Callable[[Any], Any] | None = None,
         filters: Any = None,
         row_cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
+        canonical_lanes: int | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -100,6 +104,11 @@ class StructuredDataset(IterableDataset):
         self._output = check_output(output_format, transform, self.num_workers, self.batch_size)
         self.output_format = output_format
         """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
+        self.canonical_lanes = canonical_lanes
+        """C: the epoch's rows in C canonical lanes, the same global batches for every valid topology
+        (docs/reproducible-order.md); None: the topology's own order."""
+        if canonical_lanes is not None:
+            check_canonical(canonical_lanes, self.world_size, self.num_workers, self.batch_size)
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
@@ -233,8 +242,12 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+            state = worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        else:
+            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+        if self.canonical_lanes is not None:
+            state[CANONICAL_LANES] = self.canonical_lanes
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -249,7 +262,7 @@ class StructuredDataset(IterableDataset):
             self._load_worker_state(state)
             return
         selected = self.epoch
-        progress = restore_progress(state, scope, self._plan_check(), elastic)
+        progress = self._restore(state, scope, elastic)
         self._delivery.restore(progress)
         self._worker.epoch_cell[0] = progress.epoch
         if progress.epoch < selected and not self._delivery.remaining():
@@ -260,9 +273,10 @@ class StructuredDataset(IterableDataset):
         ``state``; change nothing. A worker state is checked against its worker's share of the plan."""
         scope = check_header(state)
         if scope == "worker":
+            check_lanes_key(state, self.canonical_lanes)
             check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         else:
-            restore_progress(state, scope, self._plan_check(), elastic)
+            self._restore(state, scope, elastic)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -272,6 +286,12 @@ class StructuredDataset(IterableDataset):
             return self._delivery.deliver(tasks, (reader.read(task) for task in tasks))
         # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
         self._check_loader_workers(info.num_workers)
+        if self.canonical_lanes is not None and info.num_workers > 1 and self.chunk_rows != self.batch_size:
+            raise ValueError(
+                f"canonical_lanes with a DataLoader of {info.num_workers} workers that yield batches one by one (torchdata's "
+                f"StatefulDataLoader) needs chunk_rows=batch_size={self.batch_size} (got {self.chunk_rows}): the global steps are "
+                "dealt to the workers in chunks, and such a loader takes one batch from each worker in turn"
+            )
         return self._worker.begin(info.id)
 
     # ------------------------------------------------------------ internals
@@ -289,8 +309,12 @@ class StructuredDataset(IterableDataset):
             if catalog_before is not None:
                 self._catalog = catalog_before
             raise
-        book = StreamBook(catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-        self._base_plan = EpochPlan(
+        book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+        lanes = self.canonical_lanes
+        book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)
+        if lanes is not None:
+            book.reader_windows = lanes // self.world_size + 2  # a worker reads its rank's lanes in turn
+        self._base_plan = (EpochPlan if lanes is None else CanonicalPlan)(
             book,
             0,
             Topology(self.rank, self.world_size, self.num_workers),
@@ -301,6 +325,11 @@ class StructuredDataset(IterableDataset):
             self._delivery.reader.replan(catalog, book)
             self._rows = RowAccess(catalog, self.columns, self._row_cache_bytes)
         return book
+
+    def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:
+        if self.canonical_lanes is None and saved_lanes(state) is None:
+            return restore_progress(state, scope, self._plan_check(), elastic)
+        return restore_canonical(state, scope, self._plan_check(), self.canonical_lanes, elastic)
 
     def _plan_for(self, progress: Progress) -> EpochPlan:
         """The epoch plan for progress: the planned lanes of its epoch, or the lanes an elastic resume dealt."""
@@ -338,6 +367,7 @@ class StructuredDataset(IterableDataset):
                 "Resume a StatefulDataLoader with loader.load_state_dict(...) of its own loader.state_dict(), which hands "
                 "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
             )
+        check_lanes_key(state, self.canonical_lanes)
         epoch, worker, position = check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         self._check_loader_workers(info.num_workers)
         if worker != info.id:
@@ -373,7 +403,7 @@ class StructuredDataset(IterableDataset):
             "_split_bytes": self._catalog.split_bytes,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
-            "_batch_size": self.batch_size,
+            "_batch_size": topology.get("batch_size", self.batch_size),
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
             **({FILTERS: self._catalog.row_filter.digest} if self._catalog.row_filter is not None else {}),

@@ -68,6 +68,9 @@ class Lane(NamedTuple):
 class StreamBook:
     """Builds streams from their keys (cached): the plan a whole job shares."""
 
+    #: decoded windows a reader keeps: a lane reads one stream at a time (canonical lanes read several in turn)
+    reader_windows = 2
+
     def __init__(self, split_rows: Sequence[SplitRows], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int):
         self._split_rows = split_rows
         self._file_offsets = file_offsets

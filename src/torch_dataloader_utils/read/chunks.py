@@ -99,7 +99,7 @@ class ChunkReader:
         if self._reader is None:
             decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
             use_threads = in_main if self.use_threads is None else self.use_threads
-            self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, stream_rows=decode_rows)
+            self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, decode_rows, self.book.reader_windows)
         try:
             rows = self._reader.read_segments(self.book, task.segments)
         except BaseException:

@@ -25,6 +25,7 @@ from .filtering import iter_filtered, read_filtered
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
+_GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
 
 
 @dataclass
@@ -58,18 +59,43 @@ class _Window:
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0):
+    def __init__(
+        self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0, windows: int = _CACHED_WINDOWS
+    ):
         self._catalog = catalog
         self._columns = columns
         self._use_threads = use_threads
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
+        self._cached_windows = windows  # decoded windows kept (at most one per stream)
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
+        if len(segments) > _GATHER_SEGMENTS and not self._skip_errors:
+            gathered = self._gathered(book, segments)
+            if gathered is not None:
+                return gathered
         return self._join([(self.read(book.stream(s.key), s.start, s.stop), s.num_rows) for s in segments], None)
+
+    def _gathered(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows | None:
+        """Many small segments that interleave a few streams (canonical lanes): each stream's span
+        read once, then one take puts the rows in segment order (None when the spans hold more
+        than twice the segments' rows)."""
+        spans: dict[Any, list[int]] = {}
+        for s in segments:
+            span = spans.setdefault(s.key, [s.start, s.stop])
+            span[0], span[1] = min(span[0], s.start), max(span[1], s.stop)
+        if sum(hi - lo for lo, hi in spans.values()) > 2 * sum(s.num_rows for s in segments):
+            return None
+        tables, base, offset = [], {}, 0
+        for key, (lo, hi) in spans.items():
+            tables.append(self.read(book.stream(key), lo, hi).table)
+            base[key] = offset - lo
+            offset += hi - lo
+        index = np.concatenate([np.arange(s.start, s.stop, dtype=np.int64) + base[s.key] for s in segments])
+        return Rows(self._concat(tables, None).take(pa.array(index)).combine_chunks())
 
     def read(self, stream: Stream, start: int, stop: int) -> Rows:
         """Rows [start, stop) of the stream, in stream order."""
@@ -129,7 +155,7 @@ class StreamReader:
 
     def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
         self._windows[key] = window
-        while len(self._windows) > _CACHED_WINDOWS:
+        while len(self._windows) > self._cached_windows:
             self._windows.popitem(last=False)
 
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
