@@ -11,6 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
 from .catalog.schema import check_missing_columns, check_repeated_columns
+from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
@@ -54,7 +55,8 @@ class StructuredDataset(IterableDataset):
         shuffle: bool = False,
         shuffle_seed: int = 0,
         columns: Sequence[str] | None = None,
-        split_bytes: int = DEFAULT_SPLIT_BYTES,
+        split_bytes: int | str = DEFAULT_SPLIT_BYTES,
+        split_rows: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: dict | None = None,
@@ -67,11 +69,14 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        csv_options: Mapping[str, Any] | None = None,
+        json_options: Mapping[str, Any] | None = None,
+        partitioning: str | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
             split_bytes=split_bytes, rank=rank, world_size=world_size, drop_last=drop_last, equalize=equalize,
-            on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows,
+            on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows, split_rows=split_rows,
         )  # fmt: skip
         self.rank: int = options.rank
         """This process's rank (given, or torch.distributed's when it is initialized, else 0)."""
@@ -90,7 +95,8 @@ class StructuredDataset(IterableDataset):
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io)
+        source = SourceOptions(csv_options, json_options, partitioning)
+        self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io, options.split_rows, source)
         self._check_columns()
         book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         self._base_plan = EpochPlan(
@@ -313,6 +319,7 @@ class StructuredDataset(IterableDataset):
             "_world_size": topology.get("world_size", self.world_size),
             "_rank": topology.get("rank", self.rank),
             "_split_bytes": self._catalog.split_bytes,
+            "_split_rows": self._catalog.max_split_rows,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
             "_batch_size": self.batch_size,

@@ -24,6 +24,7 @@ from .schema import (
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
+    OPTIONAL_CONFIG_KEYS,
     NEXT_WORKER,
     PADDING_DELIVERED,
     ROWS_DELIVERED,
@@ -212,7 +213,7 @@ def validate_rank_state(
     epoch = _require(state, EPOCH, int, "rank")
     completed = _require(state, COMPLETED_SHARDS, list, "rank")
     for key in CONFIG_KEYS:
-        if key not in state:
+        if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
     changed_files = file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config) + changed_files
