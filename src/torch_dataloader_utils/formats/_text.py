@@ -24,7 +24,8 @@ from ..plan.splits import FileLayout
 from ..storage.cache import RangeCache
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import FileEntry
-from ._text_index import INDEX_EVERY, RecordScanner, RowIndex, scan_records
+from . import _text_index
+from ._text_index import RecordScanner, RowIndex, scan_records
 from .io import RangeFile, open_input
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def plan_units(index: RowIndex, unit_bytes: int, unit_rows: int | None) -> tuple
     most ``unit_rows`` rows each, at least one entry each."""
     offsets = np.append(index.offsets, index.data_end)
     entries = len(index.offsets)
-    most = max(1, (unit_rows or index.rows or 1) // index.every)
+    most = entries if unit_rows is None else max(1, unit_rows // index.every)
     starts, entry = [], 0
     while entry < entries:
         starts.append(entry)
@@ -203,7 +204,7 @@ class TextFormat:
         tag = self._tags.get(url)
         key = None
         if self._cache is not None and tag is not None:
-            text = f"rowindex\0{self.name}\0{url}\0{tag}\0{size}\0{INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
+            text = f"rowindex\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
             key = "rowindex-" + hashlib.sha256(text.encode()).hexdigest()[:40]
             cached = self._cache.get(key)
             if cached is not None:

@@ -62,8 +62,9 @@ class RecordScanner:
     lines are records too.
     """
 
-    def __init__(self, quote: int | None, skip: int, every: int = INDEX_EVERY, marker: int | None = None, count_empty: bool = False):
-        self._quote, self._skip, self._every, self._marker, self._count_empty = quote, skip, every, marker, count_empty
+    def __init__(self, quote: int | None, skip: int, every: int | None = None, marker: int | None = None, count_empty: bool = False):
+        self._quote, self._skip, self._marker, self._count_empty = quote, skip, marker, count_empty
+        self._every = INDEX_EVERY if every is None else every
         self._pos = 0  # bytes fed so far
         self._record_start = 0
         self._in_quote = False
