@@ -8,6 +8,7 @@ import shutil
 
 import pyarrow as pa
 import pytest
+from servers import s3, store_registry  # noqa: F401 - fixtures
 from textgen import write_csv, write_csv_dataset, write_jsonl, write_jsonl_dataset
 
 from torch_dataloader_utils import StructuredDataset
@@ -161,3 +162,18 @@ def test_a_file_changed_after_planning_is_refused(tmp_path):
     write_csv(tmp_path / "a.csv", 0, 60)
     with pytest.raises(Exception, match="a.csv"):
         list(dataset)
+
+
+def test_remote_csv_on_s3_resumes_exactly_and_reuses_the_cached_index(s3, data, tmp_path):
+    root, rows = data["csv"]
+    s3.upload(root, "text-csv")
+    url = s3.url("text-csv")
+    config = dict(CONFIG, num_workers=2, shuffle=True, storage_options=s3.options, cache_dir=str(tmp_path / "cache"))
+    before = ScanCounter.files_scanned
+
+    def make():
+        return StructuredDataset.create_dataloader(url, format="csv", **config)
+
+    reference = assert_resumes_exactly(make, epochs=1, stride=2, batch_key=ids)
+    assert sorted(i for batch in reference.batches[0] for i in batch) == list(range(rows))
+    assert ScanCounter.files_scanned - before == 4  # planned many times, scanned once

@@ -159,7 +159,10 @@ class PartitionedFormat:
         schema = self.inner.schema(fs, path, footer[0])
         clash = [key for key in self.partitions.keys if key in schema.names]
         if clash:
-            raise ValueError(f"column {clash[0]!r} is both a column of the file and a partition directory (partitioning='hive'); rename one, or pass partitioning=None")
+            raise ValueError(
+                f"column {clash[0]!r} is both a column of the file and a partition directory (partitioning='hive'); "
+                "rename one, or pass partitioning=None"
+            )
         for field in self.partitions.fields:
             schema = schema.append(field)
         return schema

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,13 @@ class ScanCounter:
 
     bytes_scanned = 0
     files_scanned = 0
+    lock = threading.Lock()  # footers are read by a thread pool
+
+    @classmethod
+    def add(cls, files: int, nbytes: int) -> None:
+        with cls.lock:
+            cls.files_scanned += files
+            cls.bytes_scanned += nbytes
 
 
 def compression_of(path: str) -> str | None:
@@ -112,14 +120,14 @@ def open_decompressed(fs: Any, path: str, size: int, compression: str) -> Any:
 
 def _blocks(fs: Any, path: str, size: int, compression: str | None) -> Iterator[bytes]:
     """The file's (decompressed) bytes in blocks, counted in ScanCounter."""
-    ScanCounter.files_scanned += 1
+    ScanCounter.add(1, 0)
     if compression is None:
         source: Iterator[bytes] = _raw_blocks(fs, path, size)
     else:
         stream = open_decompressed(fs, path, size, compression)
         source = iter(lambda: stream.read(SCAN_BLOCK), b"")
     for block in source:
-        ScanCounter.bytes_scanned += len(block)
+        ScanCounter.add(0, len(block))
         yield block
 
 
@@ -172,22 +180,32 @@ class TextFormat:
         return configured
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, TextFooter]:
-        """The row index (from the cache, else by a scan), the units and the schema."""
+        """The row index and schema (from the cache, else by a scan and pyarrow's inference), and the units."""
         parse = self.file_parse(path)
         compression = compression_of(path)
-        index = self._row_index(fs, path, size, url, parse, compression)
+        key = self._cache_key(url, size, parse, compression)
+        found = self._cached(key, url)
+        if found is None:
+            index = scan_records(_blocks(fs, path, size, compression), self.scanner(parse))
+            schema = self._infer(fs, path, size, compression, self.with_index(parse, index)) if index.rows else pa.schema([])
+            if key is not None and self._cache is not None:
+                self._cache.put(key, _entry_bytes(index, schema))
+        else:
+            index, schema = found
+        parse = self.with_index(parse, index)
         units = (0, len(index.offsets)) if compression is not None else plan_units(index, self._unit_bytes, self._unit_rows)
         if index.rows == 0:
             units = (0,)
-        parse = self.with_index(parse, index)
-        stream = open_decompressed(fs, path, size, compression) if compression else open_input(fs, path)
-        with stream:
-            schema = self.infer_schema(stream, parse) if index.rows else pa.schema([])
         footer = TextFooter(index, units, schema, compression, parse)
         count = len(units) - 1
         rows = tuple(min(index.rows, units[u + 1] * index.every) - units[u] * index.every for u in range(count))
         sizes = (size,) * count if compression is not None else tuple(end - start for start, end in map(footer.unit_bytes, range(count)))
         return FileLayout(url, size, rows, sizes), footer
+
+    def _infer(self, fs: Any, path: str, size: int, compression: str | None, parse: Any) -> pa.Schema:
+        stream = open_decompressed(fs, path, size, compression) if compression else open_input(fs, path)
+        with stream:
+            return self.infer_schema(stream, parse)
 
     def with_index(self, parse: Any, index: RowIndex) -> Any:
         """The file's parse settings once its records are known (CSV: quoted newlines)."""
@@ -199,27 +217,34 @@ class TextFormat:
     def open(self, fs: Any, path: str, footer: TextFooter, use_threads: bool) -> TextReader:
         return TextReader(self, fs, path, footer, use_threads)
 
-    # ------------------------------------------------------------ the row index
-    def _row_index(self, fs: Any, path: str, size: int, url: str, parse: Any, compression: str | None) -> RowIndex:
+    # ------------------------------------------------------------ the row index cache
+    def _cache_key(self, url: str, size: int, parse: Any, compression: str | None) -> str | None:
+        """The cache entry of one version of a file read with these settings (None: not cached)."""
         tag = self._tags.get(url)
-        key = None
-        if self._cache is not None and tag is not None:
-            text = f"rowindex\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
-            key = "rowindex-" + hashlib.sha256(text.encode()).hexdigest()[:40]
-            cached = self._cache.get(key)
-            if cached is not None:
-                try:
-                    return RowIndex.from_bytes(cached)
-                except (ValueError, TypeError) as error:  # damaged entry: scan again
-                    log.debug("row index cache entry %s unreadable (%s); scanning %s", key, error, url)
-        index = scan_records(_blocks(fs, path, size, compression), self.scanner(parse))
-        if key is not None and self._cache is not None:
-            self._cache.put(key, index.to_bytes())
-        return index
+        if self._cache is None or tag is None:
+            return None
+        text = f"rowindex\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
+        return "rowindex-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+
+    def _cached(self, key: str | None, url: str) -> tuple[RowIndex, pa.Schema] | None:
+        data = self._cache.get(key) if key is not None and self._cache is not None else None
+        if data is None:
+            return None
+        try:
+            length = int.from_bytes(data[:8], "big")
+            return RowIndex.from_bytes(data[8 : 8 + length]), pa.ipc.read_schema(pa.py_buffer(data[8 + length :]))
+        except (ValueError, TypeError, pa.ArrowException) as error:  # a damaged entry: scan again
+            log.debug("row index cache entry %s unreadable (%s); scanning %s", key, error, url)
+            return None
 
     def scan_key(self, parse: Any) -> str:
-        """What of the parse settings the record boundaries depend on (part of the cache key)."""
+        """The parse settings the records and inferred types depend on (part of the cache key)."""
         return repr(parse)
+
+
+def _entry_bytes(index: RowIndex, schema: pa.Schema) -> bytes:
+    packed = index.to_bytes()
+    return len(packed).to_bytes(8, "big") + packed + schema.serialize().to_pybytes()
 
 
 class TextReader:

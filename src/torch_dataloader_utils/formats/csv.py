@@ -73,10 +73,6 @@ class CsvFormat(TextFormat):
             return parse._replace(parse={**parse.parse, "newlines_in_values": True})
         return parse
 
-    def scan_key(self, parse: CsvParse) -> str:
-        keys = ("skip_rows", "column_names", "autogenerate_column_names")
-        return repr([parse.read.get(k) for k in keys] + [parse.parse.get(k) for k in ("quote_char", "ignore_empty_lines")])
-
     def infer_schema(self, stream: Any, parse: CsvParse) -> pa.Schema:
         try:
             reader = csv.open_csv(
