@@ -6,6 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from pyarrow import feather
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.testing import assert_resumes_exactly
@@ -54,3 +55,11 @@ def test_a_feather_v1_file_is_named(tmp_path):
     feather.write_feather(pa.table({"id": [1, 2]}), str(tmp_path / "old.feather"), version=1)
     with pytest.raises(ValueError, match="old.feather"):
         StructuredDataset(str(tmp_path), format="arrow", num_workers=0)
+
+
+def test_remote_arrow_files_on_s3_read_exactly_once(s3, root):
+    s3.upload(root, "arrow-ipc")
+    loader, dataset = StructuredDataset.create_dataloader(
+        s3.url("arrow-ipc"), format=None, num_workers=2, batch_size=64, split_bytes=1500, storage_options=s3.options, columns=["id"]
+    )
+    assert sorted(i for batch in loader for i in ids(batch)) == list(range(ROWS))

@@ -13,7 +13,7 @@ from torch_dataloader_utils.testing import assert_resumes_exactly
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("64MiB", 64 << 20), ("1GB", 10**9), ("512KiB", 512 << 10), ("512 kib", 512 << 10), ("100", 100), ("1.5KiB", 1536), ("2k", 2048), (4096, 4096)],
+    [("64MiB", 64 << 20), ("1GB", 10**9), ("512KiB", 512 << 10), ("512 kib", 512 << 10), ("100", 100), ("1.5KiB", 1536), ("2k", 2000), (4096, 4096)],
 )
 def test_sizes(text, size):
     assert parse_size("split_bytes", text) == size

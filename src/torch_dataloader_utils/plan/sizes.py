@@ -10,10 +10,13 @@ _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
 }  # fmt: skip
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-ACCEPTED = 'an int, or a string: a number and a unit B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. "64MiB", "1GB", "512KiB"'
+ACCEPTED = (
+    'an int, or a string: a number and a unit B, K/KB, M/MB, G/GB, T/TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), '
+    'e.g. "64MiB", "1GB", "512KiB"'
+)
 
 
 def parse_size(name: str, value: Any) -> int:
