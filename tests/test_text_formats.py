@@ -69,8 +69,8 @@ def test_a_resume_inside_a_unit_parses_from_the_indexed_record_before_it(data, m
     footer = catalog.footers[0]
     assert catalog.layouts[0].unit_rows == (230,)
     parsed = []
-    original = type(catalog.format).parse
-    monkeypatch.setattr(type(catalog.format), "parse", lambda self, data, *a: parsed.append(data.size) or original(self, data, *a))
+    original = type(catalog.format).parse_blocks
+    monkeypatch.setattr(type(catalog.format), "parse_blocks", lambda self, data, *a: parsed.append(data.size) or original(self, data, *a))
     reader = catalog.format.open(catalog.fs, catalog.files[0].fs_path, footer, False)
     tables = list(reader.iter_unit(0, ["id"], 7, first_row=200))
     assert pa.concat_tables(tables).column("id").to_pylist() == list(range(200, 230))

@@ -170,6 +170,10 @@ class TextFormat:
         """Records without a header (``data``: a buffer or a stream) as a table of ``footer.schema``'s types."""
         raise NotImplementedError
 
+    def parse_blocks(self, data: pa.Buffer | Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
+        """``parse``'s rows, one block (``block_size`` bytes) at a time, each parsed when asked for."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ FileFormat
     def configured(self, options: dict, *, split_bytes: int, split_rows: int | None, cache_dir: str | None, files: list[FileEntry]) -> TextFormat:
         """This format with ``options``, units of at most ``split_bytes`` bytes (and
@@ -260,17 +264,22 @@ class TextReader:
         return self._fmt.parse(self._bytes(*self._footer.unit_bytes(unit)), self._footer, columns, self._use_threads)
 
     def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
-        """The unit's rows from ``first_row``: parsed from the indexed record at or before it."""
+        """The unit's rows from ``first_row``, parsed a block at a time from the indexed record at
+        or before it (a compressed file: from its start); the rows before are dropped."""
         footer = self._footer
         if footer.compression is not None:
-            table, drop = self.read_unit(unit, columns), first_row
+            data, drop = self._decompressed(), first_row
         else:
             _, indexed_row = footer.index.record_offset(footer.unit_first_row(unit) + first_row)
-            entry = indexed_row // footer.index.every
-            table = self._fmt.parse(self._bytes(*footer.unit_bytes(unit, entry)), footer, columns, self._use_threads)
+            data = self._bytes(*footer.unit_bytes(unit, indexed_row // footer.index.every))
             drop = footer.unit_first_row(unit) + first_row - indexed_row
-        for start in range(drop, table.num_rows, batch_rows):
-            yield table.slice(start, batch_rows)
+        for table in self._fmt.parse_blocks(data, footer, columns):
+            if drop >= table.num_rows:
+                drop -= table.num_rows
+                continue
+            table, drop = table.slice(drop), 0
+            for start in range(0, table.num_rows, batch_rows):
+                yield table.slice(start, batch_rows)
 
     def _decompressed(self) -> Any:
         """The decompressed records: the stream after the header."""

@@ -3,6 +3,7 @@ pyarrow.csv using the column names and types found at planning."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -85,23 +86,36 @@ class CsvFormat(TextFormat):
             raise _advice(error) from error
         return reader.schema
 
-    def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
+    def _options(self, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> dict[str, Any]:
         parse: CsvParse = footer.parse
         schema = footer.schema
         read = {k: v for k, v in parse.read.items() if k == "block_size"}
         convert = {**parse.convert, "column_types": {field.name: field.type for field in schema}}
         if columns is not None:  # (no columns: the first, for the row count)
             convert["include_columns"] = columns or schema.names[:1]
+        return {
+            "read_options": csv.ReadOptions(**read, column_names=schema.names, use_threads=use_threads),
+            "parse_options": csv.ParseOptions(**parse.parse),
+            "convert_options": csv.ConvertOptions(**convert),
+        }
+
+    def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
         try:
-            table = csv.read_csv(
-                data if not isinstance(data, pa.Buffer) else pa.BufferReader(data),
-                read_options=csv.ReadOptions(**read, column_names=schema.names, use_threads=use_threads),
-                parse_options=csv.ParseOptions(**parse.parse),
-                convert_options=csv.ConvertOptions(**convert),
-            )
+            table = csv.read_csv(_source(data), **self._options(footer, columns, use_threads))
         except pa.ArrowInvalid as error:
             raise _advice(error) from error
         return table if columns is None or columns else table.select([])
 
+    def parse_blocks(self, data: Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
+        try:
+            for batch in csv.open_csv(_source(data), **self._options(footer, columns, False)):
+                table = pa.Table.from_batches([batch])
+                yield table if columns is None or columns else table.select([])
+        except pa.ArrowInvalid as error:
+            raise _advice(error) from error
+
+
+def _source(data: Any) -> Any:
+    return pa.BufferReader(data) if isinstance(data, pa.Buffer) else data
 
 CSV = CsvFormat()

@@ -3,6 +3,7 @@ lines (_text.py), parsed with pyarrow.json against the schema found at planning.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -48,22 +49,36 @@ class JsonLinesFormat(TextFormat):
         reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=json.ParseOptions(**parse.parse))
         return reader.schema
 
-    def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
+    def _options(self, footer: TextFooter, use_threads: bool) -> dict[str, Any]:
         parse: JsonParse = footer.parse
         options = {"unexpected_field_behavior": "error", **parse.parse, "explicit_schema": footer.schema}
+        return {"read_options": json.ReadOptions(**parse.read, use_threads=use_threads), "parse_options": json.ParseOptions(**options)}
+
+    def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
         try:
-            table = json.read_json(
-                data if not isinstance(data, pa.Buffer) else pa.BufferReader(data),
-                read_options=json.ReadOptions(**parse.read, use_threads=use_threads),
-                parse_options=json.ParseOptions(**options),
-            )
+            table = json.read_json(_source(data), **self._options(footer, use_threads))
         except pa.ArrowInvalid as error:
-            raise pa.ArrowInvalid(
-                f"{error}. The fields and types of each file are inferred from its first block (json_options block_size): "
-                "pass json_options={'explicit_schema': pyarrow.schema([...])}, or {'unexpected_field_behavior': 'ignore'} "
-                "to leave fields out that the first block lacks"
-            ) from error
+            raise _advice(error) from error
         return table if columns is None else table.select(columns)
 
+    def parse_blocks(self, data: Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
+        try:
+            for batch in json.open_json(_source(data), **self._options(footer, False)):
+                table = pa.Table.from_batches([batch])
+                yield table if columns is None else table.select(columns)
+        except pa.ArrowInvalid as error:
+            raise _advice(error) from error
+
+
+def _source(data: Any) -> Any:
+    return pa.BufferReader(data) if isinstance(data, pa.Buffer) else data
+
+
+def _advice(error: Exception) -> pa.ArrowInvalid:
+    return pa.ArrowInvalid(
+        f"{error}. The fields and types of each file are inferred from its first block (json_options block_size): "
+        "pass json_options={'explicit_schema': pyarrow.schema([...])}, or {'unexpected_field_behavior': 'ignore'} "
+        "to leave fields out that the first block lacks"
+    )
 
 JSONL = JsonLinesFormat()
