@@ -186,7 +186,7 @@ def _nothing_found(paths: list[str], format: str | None, other: str | None = Non
     suffixes = FORMATS[kind].suffixes if kind in FORMATS else [suffix for entry in FORMATS.values() for suffix in entry.suffixes]
     patterns = ", ".join(f"*{suffix}" for suffix in suffixes)
     return (
-        f"no {kind or 'Parquet or ORC'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
+        f"no {kind or 'data'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
         "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). "
         "For data files without these extensions (Hive's 000000_0), pass a glob that matches them (e.g. 'table/*_0') "
         "or their paths, with format='parquet' or format='orc'"
@@ -198,7 +198,7 @@ def infer_format(files: list[FileEntry]) -> str:
     kinds = {f.url: format_for_path(f.url) for f in files}
     unknown = [u for u, k in kinds.items() if k is None]
     if unknown:
-        raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format= (one of {list(FORMATS)})")
+        raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format= one of {', '.join(FORMATS)}")
     distinct = sorted({k for k in kinds.values() if k is not None})
     if len(distinct) > 1:
         raise ValueError(f"files of several formats {distinct} found; pass format= or a path holding one format")
