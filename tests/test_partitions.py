@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from servers import BUCKET, s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog.partitions import NULL_VALUE, parse_partitions, prune
@@ -103,3 +104,16 @@ def test_a_partition_key_that_is_also_a_column_is_refused(tmp_path):
 def test_partitioning_must_be_hive_or_none(root):
     with pytest.raises(ValueError, match="partitioning must be None or 'hive'"):
         StructuredDataset(root, num_workers=0, partitioning="directory")
+
+
+def test_remote_hive_directories_on_s3(s3, root):
+    for directory, _, names in os.walk(root):
+        for name in names:
+            relative = os.path.relpath(os.path.join(directory, name), root)
+            with open(os.path.join(directory, name), "rb") as handle:
+                s3.fs.pipe_file(f"{BUCKET}/hive/{relative}", handle.read())
+    s3.fs.invalidate_cache()
+    loader, _ = StructuredDataset.create_dataloader(s3.url("hive"), partitioning="hive", num_workers=2, batch_size=50, storage_options=s3.options, columns=["id", "year"])
+    batches = list(loader)
+    assert sorted(i for batch in batches for i in ids(batch)) == list(range(300))
+    assert {year for batch in batches for year in batch["year"].tolist()} == {2023, 2024}
