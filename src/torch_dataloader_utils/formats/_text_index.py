@@ -83,7 +83,7 @@ class RecordScanner:
         if self._quote is not None:
             newlines = self._outside_quotes(data, newlines)
         ends = newlines + (self._pos + 1)  # exclusive ends of the records closed in this block
-        starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64)
+        starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64) if len(ends) else ends
         keep = self._non_empty(data, newlines, starts, ends)
         if self._skip:
             taken = min(self._skip, len(ends))
@@ -113,8 +113,12 @@ class RecordScanner:
 
     def _non_empty(self, data: np.ndarray, newlines: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         if self._marker is not None:  # a record holds the marker between its start and its end
-            markers = np.flatnonzero(data == self._marker) + self._pos
-            held = np.searchsorted(markers, starts, side="left") < np.searchsorted(markers, ends, side="left")
+            at = starts - self._pos  # (the first record may have started in an earlier block: < 0)
+            held = (at >= 0) & (data[np.clip(at, 0, len(data) - 1)] == self._marker)  # the usual case: it starts with it
+            unsure = np.flatnonzero(~held)
+            if len(unsure):
+                markers = np.flatnonzero(data == self._marker) + self._pos
+                held[unsure] = np.searchsorted(markers, starts[unsure]) < np.searchsorted(markers, ends[unsure])
             if len(held):
                 held[0] |= self._marked
             return held
