@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import Any, NamedTuple, Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..plan.splits import FileLayout
+
+if TYPE_CHECKING:  # (the format table is read without pyarrow: tdu --help lists the formats)
+    import pyarrow as pa
 
 
 class UnitReader(Protocol):
