@@ -177,3 +177,24 @@ def test_remote_csv_on_s3_resumes_exactly_and_reuses_the_cached_index(s3, data, 
     reference = assert_resumes_exactly(make, epochs=1, stride=2, batch_key=ids)
     assert sorted(i for batch in reference.batches[0] for i in batch) == list(range(rows))
     assert ScanCounter.files_scanned - before == 4  # planned many times, scanned once
+
+
+def test_split_rows_caps_text_units_and_splits(data):
+    root, rows = data["csv"]
+    dataset = StructuredDataset(root, format="csv", num_workers=0, batch_size=64, split_rows=40)
+    assert max(split.row_length or 0 for split in dataset.splits) <= 40
+    assert max(rows for layout in dataset._catalog.layouts[:2] for rows in layout.unit_rows) <= 32  # whole index entries of 16
+    assert sorted(i for batch in dataset for i in ids(batch)) == list(range(rows))
+
+
+def test_a_malformed_record_fails_its_unit_and_skip_reports_it(tmp_path):
+    lines = ["id,name"] + [f"{i},n{i}" for i in range(100)]
+    lines[60] = "59,n59,extra"  # a record with a field too many, in the second unit of 32 records
+    (tmp_path / "a.csv").write_text("\n".join(lines) + "\n")
+    config = dict(format="csv", num_workers=0, batch_size=10, split_bytes=300, csv_options={"block_size": 256})  # (inferred from 256 bytes)
+    with pytest.raises(DataReadError, match=r"a\.csv.*Expected 2 columns, got 3"):
+        list(StructuredDataset(str(tmp_path), **config))
+    dataset = StructuredDataset(str(tmp_path), on_error="skip", **config)
+    delivered = sorted(i for batch in dataset for i in ids(batch))
+    (split, message), = dataset.skipped_splits
+    assert 58 not in delivered and len(delivered) == 100 - split.row_length and "Expected 2 columns" in message

@@ -34,6 +34,9 @@ class CsvParse(NamedTuple):
 
 
 def _advice(error: Exception) -> pa.ArrowInvalid:
+    """The error, with the fix for a value that does not fit the type inferred from the first block."""
+    if "conversion error" not in str(error):
+        return pa.ArrowInvalid(str(error))
     return pa.ArrowInvalid(
         f"{error}. Column types are inferred from the first block of each file (csv_options block_size, default 1 MiB): "
         "name the column's type, e.g. csv_options={'column_types': {'<column>': 'string'}}"
