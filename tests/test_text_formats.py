@@ -198,3 +198,15 @@ def test_a_malformed_record_fails_its_unit_and_skip_reports_it(tmp_path):
     delivered = sorted(i for batch in dataset for i in ids(batch))
     (split, message), = dataset.skipped_splits
     assert 58 not in delivered and len(delivered) == 100 - split.row_length and "Expected 2 columns" in message
+
+
+@pytest.mark.parametrize(("suffix", "codec"), [(".csv.bz2", "bz2"), (".csv.zst", "zstd"), (".tsv.gz", "gzip")])
+def test_every_compression_is_one_unit_read_whole(tmp_path, suffix, codec):
+    plain = tmp_path / "plain.csv"
+    write_csv(plain, 0, 120, sep="\t" if suffix.startswith(".tsv") else ",")
+    with pa.CompressedOutputStream(str(tmp_path / f"x{suffix}"), codec) as out:
+        out.write(plain.read_bytes())
+    plain.unlink()
+    dataset = StructuredDataset(str(tmp_path), format=None, num_workers=0, batch_size=50, split_bytes=100)
+    assert dataset._catalog.layouts[0].unit_rows == (120,)
+    assert sorted(i for batch in dataset for i in ids(batch)) == list(range(120))
