@@ -14,10 +14,12 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointMismatchError": "errors",
     "DataReadError": "errors",
+    "DeltaDataset": "table_datasets",
     "FileChangedError": "errors",
     "RemoteReadError": "errors",
     "WideningError": "errors",
     "FileLayout": "plan.splits",
+    "IcebergDataset": "table_datasets",
     "Ragged": "read.convert",
     "Split": "plan.splits",
     "StructuredDataLoader": "runtime.loader",
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
     from .read.convert import Ragged
     from .runtime.loader import StructuredDataLoader
+    from .table_datasets import DeltaDataset, IcebergDataset
 
 
 def __getattr__(name: str) -> Any:

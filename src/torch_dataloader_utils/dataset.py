@@ -95,17 +95,9 @@ class StructuredDataset(IterableDataset):
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        source = SourceOptions(csv_options, json_options, partitioning)
-        self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io, options.split_rows, source)
-        self._check_columns()
-        book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-        self._base_plan = EpochPlan(
-            book,
-            0,
-            Topology(self.rank, self.world_size, self.num_workers),
-            Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
-        )
-        self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
+        self._source = SourceOptions(csv_options, json_options, partitioning)
+        self._max_split_rows = options.split_rows
+        book = self._use_catalog(self._make_catalog(path, format, storage_options, options.split_bytes, io))
         reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
@@ -251,6 +243,32 @@ class StructuredDataset(IterableDataset):
         return self._worker.begin(info.id)
 
     # ------------------------------------------------------------ internals
+    def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
+        """The files to plan (table datasets list a snapshot's files instead of discovering them)."""
+        return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
+
+    def _use_catalog(self, catalog: Catalog) -> StreamBook:
+        """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
+        catalog_before = getattr(self, "_catalog", None)
+        self._catalog = catalog
+        try:
+            self._check_columns()
+        except Exception:
+            if catalog_before is not None:
+                self._catalog = catalog_before
+            raise
+        book = StreamBook(catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+        self._base_plan = EpochPlan(
+            book,
+            0,
+            Topology(self.rank, self.world_size, self.num_workers),
+            Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
+        )
+        self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
+        if hasattr(self, "_delivery"):
+            self._delivery.reader.replan(catalog, book)
+        return book
+
     def _plan_for(self, progress: Progress) -> EpochPlan:
         """The epoch plan for progress: the planned lanes of its epoch, or the lanes an elastic resume dealt."""
         plan = self._plan

@@ -152,6 +152,11 @@ def build_catalog(
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
     fmt, files = prepare_source(fmt, fs, paths, files, source or SourceOptions(), split_bytes, split_rows, io_options)
+    return catalog_of_files(fs, fmt, files, split_bytes, split_rows)
+
+
+def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int, split_rows: int | None = None) -> Catalog:
+    """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     with _prefetched_tails(fs, files):
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]

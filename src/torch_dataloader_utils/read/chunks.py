@@ -16,8 +16,9 @@ from torch.utils.data import get_worker_info
 from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
-from .convert import Where, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .reader import StreamReader
+from .slicing import BatchSlicer
 
 #: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
 #: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
@@ -52,13 +53,14 @@ class Chunk:
         """(batch, lane row after it); the last batch also passes any skipped rows at the end.
         ``where`` describes the chunk's rows for an error message."""
         read = self.num_read
-        for offset in range(0, read, size):
+        slicer = BatchSlicer(self.columns, size, where)
+        for index, offset in enumerate(range(0, read, size)):
             stop = min(offset + size, read)
             if stop == read:
                 end = self.stop
             else:
                 end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
-            yield slice_columns(self.columns, offset, stop, where), end
+            yield slicer.batch(index, stop - offset), end
 
 
 class ChunkReader:
@@ -73,6 +75,12 @@ class ChunkReader:
         self.chunk_rows = chunk_rows
         self.use_threads: bool | None = None  # pyarrow's own threads; None: in the main process only
         self._reader: StreamReader | None = None
+        self.generation = 0  # counts replan(): copies of an older generation (workers, threads) read another plan
+
+    def replan(self, catalog: Catalog, book: StreamBook) -> None:
+        """Read another plan from now on (a table dataset's other snapshot)."""
+        self.catalog, self.book, self._reader = catalog, book, None
+        self.generation += 1
 
     def reset(self) -> None:
         """Forget open files and decoded windows (the next read opens them anew)."""

@@ -51,6 +51,10 @@ DEAL = "deal"  # digest of the lanes an elastic resume dealt (None: planned lane
 WORLD_SIZE = "world_size"
 RANKS = "ranks"
 
+# ----------------------------------------------------------------- table datasets (Iceberg, Delta Lake)
+TABLE = "table"  # {"format", "name", "snapshot", "uuid"}: the table and the snapshot (Iceberg) or version (Delta) the plan read
+TABLE_KEYS = ("format", "name", "snapshot", "uuid")
+
 SCOPES = ("rank", "worker", "global")
 
 #: state key -> the dataset argument it records (named in diagnoses)
