@@ -26,6 +26,7 @@ from .schema import (
     IN_PROGRESS,
     LANES,
     NEXT_WORKER,
+    OPTIONAL_CONFIG_KEYS,
     PADDING_DELIVERED,
     RANKS,
     ROWS_DELIVERED,
@@ -218,7 +219,7 @@ def validate_rank_state(
     epoch = _require(state, EPOCH, int, "rank")
     completed = _require(state, COMPLETED_SHARDS, list, "rank")
     for key in CONFIG_KEYS:
-        if key not in state:
+        if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
     changed_files = file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config) + changed_files
