@@ -10,13 +10,13 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
-from .catalog.schema import check_missing_columns, check_repeated_columns
+from .catalog.schema import check_repeated_columns
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
 from .read.chunks import ChunkReader
-from .read.convert import check_batch_forms
+from .read import column_check, nested
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress
@@ -67,11 +67,15 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        nulls: str = "raise",
+        fill_values: Mapping[str, float | int | bool] | None = None,
+        decimals: str = "float64",
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
             split_bytes=split_bytes, rank=rank, world_size=world_size, drop_last=drop_last, equalize=equalize,
             on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows,
+            nulls=nulls, fill_values=fill_values, decimals=decimals,
         )  # fmt: skip
         self.rank: int = options.rank
         """This process's rank (given, or torch.distributed's when it is initialized, else 0)."""
@@ -89,9 +93,14 @@ class StructuredDataset(IterableDataset):
         self.on_error = options.on_error
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
+        self.policy = options.policy
+        """What nulls and decimals become (``nulls=``, ``fill_values=``, ``decimals=``; docs/types.md)."""
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
         self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io)
+        self._selected: list[nested.BatchColumn] = []
         self._check_columns()
+        flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
+        read_columns = self.columns if flat else nested.top_columns(self._selected)
         book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         self._base_plan = EpochPlan(
             book,
@@ -100,7 +109,7 @@ class StructuredDataset(IterableDataset):
             Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
         )
         self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
-        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows)
+        reader = ChunkReader(self._catalog, book, read_columns, self.on_error == "skip", self.chunk_rows, None if flat else self._selected, self.policy)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
@@ -141,6 +150,13 @@ class StructuredDataset(IterableDataset):
     def logical_workers(self) -> int:
         """Lanes per rank: num_workers, or 1 when reading in the main process."""
         return max(1, self.num_workers)
+
+    @property
+    def schema(self) -> Any:
+        """The batch's columns and their Arrow types (``pyarrow.Schema``), in batch order: a struct's
+        leaves as ``parent.child``, a map as ``m.keys`` / ``m.values``, the files' own types (a
+        timestamp with its unit and time zone: its tensor counts that unit since 1970-01-01 UTC)."""
+        return nested.batch_schema(self._selected, self.policy.masks)
 
     @property
     def splits(self) -> list[Split]:
@@ -260,15 +276,16 @@ class StructuredDataset(IterableDataset):
         catalog = self._catalog
         if catalog.schema is None:
             return
-        unknown = [c for c in self.columns or () if c not in catalog.schema.names]
-        if unknown:
-            raise ValueError(f"columns {unknown} are not in the data; its columns are {catalog.schema.names}")
-        files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
-        if not any(rows for _, rows in files):
+        self._selected = nested.select(catalog.schema, self.columns)
+        if not any(layout.num_rows for layout in catalog.layouts):
             return  # nothing will be converted (files without rows may type a column as null)
-        check_repeated_columns(catalog.schema, self.columns, catalog.repeated_columns)
-        check_batch_forms(catalog.schema, self.columns)
-        check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
+        tops = nested.top_columns(self._selected)
+        column_check.check_conflicts(catalog, self._selected)
+        check_repeated_columns(catalog.schema, tops, catalog.repeated_columns)
+        column_check.check_forms(catalog, self._selected, nested.batch_columns(catalog.schema))
+        column_check.check_mask_names(self._selected, self.policy)
+        column_check.check_missing(catalog, self._selected, self.policy)
+        column_check.check_statistics_nulls(catalog, self._selected, self.policy)
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
         info = get_worker_info()

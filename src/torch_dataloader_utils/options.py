@@ -12,6 +12,7 @@ import numpy as np
 
 from .plan.epoch import EQUALIZE_POLICIES
 from .plan.splits import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
+from .read.nulls import DEFAULT_POLICY, ColumnPolicy, check_policy
 
 log = logging.getLogger("torch_dataloader_utils.dataset")
 
@@ -38,6 +39,7 @@ class DatasetOptions:
     shuffle_buffer_rows: int
     chunk_rows: int
     split_bytes: int
+    policy: ColumnPolicy = DEFAULT_POLICY  # nulls=, fill_values=, decimals=
 
 
 def check_options(
@@ -55,6 +57,9 @@ def check_options(
     on_error: Any,
     shuffle_buffer_rows: Any,
     chunk_rows: Any,
+    nulls: Any = "raise",
+    fill_values: Any = None,
+    decimals: Any = "float64",
 ) -> DatasetOptions:
     """The arguments as a DatasetOptions, or a ValueError naming the first bad one."""
     batch_size = at_least("batch_size", batch_size, 1, MAX_ROW_COUNT)
@@ -97,6 +102,7 @@ def check_options(
         shuffle_buffer_rows=shuffle_buffer_rows,
         chunk_rows=batch_size * max(1, chunk_rows // batch_size),
         split_bytes=split_bytes,
+        policy=check_policy(nulls, fill_values, decimals),
     )
 
 

@@ -54,6 +54,7 @@ class Catalog:
     schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
     missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
     repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
+    conflicts: dict[str, str] = field(default_factory=dict)  # column -> why its files' types do not unify (raised if selected)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -149,12 +150,13 @@ def build_catalog(
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]
-    schema = unify([s for _, _, s in results], [f.url for f in files])
+    conflicts: dict[str, str] = {}
+    schema = unify([s for _, _, s in results], [f.url for f in files], conflicts)
     missing = [missing_columns(s, schema) for _, _, s in results]
     repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
     splits = plan_splits(layouts, split_bytes)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
         fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
-        schema, missing, repeated,
+        schema, missing, repeated, conflicts,
     )

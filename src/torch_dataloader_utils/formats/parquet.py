@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -208,6 +208,23 @@ class ParquetFormat:
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema the footer gives."""
         return footer.schema.to_arrow_schema()
+
+    def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per leaf column (``"a"``, ``"struct.field"``) among ``names``, summed over the row
+        groups, where every row group's statistics count them (absent: not known)."""
+        index = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+        wanted = [(name, index[name]) for name in names if name in index]
+        counts: dict[str, int] = {}
+        for name, column in wanted:
+            total = 0
+            for group in range(footer.num_row_groups):
+                stats = footer.row_group(group).column(column).statistics
+                if stats is None or not stats.has_null_count:
+                    break
+                total += stats.null_count
+            else:
+                counts[name] = total
+        return counts
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""

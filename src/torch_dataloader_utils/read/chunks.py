@@ -17,6 +17,8 @@ from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
 from .convert import Where, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .nested import BatchColumn, flatten
+from .nulls import DEFAULT_POLICY, ColumnPolicy
 from .reader import StreamReader
 
 #: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
@@ -65,8 +67,19 @@ class ChunkReader:
     """Reads chunk tasks of a plan. Picklable: DataLoader workers each get a copy, which opens
     its files on first use."""
 
-    def __init__(self, catalog: Catalog, book: StreamBook, columns: list[str] | None, skip_errors: bool, chunk_rows: int):
+    def __init__(
+        self,
+        catalog: Catalog,
+        book: StreamBook,
+        columns: list[str] | None,
+        skip_errors: bool,
+        chunk_rows: int,
+        selected: list[BatchColumn] | None = None,
+        policy: ColumnPolicy = DEFAULT_POLICY,
+    ):
         self.catalog = catalog
+        self.selected = selected  # the batch columns, when they are not ``columns`` as read (nested.py)
+        self.policy = policy
         self.book = book
         self.columns = columns
         self.skip_errors = skip_errors
@@ -96,10 +109,11 @@ class ChunkReader:
             self._reader = None
             raise
         where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
+        table = rows.table if self.selected is None else flatten(rows.table, self.selected)
         if joined:
-            columns = table_to_joined(rows.table, where)
+            columns = table_to_joined(table, where, self.policy)
         else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
-            columns = table_to_columns(rows.table, where, copy=in_main)
+            columns = table_to_columns(table, where, copy=in_main, policy=self.policy)
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def describe(self, task: ChunkTask) -> str:
