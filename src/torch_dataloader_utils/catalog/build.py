@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import RemoteReadError
+from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
@@ -79,6 +79,8 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
                 "Rename the file, or pass a path without it."
             ) from error
         named = format_for_path(entry.url)
+        if isinstance(error, UnsupportedFileError):  # complete, but not readable here: the error says why
+            raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
         advice = (
             f"Its name says {named}: pass format={named!r}."
             if named not in (None, fmt.name)

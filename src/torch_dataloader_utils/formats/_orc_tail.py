@@ -181,8 +181,10 @@ def read_tail(source, file_size: int) -> OrcTail:
     tail = source.read(tail_len)
     ps_len = tail[-1]
     postscript = dict(_fields(tail[-1 - ps_len : -1]))
-    if postscript.get(8000) != b"ORC":
-        raise ValueError("not an ORC file (no 'ORC' magic in the postscript)")
+    if postscript.get(8000) != b"ORC":  # ORC 0.11 files have the magic only at the start (Hive 0.11 wrote them)
+        source.seek(0)
+        if source.read(3) != b"ORC" or 1 not in postscript:
+            raise ValueError("not an ORC file (no 'ORC' magic in the postscript or at the start)")
     footer_len = int(postscript[1])
     need = footer_len + ps_len + 1
     if need > len(tail):

@@ -68,12 +68,10 @@ def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnP
         if lacking:
             lines.append(f"column {column.name!r} ({column.type}) is missing from {_files_text(lacking)}")
     if lines:
-        raise ValueError(
-            ("" if len(lines) == 1 else f"{len(lines)} columns are missing from some files:")
-            + (lines[0] if len(lines) == 1 else _listed(lines))
-            + "\nIt would be read as nulls there, which a tensor cannot hold. Pass nulls='fill' (or 'mask'), leave the "
-            "column out with columns=[...], or add it to those files."
-        )
+        fix = "which a tensor cannot hold. Pass nulls='fill' (or 'mask'), leave the column out with columns=[...], or add it to those files."
+        if len(lines) == 1:
+            raise ValueError(f"{lines[0]}: it would be read as nulls there, {fix}")
+        raise ValueError(f"{len(lines)} columns are missing from some files:" + _listed(lines) + f"\nThey would be read as nulls there, {fix}")
 
 
 def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
