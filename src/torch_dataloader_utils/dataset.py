@@ -15,8 +15,8 @@ from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_opti
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
-from .read.chunks import ChunkReader
 from .read import column_check, nested
+from .read.chunks import ChunkReader
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress

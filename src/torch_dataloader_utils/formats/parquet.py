@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
-from ..errors import UnsupportedFileError
 from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError

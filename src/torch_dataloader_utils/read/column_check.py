@@ -111,4 +111,7 @@ def check_mask_names(selected: Sequence[BatchColumn], policy: ColumnPolicy) -> N
     names = {c.name for c in selected}
     clashes = [c.name for c in selected if holds_mask(c.type) and c.name + MASK_SUFFIX in names]
     if clashes:
-        raise ValueError(f"nulls='mask' would name the masks of {clashes} like existing columns ('<column>{MASK_SUFFIX}'); leave one of them out with columns=[...]")
+        raise ValueError(
+            f"nulls='mask' would name the masks of {clashes} like existing columns ('<column>{MASK_SUFFIX}'); "
+            "leave one of them out with columns=[...]"
+        )

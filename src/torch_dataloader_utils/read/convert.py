@@ -31,7 +31,6 @@ from .forms import batch_form, holds_mask
 from .forms import batch_form_problem as batch_form_problem  # (where the CLI and tests find it)
 from .nulls import DEFAULT_POLICY, MASK_SUFFIX, ColumnPolicy, decimal_values, filled, valid_mask
 
-
 _INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets
 
 Where = Callable[[], str]  # describes a chunk's source; called only when there is an error to report
