@@ -250,12 +250,12 @@ def test_every_writers_file_equals_pyarrows_read(written, writer):
     assert_equal_to_pyarrow(written[writer])
 
 
-@pytest.mark.parametrize("writer", ["duckdb", "polars", "pyarrow-page-index"])
+@pytest.mark.parametrize("writer", ["duckdb", "polars", "pyarrow-page-index", "orc"])
 def test_writers_nulls_are_found_at_planning(written, writer):
     if writer not in written:
         pytest.skip(f"{writer} is not installed")
     with pytest.raises(ValueError, match=r"statistics show nulls[\s\S]*column 'n' has 86 null value\(s\)") as error:
-        StructuredDataset(str(written[writer]), num_workers=0)
+        StructuredDataset(str(written[writer]), format=None, num_workers=0)
     assert written[writer].name in str(error.value)
 
 

@@ -237,17 +237,15 @@ class ParquetFormat:
         """Nulls per leaf column (``"a"``, ``"struct.field"``) among ``names``, summed over the row
         groups, where every row group's statistics count them (absent: not known)."""
         index = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
-        wanted = [(name, index[name]) for name in names if name in index]
-        counts: dict[str, int] = {}
-        for name, column in wanted:
-            total = 0
-            for group in range(footer.num_row_groups):
-                stats = footer.row_group(group).column(column).statistics
+        counts = {name: 0 for name in names if name in index}
+        for group in range(footer.num_row_groups):
+            chunks = footer.row_group(group)
+            for name in list(counts):
+                stats = chunks.column(index[name]).statistics
                 if stats is None or not stats.has_null_count:
-                    break
-                total += stats.null_count
-            else:
-                counts[name] = total
+                    del counts[name]  # not known for this row group: found when read
+                else:
+                    counts[name] += stats.null_count
         return counts
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:

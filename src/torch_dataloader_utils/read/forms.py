@@ -15,6 +15,7 @@ Structs and maps at the top of a column never get here: ``nested.py`` takes them
 
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import pyarrow as pa
@@ -59,6 +60,7 @@ def _refused(kind: pa.DataType) -> pa.DataType | None:
     return next((inner for inner in _nested(kind) if pa.types.is_union(inner) or pa.types.is_interval(inner)), None)
 
 
+@functools.lru_cache(maxsize=256)  # asked for every column of every Arrow chunk converted
 def batch_form(kind: pa.DataType) -> str | None:
     """"tensor", "ragged", "strings" or "python" (see above); None when a batch cannot hold it."""
     if pa.types.is_dictionary(kind):
