@@ -3,6 +3,7 @@ switch to a thread pool when local reads are slow."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog import build as catalog
+from torch_dataloader_utils.errors import UnsupportedFileError
 from torch_dataloader_utils.formats import parquet
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,8 +35,9 @@ def test_local_footers_equal_pyarrows_own(tmp_path):
     _wide_file(wide)
     assert pq.ParquetFile(wide).metadata.serialized_size + 8 > parquet.FOOTER_READ
     for path in (narrow, wide):
-        footer = parquet._local_footer(path)
-        assert footer is not None and footer.equals(pq.ParquetFile(path).metadata), path
+        with open(path, "rb") as file:
+            footer = parquet._parsed_footer(parquet._footer_tail(file, os.path.getsize(path)))
+        assert footer.equals(pq.ParquetFile(path).metadata), path
 
 
 @pytest.mark.parametrize(
@@ -42,14 +45,19 @@ def test_local_footers_equal_pyarrows_own(tmp_path):
     [b"", b"PAR1", b"x" * 100, b"PAR1" + b"\0" * 8 + (10**6).to_bytes(4, "little") + b"PAR1"],
     ids=["empty", "magic-only", "no-magic", "footer-longer-than-file"],
 )
-def test_tails_that_are_not_plain_footers_are_left_to_pyarrow(tmp_path, tail):
+def test_tails_that_are_not_plain_footers_look_cut_short(tmp_path, tail):
+    """The footer error asks "Is it a complete parquet file?" for these, and only these."""
     path = tmp_path / "odd.parquet"
     path.write_bytes(tail)
-    assert parquet._local_footer(str(path)) is None
+    with open(path, "rb") as file, pytest.raises(ValueError) as error:
+        parquet._footer_tail(file, len(tail))
+    assert not isinstance(error.value, UnsupportedFileError)
+    with pytest.raises(ValueError, match="Is it a complete parquet file"):
+        StructuredDataset(str(path), num_workers=0)
 
 
 def test_planning_local_files_allocates_nothing_from_pyarrows_pool(tmp_path):
-    """The pool's first allocation in a process may stall on a huge-page fault (parquet._local_footer)."""
+    """The pool's first allocation in a process may stall on a huge-page fault (parquet._parsed_footer)."""
     write_dataset(tmp_path, [[30, 25], [40], [20, 35]])
     script = (
         "import pyarrow as pa; from torch_dataloader_utils import StructuredDataset\n"

@@ -162,23 +162,6 @@ def test_null_in_numeric_column_names_the_column(tmp_path):
         _batches(tmp_path, table)
 
 
-@pytest.mark.parametrize(
-    "column, message",
-    [
-        (pa.array([{"a": 1}, {"a": 2}]), r"column 's' \(struct<a: int64>\): it has no tensor form"),
-        (pa.array([1, 2], pa.decimal128(10, 2)), r"column 's' \(decimal128\(10, 2\)\): it has no tensor form"),
-        (pa.array([[[1]], [[2]]]), r"column 's' \(list<.*\): lists of list<element: int64> are not supported"),
-        (pa.nulls(2), r"column 's' \(null\): it has no tensor form"),
-    ],
-)
-def test_unsupported_type_is_refused_when_the_dataset_is_built(tmp_path, column, message):
-    pq.write_table(pa.table({"id": [1, 2], "s": column}), tmp_path / "t.parquet")
-    with pytest.raises(TypeError, match=message):
-        StructuredDataset(str(tmp_path), num_workers=0)
-    (batch,) = _batches(tmp_path, pa.table({"id": [1, 2], "s": column}), columns=["id"])
-    assert list(batch) == ["id"]
-
-
 def test_uint64_beyond_int64_names_the_column(tmp_path):
     with pytest.raises(ValueError, match=r"column 'u' \(uint64\) has values above int64's range"):
         _batches(tmp_path, pa.table({"u": pa.array([1, 2**64 - 1], pa.uint64())}))

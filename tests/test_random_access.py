@@ -167,11 +167,21 @@ def test_strings_and_lists_with_nulls(tmp_path):
 
 
 def test_a_numeric_null_raises_as_the_loader_does(tmp_path):
-    pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), tmp_path / "a.parquet")
-    dataset = StructuredDataset(str(tmp_path), num_workers=0)
+    pq.write_table(pa.table({"x": pa.array([1.0, None, 3.0])}), tmp_path / "a.parquet", write_statistics=False)
+    dataset = StructuredDataset(str(tmp_path), num_workers=0)  # no null counts: found when read
     assert dataset[0]["x"].item() == 1.0
     with pytest.raises(ValueError, match=r"column 'x' has 1 null value\(s\) in rows 0..2 read from .*a.parquet"):
         dataset[0:3]
+
+
+def test_nulls_and_structs_follow_the_datasets_column_policy(tmp_path):
+    table = pa.table({"x": pa.array([1, None, 3]), "st": pa.array([{"a": 1, "b": "u"}, {"a": 2, "b": "v"}, {"a": 3, "b": "w"}])})
+    pq.write_table(table, tmp_path / "a.parquet")
+    dataset = StructuredDataset(str(tmp_path), num_workers=0, nulls="fill", fill_values={"x": -1})
+    batch = dataset[[2, 1]]
+    assert batch["x"].tolist() == [3, -1]
+    assert batch["st.a"].tolist() == [3, 2] and batch["st.b"] == ["w", "v"]
+    assert batch.keys() == next(iter(dataset)).keys()
 
 
 def test_only_the_units_holding_requested_rows_are_read_and_then_cached(tmp_path, monkeypatch):

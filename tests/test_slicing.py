@@ -37,3 +37,9 @@ def test_every_batch_equals_the_slice_of_its_rows_and_shares_the_chunk_memory():
         assert batch["id"].tolist() == list(range(start, stop))
         assert batch["fixed"].shape == (stop - start, 2)
         assert batch["id"].untyped_storage().data_ptr() == columns["id"].untyped_storage().data_ptr()
+
+
+def test_lists_whose_rows_are_all_empty_split_into_empty_rows():
+    columns = table_to_columns(pa.table({"v": pa.array([[], [], []], pa.list_(pa.int64()))}), lambda: "test")
+    batch = BatchSlicer(columns, 2).batch(1, 1)
+    assert batch["v"].shape == (1, 0)

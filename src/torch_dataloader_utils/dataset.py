@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
-from .catalog.schema import check_missing_columns, check_repeated_columns
+from .catalog.schema import check_repeated_columns
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
@@ -18,8 +18,8 @@ from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
+from .read import column_check, nested
 from .read.chunks import ChunkReader
-from .read.convert import check_batch_forms
 from .read.filtering import filter_catalog
 from .read.output_formats import check_output
 from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
@@ -84,11 +84,15 @@ class StructuredDataset(IterableDataset):
         csv_options: Mapping[str, Any] | None = None,
         json_options: Mapping[str, Any] | None = None,
         partitioning: str | None = None,
+        nulls: str = "raise",
+        fill_values: Mapping[str, float | int | bool] | None = None,
+        decimals: str = "float64",
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
             split_bytes=split_bytes, rank=rank, world_size=world_size, drop_last=drop_last, equalize=equalize,
             on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows, split_rows=split_rows,
+            nulls=nulls, fill_values=fill_values, decimals=decimals,
         )  # fmt: skip
         self.rank: int = options.rank
         """This process's rank (given, or torch.distributed's when it is initialized, else 0)."""
@@ -109,6 +113,8 @@ class StructuredDataset(IterableDataset):
         self._output = check_output(output_format, transform, self.num_workers, self.batch_size)
         self.output_format = output_format
         """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
+        self.policy = options.policy
+        """What nulls and decimals become (``nulls=``, ``fill_values=``, ``decimals=``; docs/types.md)."""
         self.canonical_lanes = canonical_lanes
         """C: the epoch's rows in C canonical lanes, the same global batches for every valid topology
         (docs/reproducible-order.md); None: the topology's own order."""
@@ -117,16 +123,19 @@ class StructuredDataset(IterableDataset):
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
         self._source = SourceOptions(csv_options, json_options, partitioning)
         self._max_split_rows = options.split_rows
+        self._selected: list[nested.BatchColumn] = []
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
         book = self._use_catalog(catalog)
-        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows, self._output)
+        flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
+        read_columns = self.columns if flat else nested.top_columns(self._selected)
+        selected = None if flat else self._selected
+        reader = ChunkReader(self._catalog, book, read_columns, self.on_error == "skip", self.chunk_rows, self._output, selected, self.policy)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
-        self._row_cache_bytes = row_cache_bytes
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
-        self._rows = RowAccess(stored, self.columns, row_cache_bytes)
+        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -166,6 +175,13 @@ class StructuredDataset(IterableDataset):
     def logical_workers(self) -> int:
         """Lanes per rank: num_workers, or 1 when reading in the main process."""
         return max(1, self.num_workers)
+
+    @property
+    def schema(self) -> Any:
+        """The batch's columns and their Arrow types (``pyarrow.Schema``), in batch order: a struct's
+        leaves as ``parent.child``, a map as ``m.keys`` / ``m.values``, the files' own types (a
+        timestamp with its unit and time zone: its tensor counts that unit since 1970-01-01 UTC)."""
+        return nested.batch_schema(self._selected, self.policy.masks)
 
     @property
     def splits(self) -> list[Split]:
@@ -330,7 +346,7 @@ class StructuredDataset(IterableDataset):
         self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
         if hasattr(self, "_delivery"):
             self._delivery.reader.replan(catalog, book)
-            self._rows = RowAccess(catalog, self.columns, self._row_cache_bytes)
+            self._rows = self._rows.replanned(catalog)
         return book
 
     def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:
@@ -353,16 +369,18 @@ class StructuredDataset(IterableDataset):
         catalog = self._catalog
         if catalog.schema is None:
             return
-        unknown = [c for c in self.columns or () if c not in catalog.schema.names]
-        if unknown:
-            raise ValueError(f"columns {unknown} are not in the data; its columns are {catalog.schema.names}")
-        files = [(entry.url, layout.num_rows) for entry, layout in zip(catalog.files, catalog.layouts)]
-        if not any(rows for _, rows in files):
+        self._selected = nested.select(catalog.schema, self.columns)
+        if not any(layout.num_rows for layout in catalog.layouts):
             return  # nothing will be converted (files without rows may type a column as null)
-        check_repeated_columns(catalog.schema, self.columns, catalog.repeated_columns)
+        tops = nested.top_columns(self._selected)
+        column_check.check_conflicts(catalog, self._selected)
+        check_repeated_columns(catalog.schema, tops, catalog.repeated_columns)
         if self.output_format == "torch":  # the other forms hold every type, and nulls
-            check_batch_forms(catalog.schema, self.columns)
-            check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
+            column_check.check_forms(catalog, self._selected, nested.batch_columns(catalog.schema))
+            column_check.check_mask_names(self._selected, self.policy)
+            column_check.check_missing(catalog, self._selected, self.policy)
+            if catalog.row_filter is None:  # statistics count the nulls of rows a filter may leave out
+                column_check.check_statistics_nulls(catalog, self._selected, self.policy)
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
         info = get_worker_info()

@@ -35,6 +35,11 @@ class WideningError(ValueError):
     DataReadError naming the file."""
 
 
+class UnsupportedFileError(ValueError):
+    """A complete data file that this package cannot read (an encrypted Parquet file, a footer
+    pyarrow refuses); the message says why. Planning raises it naming the file."""
+
+
 class UsageError(Exception):
     """Bad input from the user: printed without a traceback, exit code 2."""
 

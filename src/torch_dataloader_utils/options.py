@@ -13,6 +13,7 @@ import numpy as np
 from .plan.epoch import EQUALIZE_POLICIES
 from .plan.sizes import parse_size
 from .plan.splits import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
+from .read.nulls import DEFAULT_POLICY, ColumnPolicy, check_policy
 
 log = logging.getLogger("torch_dataloader_utils.dataset")
 
@@ -40,6 +41,7 @@ class DatasetOptions:
     chunk_rows: int
     split_bytes: int
     split_rows: int | None = None
+    policy: ColumnPolicy = DEFAULT_POLICY  # nulls=, fill_values=, decimals=
 
 
 def check_options(
@@ -58,6 +60,9 @@ def check_options(
     shuffle_buffer_rows: Any,
     chunk_rows: Any,
     split_rows: Any = None,
+    nulls: Any = "raise",
+    fill_values: Any = None,
+    decimals: Any = "float64",
 ) -> DatasetOptions:
     """The arguments as a DatasetOptions, or a ValueError naming the first bad one."""
     batch_size = at_least("batch_size", batch_size, 1, MAX_ROW_COUNT)
@@ -102,6 +107,7 @@ def check_options(
         chunk_rows=batch_size * max(1, chunk_rows // batch_size),
         split_bytes=split_bytes,
         split_rows=split_rows,
+        policy=check_policy(nulls, fill_values, decimals),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..errors import RemoteReadError
+from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
@@ -58,6 +58,7 @@ class Catalog:
     row_filter: Any = None  # a filter_prune.RowFilter: layouts then count the rows that match, and readers keep only those
     source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
     max_split_rows: int | None = None  # split_rows: the most rows of a split (None: no limit)
+    conflicts: dict[str, str] = field(default_factory=dict)  # column -> why its files' types do not unify (raised if selected)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -82,6 +83,8 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
                 "Rename the file, or pass a path without it."
             ) from error
         named = format_for_path(entry.url)
+        if isinstance(error, UnsupportedFileError):  # complete, but not readable here: the error says why
+            raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
         advice = (
             f"Its name says {named}: pass format={named!r}."
             if named not in (None, fmt.name)
@@ -170,18 +173,16 @@ def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_byt
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]
-    try:
-        schema = unify([s for _, _, s in results], [f.url for f in files])
-    except ValueError as error:  # a text format's inferred types: its options can fix them
-        advice = getattr(fmt, "schema_advice", None)
-        if not advice:
-            raise
-        raise ValueError(f"{error} {advice}") from None
+    conflicts: dict[str, str] = {}
+    schema = unify([s for _, _, s in results], [f.url for f in files], conflicts)
+    advice = getattr(fmt, "schema_advice", None)  # a text format's inferred types: its options can fix them
+    if advice:
+        conflicts = {name: f"{why} {advice}" for name, why in conflicts.items()}
     missing = [missing_columns(s, schema) for _, _, s in results]
     repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
     splits = plan_splits(layouts, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
         fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
-        schema, missing, repeated, max_split_rows=split_rows,
+        schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows,
     )

@@ -12,8 +12,11 @@ The rule (documented in docs/reliability.md):
   column unifies as its value type; a column of the null type takes the other file's type. A
   column dictionary-encoded in every file stays so, with 32-bit indices (pandas writes 8-bit ones,
   which a shuffle window mixing two dictionaries can overflow).
-- Anything else must be equal (nested types included). Otherwise planning raises a ValueError
-  naming the column, both types and files on each side.
+- ``fixed_size_list<T>[n]`` + ``list<U>`` -> ``fixed_size_list`` of T and U unified: a list row
+  of another length raises when the piece is read (``WideningError``, naming the file).
+- Anything else must be equal (nested types included). Otherwise the column is a conflict: a
+  ValueError naming the column, both types and files on each side when the column is selected
+  (columns that are not selected are never read, so they may disagree).
 - A selected column that a file holds twice or more is refused, naming the file.
 
 Field order is the order of first appearance in file order; every unified field is nullable.
@@ -58,7 +61,17 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return pa.float64()
     if LARGE_TYPES.get(a, a) == LARGE_TYPES.get(b, b):
         return LARGE_TYPES.get(a, a)
+    if pa.types.is_fixed_size_list(b) and _is_list(a):
+        a, b = b, a
+    if pa.types.is_fixed_size_list(a) and (_is_list(b) or pa.types.is_fixed_size_list(b)):
+        values = merge_types(a.value_type, b.value_type)
+        same_size = not pa.types.is_fixed_size_list(b) or b.list_size == a.list_size
+        return pa.list_(a.value_field.with_type(values), a.list_size) if values is not None and same_size else None
     return None
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
 
 
 def _files_text(names: Sequence[str]) -> str:
@@ -66,8 +79,10 @@ def _files_text(names: Sequence[str]) -> str:
     return f"{names[0]}{more}"
 
 
-def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
-    """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that disagree."""
+def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[str, str] | None = None) -> pa.Schema:
+    """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that
+    disagree, or with ``conflicts`` given, each such column's message put there (the column
+    keeps the type it had first) for the caller to raise if the column is selected."""
     distinct: dict[pa.Schema, list[str]] = {}
     for schema, name in zip(schemas, names):
         distinct.setdefault(schema.remove_metadata(), []).append(name)
@@ -81,7 +96,10 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
             current = fields.get(field.name)
             merged = field.type if current is None else merge_types(current, field.type)
             if merged is None:
-                raise ValueError(_conflict(field.name, current, field.type, seen_in[field.name]))
+                if conflicts is None:
+                    raise ValueError(_conflict(field.name, current, field.type, seen_in[field.name]))
+                conflicts.setdefault(field.name, _conflict(field.name, current, field.type, seen_in[field.name]))
+                continue
             fields[field.name] = merged
     return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
 

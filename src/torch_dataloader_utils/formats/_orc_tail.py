@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import cast
 
 import pyarrow as pa
@@ -53,6 +53,7 @@ class OrcTail:
     stripes: list[Stripe]
     column_ids: dict[str, tuple[int, int]]  # top-level name -> [first, last] column ids
     compression: int
+    null_counts: dict[str, int] = field(default_factory=dict)  # top-level name -> nulls, where the statistics say
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
@@ -182,8 +183,10 @@ def read_tail(source, file_size: int) -> OrcTail:
     tail = source.read(tail_len)
     ps_len = tail[-1]
     postscript = dict(_fields(tail[-1 - ps_len : -1]))
-    if postscript.get(8000) != b"ORC":
-        raise ValueError("not an ORC file (no 'ORC' magic in the postscript)")
+    if postscript.get(8000) != b"ORC":  # ORC 0.11 files have the magic only at the start (Hive 0.11 wrote them)
+        source.seek(0)
+        if source.read(3) != b"ORC" or 1 not in postscript:
+            raise ValueError("not an ORC file (no 'ORC' magic in the postscript or at the start)")
     footer_len = int(postscript[1])
     need = footer_len + ps_len + 1
     if need > len(tail):
@@ -192,6 +195,8 @@ def read_tail(source, file_size: int) -> OrcTail:
     footer = _decompress(tail[-need : -1 - ps_len], int(postscript.get(2, 0)))
     stripes: list[Stripe] = []
     types: list[bytes] = []
+    statistics: list[bytes] = []
+    rows = 0
     for number, value in _fields(footer):
         if number == 3:
             info = dict(_fields(cast(bytes, value)))  # (field 3: a StripeInformation message)
@@ -200,7 +205,27 @@ def read_tail(source, file_size: int) -> OrcTail:
             stripes.append(Stripe(int(info.get(1, 0)), length, int(info.get(5, 0)), footer_length))
         elif number == 4:
             types.append(cast(bytes, value))  # (field 4: a Type message)
-    return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)))
+        elif number == 6:
+            rows = int(value)  # (field 6: numberOfRows)
+        elif number == 7:
+            statistics.append(cast(bytes, value))  # (field 7: a ColumnStatistics message per column id)
+    column_ids = _top_level_column_ids(types)
+    return OrcTail(stripes, column_ids, int(postscript.get(2, 0)), _null_counts(column_ids, statistics, rows))
+
+
+def _null_counts(column_ids: dict[str, tuple[int, int]], statistics: list[bytes], rows: int) -> dict[str, int]:
+    """Nulls per top-level column: the file's rows less the column's values (ColumnStatistics
+    field 1, numberOfValues), or none when its hasNull (field 10) is false."""
+    counts = {}
+    for name, (first, _) in column_ids.items():
+        if first >= len(statistics):
+            continue
+        stats = dict(_fields(statistics[first]))
+        if stats.get(10) == 0:
+            counts[name] = 0
+        elif isinstance(stats.get(1), int):
+            counts[name] = rows - int(stats[1])
+    return counts
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from ._thrift_compact import Struct, ThriftError, ThriftList, decode_struct
 
 MAGIC = b"PAR1"
+ENCRYPTED_MAGIC = b"PARE"  # the end of a file whose footer is encrypted
 
 # parquet.thrift's field ids. FileMetaData:
 FILE_VERSION, FILE_SCHEMA, FILE_NUM_ROWS, FILE_ROW_GROUPS, FILE_KEY_VALUES, FILE_CREATED_BY, FILE_COLUMN_ORDERS = 1, 2, 3, 4, 5, 6, 7
@@ -77,3 +78,32 @@ def row_group(thrift: Struct, unit: int) -> Struct:
     if not isinstance(group, Struct):
         raise ThriftError(f"the footer has no row group {unit}")
     return group
+
+
+def has_encryption_algorithm(data: bytes, created_by: str | None) -> bool:
+    """Whether FileMetaData ``data`` (a footer in plaintext) sets ``encryption_algorithm``: the
+    file's columns are encrypted, and pyarrow aborts the process when asked for their metadata.
+
+    The field follows ``created_by`` (6) and ``column_orders`` (7), so the footer is decoded from
+    the end of ``created_by`` on, not over its row groups (decoding those in Python would cost
+    more than pyarrow's whole read of the footer). Field ids there are relative to 6 in Thrift's
+    short form, absolute in its long form."""
+    if created_by is not None:
+        text = created_by.encode()
+        at = data.rfind(_varint(len(text)) + text)
+        if at >= 1 and data[at - 1] & 0x0F == 8:  # (the field header of a binary)
+            try:
+                rest = decode_struct(data, at + len(_varint(len(text))) + len(text))[0]
+                return any(fid == FILE_ENCRYPTION_ALGORITHM - FILE_CREATED_BY or fid == FILE_ENCRYPTION_ALGORITHM for fid, _, _ in rest.fields)
+            except ThriftError:
+                pass  # not where created_by ends after all: decode the whole footer
+    return decode_struct(data, only=(FILE_ROW_GROUPS, 0))[0].get(FILE_ENCRYPTION_ALGORITHM) is not None
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)

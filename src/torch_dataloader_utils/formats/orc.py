@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -35,6 +36,13 @@ class _OrcReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return _read_stripe(self._file, unit, columns)
+
+
+class LocalOrcFooter(NamedTuple):
+    """What planning keeps of a local ORC file's tail (pyarrow reads the tail again when a worker
+    opens the file)."""
+
+    null_counts: dict[str, int]
 
 
 class RemoteOrcFooter(NamedTuple):
@@ -89,13 +97,11 @@ class OrcFormat:
     streams_units = False  # its readers decode a stripe whole
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
-        """The stripes' rows and bytes, and for a remote file a ``RemoteOrcFooter`` (None for a
-        local one: pyarrow reads its tail again when the file is opened)."""
-        footer = None
+        """The stripes' rows and bytes, and for a remote file a ``RemoteOrcFooter`` (for a local
+        one only its null counts: pyarrow reads its tail again when the file is opened)."""
         with open_input(fs, path) as source:
             tail = read_tail(source, size)
-            if is_remote(fs):
-                footer = _remote_footer(source, size, tail)
+            footer = _remote_footer(source, size, tail) if is_remote(fs) else LocalOrcFooter(tail.null_counts)
         stripes = tail.stripes
         layout = FileLayout(url, size, tuple(s.rows for s in stripes), tuple(s.length for s in stripes))
         return layout, footer
@@ -103,13 +109,18 @@ class OrcFormat:
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema pyarrow reads from the file's tail: the one a remote footer carries,
         else read from the file."""
-        if footer is not None:  # a remote file's tail, fetched at planning
+        if isinstance(footer, RemoteOrcFooter):  # a remote file's tail, fetched at planning
             try:
                 return orc.ORCFile(pa.BufferReader(footer.tail)).schema
             except (OSError, pa.ArrowException):
                 pass
         with open_input(fs, path) as source:
             return orc.ORCFile(source).schema
+
+    def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per top-level column among ``names``, where the file's statistics say."""
+        counts = footer.layout.null_counts if isinstance(footer, RemoteOrcFooter) else footer.null_counts
+        return {name: counts[name] for name in names if name in counts}
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _OrcReader | _RemoteOrcReader:
         """A reader of the file's stripes (fetching only the projected streams, for a remote file)."""

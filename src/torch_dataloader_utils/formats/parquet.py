@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
-from ._parquet_footer import MAGIC, footer_bytes, footer_struct
+from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
@@ -169,29 +170,48 @@ class _RemoteParquetReader(_ParquetReader):
             return []
 
 
-def _local_footer(path: str) -> pq.FileMetaData | None:
-    """The footer of a local file, parsed from bytes read into Python memory; None when its tail
-    is not a plain Parquet footer (pyarrow then reads the file and names what is wrong).
+def _footer_tail(file: Any, size: int) -> bytes:
+    """The file's footer with its length and magic (the last ``8 + length`` bytes), read through
+    ``file`` (seek / read); UnsupportedFileError for an encrypted footer, ValueError when the file
+    does not end like a Parquet file (cut short, or not Parquet)."""
+    file.seek(max(0, size - FOOTER_READ))
+    tail = file.read(FOOTER_READ)
+    if tail[-4:] == ENCRYPTED_MAGIC:
+        raise UnsupportedFileError(_ENCRYPTED.format("its footer is encrypted"))
+    if len(tail) < 2 * len(MAGIC) + 4 or tail[-4:] != MAGIC:
+        raise ValueError(f"the file does not end in Parquet's magic bytes {MAGIC!r}")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 2 * len(MAGIC) + 4 > size:
+        raise ValueError(f"its footer's length ({length:,} bytes) is more than the file holds ({size:,} bytes)")
+    if length + 8 > len(tail):
+        file.seek(size - length - 8)
+        tail = file.read(length + 8)
+    return bytes(tail[-length - 8 :])
 
-    Parsed this way, planning allocates nothing from pyarrow's memory pool. The pool's first
-    allocation in a process faults in memory that mimalloc marks for transparent huge pages, and
-    with the kernel's usual ``defrag=madvise`` that fault may compact memory first, which makes the
-    first footer many times slower to read than parsing it from Python memory.
+
+_ENCRYPTED = "it is an encrypted Parquet file ({}), and reading encrypted files is not supported. Decrypt it first, or pass a path without it"
+
+
+def _parsed_footer(tail: bytes) -> pq.FileMetaData:
+    """The footer parsed by pyarrow from its bytes (``_footer_tail``), refused before any column's
+    metadata is touched when its columns are encrypted: pyarrow aborts the process then.
+
+    Parsed from bytes in Python memory, planning allocates nothing from pyarrow's memory pool. The
+    pool's first allocation in a process faults in memory that mimalloc marks for transparent huge
+    pages, and with the kernel's usual ``defrag=madvise`` that fault may compact memory first, which
+    makes the first footer many times slower to read than parsing it from Python memory.
     """
-    path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        file.seek(max(0, size - FOOTER_READ))
-        tail = file.read(FOOTER_READ)
-        if len(tail) < 2 * len(MAGIC) + 4 or tail[-4:] != MAGIC:
-            return None
-        length = int.from_bytes(tail[-8:-4], "little")
-        if length + 2 * len(MAGIC) + 4 > size:
-            return None
-        if length + 8 > len(tail):
-            file.seek(size - length - 8)
-            tail = file.read(length + 8)
-    return pq.ParquetFile(pa.BufferReader(tail)).metadata
+    try:
+        footer = pq.ParquetFile(pa.BufferReader(tail)).metadata
+    except (OSError, pa.ArrowException) as error:  # a complete file whose footer pyarrow refuses
+        raise UnsupportedFileError(f"pyarrow cannot read its footer: {str(error).rstrip('.')}") from error
+    try:
+        encrypted = has_encryption_algorithm(tail[:-8], footer.created_by)
+    except ThriftError as error:
+        raise UnsupportedFileError(f"its footer is not valid Thrift ({error}), although pyarrow parsed it") from error
+    if encrypted:
+        raise UnsupportedFileError(_ENCRYPTED.format("its columns are encrypted, its footer is not"))
+    return footer
 
 
 class ParquetFormat:
@@ -203,10 +223,14 @@ class ParquetFormat:
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``)."""
-        footer = _local_footer(path) if is_local(fs) else None
-        if footer is None:
+        if is_local(fs):
+            path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
+            with open(path, "rb") as file:
+                tail = _footer_tail(file, os.fstat(file.fileno()).st_size)
+        else:
             with open_input(fs, path) as source:
-                footer = pq.ParquetFile(source).metadata
+                tail = _footer_tail(source, size)
+        footer = _parsed_footer(tail)
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         sizes = tuple(
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
@@ -217,6 +241,21 @@ class ParquetFormat:
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema the footer gives."""
         return footer.schema.to_arrow_schema()
+
+    def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per leaf column (``"a"``, ``"struct.field"``) among ``names``, summed over the row
+        groups, where every row group's statistics count them (absent: not known)."""
+        index = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+        counts = {name: 0 for name in names if name in index}
+        for group in range(footer.num_row_groups):
+            chunks = footer.row_group(group)
+            for name in list(counts):
+                stats = chunks.column(index[name]).statistics
+                if stats is None or not stats.has_null_count:
+                    del counts[name]  # not known for this row group: found when read
+                else:
+                    counts[name] += stats.null_count
+        return counts
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""

@@ -17,6 +17,8 @@ from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
 from .convert import Where, replace_leaves, table_to_columns, table_to_joined
+from .nested import BatchColumn, flatten
+from .nulls import DEFAULT_POLICY, ColumnPolicy
 from .output_formats import BatchOutput, batch_bounds, prepare_batches
 from .reader import StreamReader
 from .slicing import BatchSlicer
@@ -69,10 +71,20 @@ class ChunkReader:
     its files on first use."""
 
     def __init__(
-        self, catalog: Catalog, book: StreamBook, columns: list[str] | None, skip_errors: bool, chunk_rows: int, output: BatchOutput | None = None
+        self,
+        catalog: Catalog,
+        book: StreamBook,
+        columns: list[str] | None,
+        skip_errors: bool,
+        chunk_rows: int,
+        output: BatchOutput | None = None,
+        selected: list[BatchColumn] | None = None,
+        policy: ColumnPolicy = DEFAULT_POLICY,
     ):
         self.catalog = catalog
         self.output = output  # batches in another form, or transformed: finished where the chunk is read
+        self.selected = selected  # the batch columns, when they are not ``columns`` as read (nested.py)
+        self.policy = policy
         self.book = book
         self.columns = columns
         self.skip_errors = skip_errors
@@ -108,14 +120,15 @@ class ChunkReader:
             self._reader = None
             raise
         where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
+        table = rows.table if self.selected is None else flatten(rows.table, self.selected)
         if self.output is not None and self.output.prepared:
             batch_of = lambda start, stop: self._describe_batch(task, rows.present, start, stop)  # noqa: E731 - for an error message
-            prepared = prepare_batches(rows.table, self.output, where, in_main, batch_of)
+            prepared = prepare_batches(table, self.output, where, in_main, batch_of)
             return Chunk(task.lane, task.start, task.stop, {}, rows.present, rows.skipped, prepared=prepared)
         if joined:
-            columns = table_to_joined(rows.table, where)
+            columns = table_to_joined(table, where, self.policy)
         else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
-            columns = table_to_columns(rows.table, where, copy=in_main)
+            columns = table_to_columns(table, where, copy=in_main, policy=self.policy)
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
 
     def describe(self, task: ChunkTask) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 
-from ..errors import FileChangedError, WideningError
+from ..errors import FileChangedError, RemoteReadError, WideningError
 
 
 @lru_cache(maxsize=64)
@@ -89,6 +89,22 @@ def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
     return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
 
 
+def _miscount(reader: Any, unit: int, wanted: list[str] | None, seen: str, rows: int) -> Exception:
+    """The error for a streamed unit that gave another row count than its footer: pyarrow's own
+    reason when reading the unit whole fails (a damaged file: a column of another length than
+    the others), else the file changed after planning (its version was checked when opened, so
+    this is a rewrite in place that kept size and time, or a fault of the reader)."""
+    try:
+        table = reader.read_unit(unit, wanted)
+    except (FileChangedError, RemoteReadError) as error:  # the store says what changed or failed
+        return error
+    except (OSError, pa.ArrowException) as error:
+        return ValueError(f"unit {unit} decodes to {seen} rows where its footer says {rows}: {str(error).rstrip('.')}")
+    if table.num_rows == rows:
+        return ValueError(f"unit {unit} decodes to {seen} rows in batches but {rows} whole; please report this with the file")
+    return _changed(unit, str(table.num_rows), rows)
+
+
 def iter_conformed(
     reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int, first_row: int = 0
 ) -> Iterator[pa.Table]:
@@ -103,11 +119,11 @@ def iter_conformed(
     for table in reader.iter_unit(unit, plan.wanted, batch_rows, first_row):
         seen += table.num_rows
         if seen > plan.rows:
-            raise _changed(unit, f"more than {plan.rows}", plan.rows)
+            raise _miscount(reader, unit, plan.wanted, f"more than {plan.rows}", plan.rows)
         _check_columns_read(table, plan.wanted, unit)
         yield table if plan.target is None else conform(table, plan.target)
     if seen != plan.rows:
-        raise _changed(unit, str(seen), plan.rows)
+        raise _miscount(reader, unit, plan.wanted, str(seen), plan.rows)
 
 
 def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:

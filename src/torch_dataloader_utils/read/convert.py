@@ -1,15 +1,17 @@
 """Arrow -> torch. Chunks are converted once in the worker; batches are row slices of them.
 
-Batch values by Arrow type:
+Batch values by Arrow type (forms.py decides which; docs/types.md has the full table):
 - integers, floats, bool, timestamps, dates, durations: a 1-D tensor (temporal types as
   int64/int32 counts of the column's unit; uint16/uint32/uint64 widened to int32/int64/int64,
-  which torch computes with); zero-copy where Arrow's layout allows;
+  which torch computes with); zero-copy where Arrow's layout allows; decimals as float64 (or
+  their unscaled int64 with decimals="int64");
 - fixed-size lists (nested too): an N-D tensor (rows first);
 - variable-length lists of numbers: a 2-D tensor when every row of the batch has the same
   length, else a ``Ragged(values, offsets)`` pair (``values[offsets[i]:offsets[i+1]]`` is row i);
 - strings / binary: ``list[str]`` / ``list[bytes]`` (a null is ``None``);
+- fixed-size binary, the null type, lists of anything else: a Python list of pyarrow's values;
 - dictionary-encoded columns are decoded first.
-A null in a numeric column raises ValueError naming the column.
+Nulls in tensor columns raise, or are filled, under the dataset's ``nulls=`` (nulls.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ..catalog.schema import LARGE_TYPES
+from .forms import batch_form, holds_mask
+from .forms import batch_form_problem as batch_form_problem  # (where the CLI and tests find it)
+from .nulls import DEFAULT_POLICY, MASK_SUFFIX, ColumnPolicy, decimal_values, filled, valid_mask
 
 _INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets
 
@@ -58,9 +64,6 @@ class StringColumn(NamedTuple):
     data: torch.Tensor
 
 
-_STRING_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
-
-
 def _strings(array: pa.Array) -> Any:
     if array.null_count:
         return array.to_pylist()  # nulls become None; rare enough to take the simple path
@@ -84,64 +87,19 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return tensor
 
 
-def _is_number(kind: pa.DataType) -> bool:
-    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-
-
-def _innermost(kind: pa.DataType) -> pa.DataType:
-    while pa.types.is_fixed_size_list(kind):
-        kind = kind.value_type
-    return kind
-
-
-def _is_time_count(kind: pa.DataType) -> bool:
-    """Timestamps, dates, times and durations: integer counts of a unit (intervals are not one number)."""
-    return pa.types.is_temporal(kind) and not pa.types.is_interval(kind)
-
-
-def batch_form_problem(kind: pa.DataType) -> str | None:
-    """Why a column of Arrow type ``kind`` has no batch value (None when it has one): the rules
-    of this module, checked on the schema before any row is read."""
-    if pa.types.is_dictionary(kind):
-        kind = kind.value_type
-    if any(check(kind) for check in _STRING_TYPES) or _is_number(kind) or _is_time_count(kind):
-        return None
-    if pa.types.is_fixed_size_list(kind):
-        inner = _innermost(kind)
-        return None if _is_number(inner) or _is_time_count(inner) else f"fixed-size lists of {inner} are not supported"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        values = kind.value_type
-        inner = _innermost(values)
-        supported = _is_number(inner) or _is_time_count(inner)
-        return None if supported else f"lists of {values} are not supported"
-    return "it has no tensor form"
-
-
-def check_batch_forms(schema: pa.Schema, columns: list[str] | None) -> None:
-    """TypeError naming the first selected column of ``schema`` whose type has no batch value."""
-    for name in schema.names if columns is None else columns:
-        kind = schema.field(name).type
-        problem = batch_form_problem(kind)
-        if problem is not None:
-            raise TypeError(f"column {name!r} ({kind}): {problem}; leave it out with columns=[...] or cast it in the data")
-
-
 # unsigned types torch can hold but hardly compute with: widened to the signed type holding them
 _WIDER = {np.dtype(np.uint16): np.int32, np.dtype(np.uint32): np.int64, np.dtype(np.uint64): np.int64}
 
 
-def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
-    if array.null_count:
-        raise ValueError(
-            f"column {name!r} has {array.null_count} null value(s) in {where()}; a tensor cannot hold nulls. "
-            "Fill them in the data, or leave the column out with columns=[...]"
-        )
+def _numeric(array: pa.Array, name: str, where: Where, policy: ColumnPolicy = DEFAULT_POLICY) -> torch.Tensor:
     kind = array.type
-    if pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_date64(kind) or pa.types.is_time64(kind):
+    if pa.types.is_decimal(kind):
+        array = decimal_values(array, name, policy, where)
+    elif pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_date64(kind) or pa.types.is_time64(kind):
         array = array.view(pa.int64())
     elif pa.types.is_date32(kind) or pa.types.is_time32(kind):
         array = array.view(pa.int32())
-    values = array.to_numpy(zero_copy_only=False)
+    values = filled(array, name, policy, where).to_numpy(zero_copy_only=False)
     if values.dtype in _WIDER:
         if values.dtype == np.uint64 and len(values) and int(values.max()) > np.iinfo(np.int64).max:
             raise ValueError(f"column {name!r} (uint64) has values above int64's range in {where()}; a tensor cannot hold them")
@@ -149,39 +107,64 @@ def _numeric(array: pa.Array, name: str, where: Where) -> torch.Tensor:
     return _tensor(values)
 
 
-def _flatten_fixed(array: pa.Array, name: str, where: Where) -> torch.Tensor:
+def _null_rows(array: pa.Array, name: str, policy: ColumnPolicy, where: Where) -> None:
+    if policy.nulls == "raise":
+        raise ValueError(
+            f"column {name!r} has {array.null_count} null list row(s) in {where()}; pass nulls='fill' (a null row becomes "
+            "empty, or fill values for a fixed-size list) or nulls='mask', or leave the column out with columns=[...]"
+        )
+
+
+def _flatten_fixed(array: pa.Array, name: str, where: Where, policy: ColumnPolicy = DEFAULT_POLICY) -> torch.Tensor:
     shape = [len(array)]
+    valid = None  # per value of the current level, when a row above was null
     while pa.types.is_fixed_size_list(array.type):
-        if array.null_count:
-            raise ValueError(f"column {name!r} has null list rows in {where()}; fill them or leave the column out")
         size = array.type.list_size
+        if array.null_count:
+            _null_rows(array, name, policy, where)
+            rows = valid_mask(array) if valid is None else valid & valid_mask(array)
+            valid = rows
         shape.append(size)
+        valid = None if valid is None else np.repeat(valid, size)
         array = array.values.slice(array.offset * size, len(array) * size)  # flatten() without its compute call
-    return _numeric(array, name, where).reshape(shape)
+    if valid is not None:  # values under a null row become nulls, then fills
+        array = pc.if_else(pa.array(valid), array, pa.nulls(len(array), array.type))
+    return _numeric(array, name, where, policy).reshape(shape)
 
 
-def _column(array: pa.Array, name: str, where: Where) -> Any:
+def _list(array: pa.Array, name: str, where: Where, policy: ColumnPolicy) -> ListColumn:
+    if array.null_count:
+        _null_rows(array, name, policy, where)
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy()
+        offsets = np.zeros(len(array) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+    else:
+        offsets = array.offsets.to_numpy().astype(np.int64)
+        offsets -= offsets[0]
+    values = array.flatten()  # (without the values under null rows)
+    if pa.types.is_fixed_size_list(values.type):
+        inner = _flatten_fixed(values, name, where, policy)
+    else:
+        inner = _numeric(values, name, where, policy)
+    return ListColumn(inner, torch.from_numpy(offsets), width=_common_length(offsets))
+
+
+def _column(array: pa.Array, name: str, where: Where, policy: ColumnPolicy = DEFAULT_POLICY) -> Any:
     kind = array.type
     if pa.types.is_dictionary(kind):
-        return _column(array.dictionary_decode(), name, where)
-    if any(check(kind) for check in _STRING_TYPES):
+        return _column(array.dictionary_decode(), name, where, policy)
+    form = batch_form(kind)
+    if form == "strings":
         return _strings(array)
-    if pa.types.is_fixed_size_list(kind):
-        return _flatten_fixed(array, name, where)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        if array.null_count:
-            raise ValueError(f"column {name!r} has null list rows in {where()}; fill them or leave the column out")
-        offsets = array.offsets.to_numpy().astype(np.int64)
-        values = array.flatten()
-        inner = _flatten_fixed(values, name, where) if pa.types.is_fixed_size_list(values.type) else None
-        if inner is None:
-            if not (_is_number(values.type) or _is_time_count(values.type)):
-                raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
-            inner = _numeric(values, name, where)
-        return ListColumn(inner, torch.from_numpy(offsets - offsets[0]), width=_common_length(offsets))
-    if _is_number(kind) or pa.types.is_temporal(kind):
-        return _numeric(array, name, where)
-    raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
+    if form == "python":
+        return array.to_pylist()
+    if pa.types.is_fixed_size_list(kind) and form == "tensor":
+        return _flatten_fixed(array, name, where, policy)
+    if form == "ragged":
+        return _list(array, name, where, policy)
+    if form == "tensor":
+        return _numeric(array, name, where, policy)
+    raise TypeError(f"column {name!r} has type {kind}, which has no batch form; leave it out with columns=[...] or cast it in the data")
 
 
 def _common_length(offsets: np.ndarray) -> int | None:
@@ -291,13 +274,16 @@ def _join(parts: list[Any]) -> Any:
     return strings
 
 
-def table_to_joined(table: pa.Table, where: Where) -> dict[str, Any]:
+def table_to_joined(table: pa.Table, where: Where, policy: ColumnPolicy = DEFAULT_POLICY) -> dict[str, Any]:
     """Convert a whole chunk, each tensor left as a ``Joined`` of its Arrow chunks' tensors;
-    ``where()`` describes the chunk's source, asked only for an error message."""
+    ``where()`` describes the chunk's source, asked only for an error message; ``policy``: what
+    nulls and decimals become (nulls.py), with nulls="mask" a ``"<column>.valid"`` mask each."""
     columns = {}
     for name, column in zip(table.column_names, table.columns):
         chunks = column.chunks or [pa.array([], type=column.type)]
-        columns[name] = _join([_column(chunk, name, where) for chunk in chunks])
+        columns[name] = _join([_column(chunk, name, where, policy) for chunk in chunks])
+        if policy.masks and holds_mask(column.type):
+            columns[name + MASK_SUFFIX] = _join_tensors([torch.from_numpy(valid_mask(chunk)) for chunk in chunks])
     return columns
 
 
@@ -306,10 +292,10 @@ def build_columns(columns: dict[str, Any], copy: bool = True) -> dict[str, Any]:
     return {name: replace_leaves(value, Joined, lambda joined: joined.build(copy)) for name, value in columns.items()}
 
 
-def table_to_columns(table: pa.Table, where: Where, copy: bool = True) -> dict[str, Any]:
+def table_to_columns(table: pa.Table, where: Where, copy: bool = True, policy: ColumnPolicy = DEFAULT_POLICY) -> dict[str, Any]:
     """Convert a whole chunk into tensors (and lists); see ``table_to_joined``. ``copy=False`` may
     leave tensors as views of ``table`` (fine when they are copied on anyway, as out of a worker)."""
-    return build_columns(table_to_joined(table, where), copy)
+    return build_columns(table_to_joined(table, where, policy), copy)
 
 
 def _slice_strings(column: StringColumn, start: int, stop: int) -> list:

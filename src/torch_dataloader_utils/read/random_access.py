@@ -25,6 +25,8 @@ from ..storage.paths import is_local
 from ..storage.versions import check_version
 from .conform import iter_conformed, project, read_conformed
 from .convert import slice_columns, table_to_columns
+from .nested import BatchColumn, flatten
+from .nulls import DEFAULT_POLICY, ColumnPolicy
 from .row_keys import parse_key, row_of
 from .unit_cache import DEFAULT_ROW_CACHE_BYTES, CachedRows, UnitCache
 
@@ -45,9 +47,19 @@ class RowAccess:
     use. Calls from several threads take turns.
     """
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, cache_bytes: int = DEFAULT_ROW_CACHE_BYTES):
+    def __init__(
+        self,
+        catalog: Catalog,
+        columns: list[str] | None,
+        cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
+        selected: list[BatchColumn] | None = None,
+        policy: ColumnPolicy = DEFAULT_POLICY,
+    ):
         self.catalog = catalog
-        self.columns = columns
+        self.columns = columns  # as read: top-level columns when ``selected`` takes structs and maps apart
+        self.selected = selected
+        self.policy = policy
+        self.cache_bytes = cache_bytes
         self.index = RowIndex.from_unit_rows([layout.unit_rows for layout in catalog.layouts])
         self.cache = UnitCache(cache_bytes)
         self._readers: OrderedDict[int, Any] = OrderedDict()
@@ -78,8 +90,14 @@ class RowAccess:
         in the order given."""
         rows = normalize_rows(rows, self.num_rows)
         table = self.table(rows)
+        if self.selected is not None:
+            table = flatten(table, self.selected)
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
-        return slice_columns(table_to_columns(table, where), 0, table.num_rows, where)
+        return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
+
+    def replanned(self, catalog: Catalog) -> RowAccess:
+        """The same access over another catalog (a table dataset's other snapshot)."""
+        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy)
 
     def table(self, rows: np.ndarray) -> pa.Table:
         """Rows (global, in range) as one Arrow table conformed to the dataset's schema, in order."""

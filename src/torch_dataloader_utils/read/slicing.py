@@ -22,7 +22,7 @@ def _split(column: Any, size: int) -> tuple[torch.Tensor, ...] | None:
         return column.split(size)
     if isinstance(column, ListColumn) and column.width is not None:
         values = column.values
-        return values.view(-1, column.width, *values.shape[1:]).split(size)
+        return values.view(len(column.offsets) - 1, column.width, *values.shape[1:]).split(size)
     return None
 
 

@@ -1,0 +1,125 @@
+"""Checks of the selected columns at planning, each listing every column it finds at once, with
+its type, the files it comes from and what fixes it: so a job stops before its first batch,
+not hours in, and one error names everything to change."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from .forms import batch_form, batch_form_problem, holds_mask
+from .nested import BatchColumn
+from .nulls import MASK_SUFFIX, ColumnPolicy
+
+_SHOWN = 20  # columns listed in one error before "and N more"
+#: Column chunks whose statistics planning reads for null counts (pyarrow takes about 4 us for
+#: one): past these, nulls in further files are found when their rows are read, as for files
+#: without statistics, so that planning a very large dataset stays quick.
+NULL_STATS_CHUNKS = 250_000
+
+
+def _files_text(names: Sequence[str]) -> str:
+    more = f" (and {len(names) - 1} more file{'s' if len(names) > 2 else ''})" if len(names) > 1 else ""
+    return f"{names[0]}{more}"
+
+
+def _listed(lines: list[str]) -> str:
+    shown = lines[:_SHOWN] + ([f"... and {len(lines) - _SHOWN} more"] if len(lines) > _SHOWN else [])
+    return "\n  " + "\n  ".join(shown)
+
+
+def _holders(catalog: Any, top: str) -> list[str]:
+    """The files (non-empty ones first) that hold top-level column ``top``."""
+    missing = catalog.missing_columns or [()] * len(catalog.files)
+    holding = [(layout.num_rows == 0, f.url) for f, layout, lacks in zip(catalog.files, catalog.layouts, missing) if top not in lacks]
+    return [url for _, url in sorted(holding, key=lambda item: item[0])] or [catalog.files[0].url]
+
+
+def check_conflicts(catalog: Any, selected: Sequence[BatchColumn]) -> None:
+    """ValueError for every selected column whose files' types do not unify."""
+    tops = dict.fromkeys(c.top for c in selected)
+    found = [catalog.conflicts[top] for top in tops if top in catalog.conflicts]
+    if found:
+        raise ValueError(found[0] if len(found) == 1 else f"{len(found)} selected columns have incompatible types:" + _listed(found))
+
+
+def check_forms(catalog: Any, selected: Sequence[BatchColumn], every: Sequence[BatchColumn]) -> None:
+    """TypeError listing every selected column a batch cannot hold (unions, intervals)."""
+    bad = [c for c in selected if batch_form(c.type) is None]
+    if not bad:
+        return
+    lines = [f"column {c.name!r} ({c.type}): {batch_form_problem(c.type)}; in {_files_text(_holders(catalog, c.top))}" for c in bad]
+    names = {c.name for c in bad}
+    keep = [c.name for c in (selected or every) if c.name not in names]
+    fix = f"leave them out with columns={keep!r}" if keep else "cast them in the data"
+    if len(bad) == 1:
+        raise TypeError(f"{lines[0]}. A batch cannot hold it: {fix.replace('them', 'it')}, or cast it in the data")
+    raise TypeError(f"{len(bad)} columns have no batch form:" + _listed(lines) + f"\nA batch cannot hold them: {fix}, or cast them in the data")
+
+
+def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
+    """ValueError listing selected tensor columns that non-empty files lack (they would be read
+    as nulls) when nulls="raise"."""
+    if policy.nulls != "raise" or not catalog.missing_columns:
+        return
+    lines = []
+    for column in selected:
+        if batch_form(column.type) not in ("tensor", "ragged"):
+            continue
+        lacking = [f.url for f, layout, lacks in zip(catalog.files, catalog.layouts, catalog.missing_columns) if layout.num_rows and column.top in lacks]
+        if lacking:
+            lines.append(f"column {column.name!r} ({column.type}) is missing from {_files_text(lacking)}")
+    if lines:
+        fix = "which a tensor cannot hold. Pass nulls='fill' (or 'mask'), leave the column out with columns=[...], or add it to those files."
+        if len(lines) == 1:
+            raise ValueError(f"{lines[0]}: it would be read as nulls there, {fix}")
+        raise ValueError(f"{len(lines)} columns are missing from some files:" + _listed(lines) + f"\nThey would be read as nulls there, {fix}")
+
+
+def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
+    """ValueError listing every selected tensor column that the files' statistics say holds
+    nulls, when nulls="raise" (formats without a ``null_counts`` are checked as rows are read)."""
+    counts_of = getattr(catalog.format, "null_counts", None)
+    if policy.nulls != "raise" or counts_of is None:
+        return
+    names = [c.name for c in selected if batch_form(c.type) == "tensor" and not pa.types.is_fixed_size_list(c.type) and all(isinstance(s, int) for s in c.path)]
+    if not names:
+        return
+    found: dict[str, list[tuple[str, int]]] = {}
+    budget = NULL_STATS_CHUNKS
+    for entry, footer, layout in zip(catalog.files, catalog.footers, catalog.layouts):
+        if not layout.num_rows or footer is None:
+            continue
+        budget -= len(layout.unit_rows) * len(names)
+        if budget < 0:
+            break
+        for name, count in counts_of(footer, names).items():
+            if count:
+                found.setdefault(name, []).append((entry.url, count))
+    if not found:
+        return
+    lines = [
+        f"column {name!r} has {sum(c for _, c in files):,} null value(s) in {_files_text([url for url, _ in files])}"
+        for name, files in sorted(found.items(), key=lambda item: names.index(item[0]))
+    ]
+    raise ValueError(
+        "the files' statistics show nulls in column(s) whose batch value is a tensor, which cannot hold nulls:"
+        + _listed(lines)
+        + "\nPass nulls='fill' (0 / False / NaN, or fill_values={column: value}) or nulls='mask' (also a "
+        "'<column>.valid' bool tensor), or leave the column(s) out with columns=[...]"
+    )
+
+
+def check_mask_names(selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
+    """ValueError when a mask's name ("<column>.valid") is a column's name too."""
+    if not policy.masks:
+        return
+    names = {c.name for c in selected}
+    clashes = [c.name for c in selected if holds_mask(c.type) and c.name + MASK_SUFFIX in names]
+    if clashes:
+        raise ValueError(
+            f"nulls='mask' would name the masks of {clashes} like existing columns ('<column>{MASK_SUFFIX}'); "
+            "leave one of them out with columns=[...]"
+        )
