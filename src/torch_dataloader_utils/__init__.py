@@ -19,6 +19,7 @@ _EXPORTS = {
     "WideningError": "errors",
     "FileLayout": "plan.splits",
     "Ragged": "read.convert",
+    "Source": "catalog.sources",
     "Split": "plan.splits",
     "StructuredDataLoader": "runtime.loader",
     "StructuredDataset": "dataset",
@@ -30,6 +31,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from .catalog.sources import Source
     from .dataset import StructuredDataset
     from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits

@@ -11,9 +11,11 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
 from .catalog.schema import check_missing_columns, check_repeated_columns
+from .catalog.sources import MixCatalog, Source, build_mixture_catalog, is_mixture
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
+from .plan.mixing import MixtureBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
 from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
@@ -21,7 +23,7 @@ from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
-from .state.schema import rank_state, worker_state
+from .state.schema import MIXTURE, rank_state, worker_state
 from .state.validate import MAX_EPOCH, check_header, mismatch
 from .storage.remote import IOOptions
 
@@ -67,6 +69,7 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        epoch_rows: int | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -90,9 +93,9 @@ class StructuredDataset(IterableDataset):
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        self._catalog: Catalog = build_catalog(path, format, storage_options, options.split_bytes, io)
+        self._catalog: Catalog = self._build_catalog(path, format, storage_options, options.split_bytes, io, epoch_rows)
         self._check_columns()
-        book = StreamBook(self._catalog.split_rows, self._catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+        book = self._stream_book()
         self._base_plan = EpochPlan(
             book,
             0,
@@ -161,7 +164,8 @@ class StructuredDataset(IterableDataset):
     @property
     def skipped_splits(self) -> list[tuple[Split, str]]:
         """Splits that lost rows to read errors this epoch (on_error="skip"), with the error."""
-        return [(self._catalog.splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
+        splits = self._catalog.splits_at(self._delivery.progress.epoch)
+        return [(splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
 
     @property
     def delivery(self) -> RankDelivery:
@@ -204,7 +208,8 @@ class StructuredDataset(IterableDataset):
         if info is not None:
             self._check_loader_workers(info.num_workers)
             return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+        splits = self._catalog.splits_at(progress.epoch)
+        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), splits, self.chunk_rows)
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -254,7 +259,23 @@ class StructuredDataset(IterableDataset):
         return plan
 
     def _plan_check(self) -> PlanCheck:
-        return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits)
+        return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits, self._catalog.splits_at)
+
+    def _build_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions, epoch_rows: int | None) -> Catalog:
+        """The catalog of a path (list) or of a mixture of Sources (catalog/sources.py)."""
+        if is_mixture(path):
+            sources = [path] if isinstance(path, Source) else list(path)
+            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+            return build_mixture_catalog(sources, (format, storage_options), self.columns, split_bytes, io, epoch_rows, order)
+        if epoch_rows is not None:
+            raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
+        return build_catalog(path, format, storage_options, split_bytes, io)
+
+    def _stream_book(self) -> StreamBook:
+        catalog = self._catalog
+        if isinstance(catalog, MixCatalog) and catalog.plan is not None:
+            return MixtureBook(catalog.plan)
+        return StreamBook(catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
 
     def _check_columns(self) -> None:
         catalog = self._catalog
@@ -318,4 +339,5 @@ class StructuredDataset(IterableDataset):
             "_batch_size": self.batch_size,
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
+            **({MIXTURE: self._catalog.sources} if isinstance(self._catalog, MixCatalog) else {}),
         }

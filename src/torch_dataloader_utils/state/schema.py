@@ -68,6 +68,7 @@ CONFIG_KEYS = {
     "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
+MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
 
 
 class SplitEntry(TypedDict, total=False):

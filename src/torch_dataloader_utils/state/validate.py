@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
+from .mixture import mixture_causes
 from .progress import Progress
 from .schema import (
     COMPLETED_SHARDS,
@@ -24,6 +25,7 @@ from .schema import (
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
+    MIXTURE,
     NEXT_WORKER,
     PADDING_DELIVERED,
     ROWS_DELIVERED,
@@ -126,7 +128,7 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
             same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
             shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
-    return causes
+    return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE))
 
 
 def file_causes(saved: Any, current: list[list]) -> list[str]:
