@@ -186,3 +186,45 @@ def test_a_state_of_another_mixture_is_refused_naming_the_change(data):
     _, plain = StructuredDataset.create_dataloader([data["a"], data["b"], data["c"]], num_workers=0, **CONFIG)
     with pytest.raises(CheckpointMismatchError, match="saved by a mixture of sources"):
         plain.load_state_dict(state)
+
+
+def test_stateful_dataloader_resumes_a_mixture_exactly(data):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make():
+        dataset = StructuredDataset(_sources(data), num_workers=2, shuffle=True, **CONFIG)
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=2), dataset
+
+    reference = assert_resumes_exactly(
+        make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), points=[(0, 3), (0, 9)],
+        save=lambda loader, dataset: loader.state_dict(), load=lambda loader, dataset, state: loader.load_state_dict(state),
+    )  # fmt: skip
+    _check_multiplicities(collections.Counter(i for batch in reference.batches[0] for i in batch), 60, 70)
+
+
+def test_on_error_skip_leaves_out_the_unreadable_rows_of_one_source(data, tmp_path):
+    from datagen import corrupt_data_pages
+
+    write_dataset(tmp_path / "b", [[150], [150]], first_id=1000)
+    corrupt_data_pages(tmp_path / "b" / "part-00001.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(
+        [Source(data["a"]), Source(str(tmp_path / "b"), rows_per_epoch=450)], num_workers=0, on_error="skip", columns=["id"], **CONFIG
+    )
+    ids = collections.Counter(i for batch in loader for i in batch["id"].tolist())
+    assert sorted(i for i in ids if i < 1000) == list(range(100)), "source A is whole"
+    assert sorted(i for i in ids if i >= 1000) == list(range(1000, 1150)), "B's damaged file is left out"
+    assert dataset.skipped_splits and all("source 1" in split.describe() for split, _ in dataset.skipped_splits)
+    state = json.loads(json.dumps(dataset.state_dict()))
+    assert state["skipped_splits"] and {entry["source"] for entry in state["skipped_splits"]} == {1}
+
+
+def test_tdu_plan_shows_each_sources_rows_per_epoch(data, capsys):
+    from torch_dataloader_utils.cli import main
+
+    code = main(["plan", data["a"], data["b"], data["c"], "--rows-per-epoch", "100", "60", "70", "--json", "--world-size", "2"])
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and [s["rows_per_epoch"] for s in plan["sources"]] == [100, 60, 70] and plan["epoch_rows"] == 230
+    _, dataset = StructuredDataset.create_dataloader(_sources(data), rank=1, world_size=2, num_workers=2, split_bytes=128 << 20, shuffle_buffer_rows=1 << 18)
+    assert plan["ranks"][1]["rows"] == dataset._delivery.plan().total_rows() - dataset._delivery.plan().padding_rows
+    assert main(["plan", data["a"], data["b"], "--weight", "3"]) == 2
+    assert "one value per PATH" in capsys.readouterr().err

@@ -152,28 +152,23 @@ def build_mixture_catalog(
     return _combine(sources, catalogs, unified, rows, split_bytes, order)
 
 
-def _combine(sources: Sequence[Source], catalogs: Sequence[Catalog], unified: pa.Schema | None, rows: Sequence[int], split_bytes: int, order: tuple[bool, int, int]) -> MixCatalog:
-    files, layouts, footers, splits, split_rows, offsets, stores, formats, missing = [], [], [], [], [], [], [], [], []
-    repeated: dict[str, tuple[str, int]] = {}
-    layouts_of_sources, described = [], []
+def _combine(
+    sources: Sequence[Source], catalogs: Sequence[Catalog], unified: pa.Schema | None, rows: Sequence[int], split_bytes: int, order: tuple[bool, int, int]
+) -> MixCatalog:
+    """The sources' catalogs laid end to end (file indices shifted), with the mixture's plan."""
+    files: list[Any] = []
+    split_rows: list[SplitRows] = []
+    missing: list[tuple[str, ...]] = []
+    layouts, described = [], []
     for index, (source, catalog) in enumerate(zip(sources, catalogs)):
-        base = len(files)
-        own = [SplitRows(r.file + base, r.start, r.stop) for r in catalog.split_rows]
-        layouts_of_sources.append(SourceLayout(tuple(own), tuple(s.path for s in catalog.splits), rows[index]))
+        own = [SplitRows(r.file + len(files), r.start, r.stop) for r in catalog.split_rows]
+        layouts.append(SourceLayout(tuple(own), tuple(s.path for s in catalog.splits), rows[index]))
         split_rows += own
-        for file, entry in enumerate(catalog.files):
-            lacking = catalog.missing_columns[file] if catalog.missing_columns else ()
-            names = set() if catalog.schema is None else set(catalog.schema.names)
-            missing.append(() if unified is None else tuple(n for n in unified.names if n in lacking or n not in names))
         files += catalog.files
-        layouts += catalog.layouts
-        footers += catalog.footers
-        splits += catalog.splits
-        offsets += catalog.file_offsets
-        stores += [catalog.fs] * len(catalog.files)
-        formats += [catalog.format] * len(catalog.files)
-        for name, found in catalog.repeated_columns.items():
-            repeated.setdefault(name, found)
+        names = set() if catalog.schema is None else set(catalog.schema.names)
+        for file in range(len(catalog.files)):
+            lacking = catalog.missing_columns[file] if catalog.missing_columns else ()
+            missing.append(() if unified is None else tuple(n for n in unified.names if n in lacking or n not in names))
         described.append(
             {
                 "path": source.path if isinstance(source.path, str) else list(source.path),
@@ -183,9 +178,15 @@ def _combine(sources: Sequence[Source], catalogs: Sequence[Catalog], unified: pa
                 "weight": source.weight,
             }
         )
+    repeated: dict[str, tuple[str, int]] = {}
+    for catalog in catalogs:
+        for name, found in catalog.repeated_columns.items():
+            repeated.setdefault(name, found)
+    offsets = [o for c in catalogs for o in c.file_offsets]
     shuffle, seed, buffer_rows = order
-    plan = MixturePlan(layouts_of_sources, offsets, shuffle, seed, buffer_rows)
     return MixCatalog(
-        catalogs[0].fs, catalogs[0].format, files, layouts, footers, splits, split_rows, offsets, split_bytes, unified, missing, repeated,
-        stores=stores, formats=formats, sources=described, plan=plan,
+        catalogs[0].fs, catalogs[0].format, files, [x for c in catalogs for x in c.layouts], [x for c in catalogs for x in c.footers],
+        [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
+        stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
+        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows),
     )  # fmt: skip

@@ -85,7 +85,9 @@ def allocate_rows(sizes: Sequence[int], rows_per_epoch: Sequence[int | None], we
     source's rows) less the rows of sources given neither, which contribute all their rows once.
     """
     if any(n is not None for n in rows_per_epoch) and any(w is not None for w in weights):
-        raise ValueError("pass rows_per_epoch= or weight= to the sources of one mixture, not both: weights share epoch_rows, rows_per_epoch fixes each source's rows")
+        raise ValueError(
+            "pass rows_per_epoch= or weight= to the sources of one mixture, not both: weights share epoch_rows, rows_per_epoch fixes each source's rows"
+        )
     if not any(w is not None for w in weights):
         if epoch_rows is not None:
             raise ValueError("epoch_rows= applies to sources with weight=; with rows_per_epoch= each source's rows are given")
