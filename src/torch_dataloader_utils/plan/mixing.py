@@ -130,18 +130,31 @@ class MixedStream(Stream):
     random: bool = False  # rows of each source permuted before the merge
 
     def window_permutation(self, window: int) -> np.ndarray:
-        counts = self.window_sources[window]
-        keys, rows, base = [], [], 0
-        for source, count in enumerate(int(c) for c in counts):
+        counts = [int(c) for c in self.window_sources[window]]
+        out = np.empty(sum(counts), dtype=np.int64)
+        base = 0
+        for source, count in enumerate(counts):
             if count:
                 local = stable_permutation([*self.key, _WINDOW_ROWS, window, source], count) if self.random else np.arange(count)
-                rows.append(base + local)
-                keys.append((np.arange(count) + 0.5) / count)
+                out[merge_positions(counts, source)] = base + local
             base += count
-        if not rows:
-            return np.zeros(0, dtype=np.int64)
-        merged = np.argsort(np.concatenate(keys), kind="stable")  # ties: the earlier source first
-        return np.concatenate(rows)[merged].astype(np.int64)
+        return out
+
+
+def merge_positions(counts: Sequence[int], source: int) -> np.ndarray:
+    """Where the rows of ``source`` go when sources of ``counts`` rows are merged by the key
+    (j + 1/2) / count of their row j (ties: the earlier source first). Integer arithmetic, no sort:
+    row j is preceded by the rows of every other source whose key is smaller."""
+    own = counts[source]
+    j2 = 2 * np.arange(own, dtype=np.int64) + 1  # 2j + 1
+    position = np.arange(own, dtype=np.int64)
+    for other, count in enumerate(counts):
+        if other == source or not count:
+            continue
+        t = j2 * count  # other's row i is smaller when (2i + 1) * own < t (or equal, for an earlier source)
+        before = (t // own + 1) // 2 if other < source else (-(-t // own)) // 2
+        position += np.minimum(before, count)
+    return position
 
 
 class MixturePlan:
