@@ -228,3 +228,44 @@ def test_tdu_plan_shows_each_sources_rows_per_epoch(data, capsys):
     assert plan["ranks"][1]["rows"] == dataset._delivery.plan().total_rows() - dataset._delivery.plan().padding_rows
     assert main(["plan", data["a"], data["b"], "--weight", "3"]) == 2
     assert "one value per PATH" in capsys.readouterr().err
+
+
+def test_merge_positions_are_the_order_of_the_keys():
+    from fractions import Fraction
+
+    import numpy as np
+
+    from torch_dataloader_utils.plan.mixing import merge_positions
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = [int(c) for c in rng.integers(0, 30, size=int(rng.integers(1, 5)))]
+        keys = sorted((Fraction(2 * j + 1, 2 * c), k, j) for k, c in enumerate(counts) for j in range(c))
+        want = {(k, j): position for position, (_, k, j) in enumerate(keys)}
+        for k, c in enumerate(counts):
+            assert merge_positions(counts, k).tolist() == [want[(k, j)] for j in range(c)]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_source_ranges_give_each_row_floor_or_ceil_copies(shuffle):
+    import numpy as np
+
+    from torch_dataloader_utils.plan.mixing import MixturePlan, SourceLayout
+    from torch_dataloader_utils.plan.streams import SplitRows
+
+    splits = (SplitRows(0, 0, 7), SplitRows(0, 7, 20), SplitRows(1, 0, 11))  # 31 rows
+    offsets = [np.array([0, 7, 20]), np.array([0, 11])]
+    for rows_per_epoch in (5, 31, 100, 31 * 1000 + 3):
+        plan = MixturePlan([SourceLayout(splits, ("a", "a", "b"), rows_per_epoch)], offsets, shuffle, 4, 16)
+        seen = np.zeros(31, dtype=np.int64)
+        for epoch in range(3):
+            counts = np.zeros(31, dtype=np.int64)
+            for split, start, stop, _ in plan.source_ranges(0, epoch):
+                base = 0 if splits[split].file == 0 else 20
+                counts[base + start : base + stop] += 1
+            assert counts.sum() == rows_per_epoch and counts.max() - counts.min() <= 1
+            seen += counts
+            mix = plan.epoch(epoch)
+            assert len({(s.path, s.row_offset, s.row_length, s.copy) for s in mix.splits}) == len(mix.splits)
+        if rows_per_epoch == 5:
+            assert seen.max() == 1, "three epochs of 5 rows of 31 repeat none"

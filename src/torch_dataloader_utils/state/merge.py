@@ -19,12 +19,14 @@ from .schema import (
     FILES_DIGEST,
     FORMAT_VERSION,
     LANES,
+    MIXTURE,
     RANKS,
     SCOPE,
     SHUFFLE_ONLY_KEYS,
     VERSION,
     WORLD_SIZE,
 )
+from .mixture import mixture_causes
 from .validate import is_count, mismatch
 
 
@@ -91,6 +93,8 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
     summary[FILES_DIGEST] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
+    if state.get(MIXTURE) is not None:
+        summary[MIXTURE] = state.get(MIXTURE)
     return summary
 
 
@@ -106,6 +110,7 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
                 continue
             if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
+        differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]
         files = _by_url(state.get(FILES))
         if files == first_files and state.get(FILES) != first.get(FILES):
             differences.append(f"rank 0 and rank {rank} list the same files in another order, or a damaged list")
