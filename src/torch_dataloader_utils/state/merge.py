@@ -10,6 +10,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
+from .mixture import mixture_causes
 from .schema import (
     BATCH_TARGET,
     BATCHES_DELIVERED,
@@ -26,7 +27,6 @@ from .schema import (
     VERSION,
     WORLD_SIZE,
 )
-from .mixture import mixture_causes
 from .validate import is_count, mismatch
 
 
