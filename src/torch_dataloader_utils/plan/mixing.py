@@ -9,7 +9,8 @@ downsampled source (``q = 0``) is covered once before any row repeats.
 
 Every range of a source's epoch sequence is a split of the epoch (``MixSplit``, told apart from
 another copy of the same rows by ``copy``). The epoch is cut into *blocks*, each holding the same
-fraction of every source's sequence; blocks are what ranks and workers are dealt. A block is cut
+fraction of every source's sequence (about one split of each); blocks are what ranks and workers
+are dealt. A block is cut
 into windows of about ``buffer_rows`` rows, again in proportion, and a window's rows come out
 interleaved by a proportional merge (rows of each source permuted first when shuffling), so any
 run of rows of a window holds every source in proportion to within a row or two.
@@ -174,9 +175,10 @@ class MixturePlan:
 
     @property
     def block_count(self) -> int:
-        """Blocks per epoch: as many as the epoch has base splits' worth of rows (so a block is
-        about a split's size, and a mixture spreads over workers as its sources would)."""
-        worth = sum(Fraction(len(s.splits) * s.rows_per_epoch, s.num_rows) for s in self.sources if s.num_rows)
+        """Blocks per epoch: as many as the source with the most splits' worth of rows per epoch has,
+        so a block holds about a split of every source. (Smaller blocks would spread a small
+        mixture over more workers, but every worker that reads part of a row group decodes it whole.)"""
+        worth = max((Fraction(len(s.splits) * s.rows_per_epoch, s.num_rows) for s in self.sources if s.num_rows), default=Fraction(1))
         return max(1, math.ceil(worth))
 
     def epoch(self, epoch: int) -> EpochMix:
