@@ -24,7 +24,7 @@ from .conform import iter_conformed, read_conformed
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
-_CACHED_UNITS = 8  # a mixture's window reads part of a unit of each source
+_CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
 
 
 @dataclass
@@ -67,6 +67,7 @@ class StreamReader:
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
         self._units: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()  # decoded units read only in part
+        self._unit_limit = _CACHED_UNITS
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -115,6 +116,7 @@ class StreamReader:
             streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first, stream.key[1]), pieces[0].num_rows)
             self._remember(key, streamed)
             return streamed
+        self._unit_limit = max(_CACHED_UNITS, len({(p.file, p.unit) for p in pieces if p.num_rows}))
         tables, skipped = [], {}
         for piece in pieces:
             try:
@@ -181,7 +183,7 @@ class StreamReader:
                 raise self._read_error(piece, error, epoch) from error
             if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part
                 self._units[key] = table
-                while len(self._units) > _CACHED_UNITS:
+                while len(self._units) > self._unit_limit:
                     self._units.popitem(last=False)
         else:
             self._units.move_to_end(key)
