@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from datagen import write_dataset
 from resume_helpers import batch_key
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import CheckpointMismatchError, Source, StructuredDataset
 from torch_dataloader_utils.distributed import merge_states
@@ -269,3 +270,14 @@ def test_source_ranges_give_each_row_floor_or_ceil_copies(shuffle):
             assert len({(s.path, s.row_offset, s.row_length, s.copy) for s in mix.splits}) == len(mix.splits)
         if rows_per_epoch == 5:
             assert seen.max() == 1, "three epochs of 5 rows of 31 repeat none"
+
+
+def test_a_source_on_an_object_store_mixes_with_a_local_one(data, s3):  # noqa: F811 - fixture
+    s3.upload(data["b"], "mixing-b")
+    sources = [Source(data["a"]), Source(s3.url("mixing-b"), rows_per_epoch=60, storage_options=s3.options), Source(data["c"], rows_per_epoch=70)]
+
+    def make():
+        return StructuredDataset.create_dataloader(sources, num_workers=2, shuffle=True, **CONFIG)
+
+    reference = assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), points=[(0, 4)])
+    _check_multiplicities(collections.Counter(i for batch in reference.batches[0] for i in batch), 60, 70)
