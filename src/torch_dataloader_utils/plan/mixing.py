@@ -18,6 +18,7 @@ run of rows of a window holds every source in proportion to within a row or two.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -131,15 +132,21 @@ class MixedStream(Stream):
     random: bool = False  # rows of each source permuted before the merge
 
     def window_permutation(self, window: int) -> np.ndarray:
-        counts = [int(c) for c in self.window_sources[window]]
+        counts = tuple(int(c) for c in self.window_sources[window])
         out = np.empty(sum(counts), dtype=np.int64)
         base = 0
-        for source, count in enumerate(counts):
+        for source, (count, positions) in enumerate(zip(counts, merge_layout(counts))):
             if count:
                 local = stable_permutation([*self.key, _WINDOW_ROWS, window, source], count) if self.random else np.arange(count)
-                out[merge_positions(counts, source)] = base + local
+                out[positions] = base + local
             base += count
         return out
+
+
+@functools.lru_cache(maxsize=4)
+def merge_layout(counts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    """``merge_positions`` of every source (windows of an epoch have only a few distinct counts)."""
+    return tuple(merge_positions(counts, source) for source in range(len(counts)))
 
 
 def merge_positions(counts: Sequence[int], source: int) -> np.ndarray:
