@@ -15,6 +15,10 @@ Memory per worker: the decoded Arrow bytes of the largest window (rows x bytes/r
 and the peak RSS growth of each worker process (VmHWM minus its first sampled RSS).
 
     python benchmarks/shuffle_quality.py [--data DIR] [--files 384] [--buffers 1,16384,65536,262144] [--chunk-rows 65536] [--no-hf]
+        [--canonical-lanes 128]
+
+``--canonical-lanes C`` also measures the loader with ``canonical_lanes=C`` (one rank), side by
+side with its own order.
 
 Prints a Markdown table and writes benchmarks/results/shuffle_quality.json.
 """
@@ -296,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--buffers", default="1,16384,65536,262144", help="shuffle_buffer_rows settings (1 is the baseline)")
     parser.add_argument("--chunk-rows", type=int, default=65536, help="the loader's chunk_rows (default 65536, the loader's default when docs/shuffling.md's table was measured)")
     parser.add_argument("--no-hf", action="store_true", help="skip Hugging Face datasets")
+    parser.add_argument("--canonical-lanes", type=int, default=0, help="also measure canonical_lanes=C (docs/reproducible-order.md)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "shuffle_quality.json"))
     args = parser.parse_args(argv)
     buffers = sorted({1, *(int(b) for b in args.buffers.split(","))})
@@ -321,10 +326,10 @@ def main(argv: list[str] | None = None) -> None:
     split_only = add({"name": "split order only (computed)", "window": "-",
                       **measures(cut(split_order_only(total, rpf, args.seed)), rpf, total)})
 
-    def loader_rows(label: str) -> dict[int, dict[str, Any]]:
+    def loader_rows(label: str, **options: Any) -> dict[int, dict[str, Any]]:
         out: dict[int, dict[str, Any]] = {}
         for buffer in buffers:
-            batches, info = run_loader(args.data, buffer, args.seed, args.workers, chunk_rows=args.chunk_rows)
+            batches, info = run_loader(args.data, buffer, args.seed, args.workers, chunk_rows=args.chunk_rows, **options)
             window = max_window_rows(buffer, args.row_group_rows, total // args.workers)
             name = f"{label}, shuffle_buffer_rows={buffer:,}" + (" (default)" if buffer == DEFAULT_BUFFER else "")
             r = {"name": name, "buffer_rows": buffer, "window_rows": window, "window_mib": window * row_bytes / 2**20,
@@ -334,6 +339,12 @@ def main(argv: list[str] | None = None) -> None:
         return out
 
     mine = loader_rows("this loader")
+    if args.canonical_lanes:
+        lanes = args.canonical_lanes
+        # a lane's windows hold buffer / C rows (whole row groups, at least one) and a worker keeps one of each lane
+        for r in loader_rows(f"canonical_lanes={lanes}", canonical_lanes=lanes).values():
+            r["window"] = f"{lanes} lanes, windows of {max(1, r['buffer_rows'] // lanes):,} rows (>= 1 row group)"
+        table[-len(buffers):] = [row(r) for r in results["rows"][-len(buffers):]]
     splits = mine[1]["splits"]
 
     hf: dict[str, Any] = {}

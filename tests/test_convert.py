@@ -129,6 +129,33 @@ def test_variable_lists_become_2d_per_batch_when_lengths_agree(tmp_path):
     assert second["v"].tolist() == [[5], [6]]
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lists_of_one_length_across_row_groups_are_2d_in_every_batch(tmp_path, num_workers):
+    """A chunk whose rows all have one length is sliced as one view per batch; a chunk joined
+    from row groups of different lengths is still sliced right, batch by batch."""
+    uniform = pa.table({"id": list(range(40)), "v": pa.array([[i, -i, i * 2] for i in range(40)], pa.list_(pa.int64()))})
+    mixed = pa.table({"id": list(range(40, 48)), "v": pa.array([[i] * (1 + (i >= 44)) for i in range(40, 48)], pa.list_(pa.int64()))})
+    pq.write_table(pa.concat_tables([uniform, mixed]), tmp_path / "t.parquet", row_group_size=8)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), num_workers=num_workers, batch_size=4, chunk_rows=24)
+    batches = list(loader)
+    assert all(isinstance(batch["v"], torch.Tensor) and batch["v"].dim() == 2 for batch in batches)
+    rows = [row for batch in batches for row in batch["v"].tolist()]
+    assert rows == [[i, -i, i * 2] for i in range(40)] + [[i] * (1 + (i >= 44)) for i in range(40, 48)]
+
+
+def test_a_chunk_records_the_length_its_list_rows_share():
+    from torch_dataloader_utils.read.convert import table_to_columns
+
+    def width(*parts):
+        table = pa.concat_tables([pa.table({"v": pa.array(rows, pa.list_(pa.int64()))}) for rows in parts])
+        return table_to_columns(table, lambda: "test").get("v").width
+
+    assert width([[1, 2], [3, 4]], [[5, 6]]) == 2
+    assert width([[1, 2], [3, 4]], [[5]]) is None  # Arrow chunks of different lengths
+    assert width([[1, 2], [3]]) is None
+    assert width([[1, 2]], []) == 2
+
+
 def test_null_in_numeric_column_names_the_column(tmp_path):
     table = pa.table({"id": [1, None, 3]})
     with pytest.raises(ValueError, match="column 'id' has 1 null value"):

@@ -14,10 +14,13 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointMismatchError": "errors",
     "DataReadError": "errors",
+    "DeltaDataset": "table_datasets",
     "FileChangedError": "errors",
     "RemoteReadError": "errors",
     "WideningError": "errors",
+    "TransformError": "errors",
     "FileLayout": "plan.splits",
+    "IcebergDataset": "table_datasets",
     "Ragged": "read.convert",
     "Source": "catalog.sources",
     "Split": "plan.splits",
@@ -33,10 +36,11 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .catalog.sources import Source
     from .dataset import StructuredDataset
-    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, WideningError
+    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
     from .read.convert import Ragged
     from .runtime.loader import StructuredDataLoader
+    from .table_datasets import DeltaDataset, IcebergDataset
 
 
 def __getattr__(name: str) -> Any:

@@ -4,26 +4,32 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
 from .catalog.schema import check_missing_columns, check_repeated_columns
-from .catalog.sources import MixCatalog, Source, build_mixture_catalog, is_mixture
+from .catalog.sources import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
+from .plan.canonical import CanonicalBook, check_canonical
+from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
-from .plan.mixing import MixtureBook
 from .plan.splits import DEFAULT_SPLIT_BYTES, Split
 from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
+from .read.filtering import filter_catalog
+from .read.output_formats import check_output
+from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
+from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
+from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
-from .state.schema import MIXTURE, rank_state, worker_state
+from .state.schema import FILTERS, MIXTURE, rank_state, worker_state
 from .state.validate import MAX_EPOCH, check_header, mismatch
 from .storage.remote import IOOptions
 
@@ -69,6 +75,11 @@ class StructuredDataset(IterableDataset):
         download_timeout: float | None = 60.0,
         cache_dir: str | None = None,
         cache_limit_bytes: int | None = None,
+        output_format: str = "torch",
+        transform: Callable[[Any], Any] | None = None,
+        filters: Any = None,
+        row_cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
+        canonical_lanes: int | None = None,
         epoch_rows: int | None = None,
     ):
         options = check_options(
@@ -92,21 +103,26 @@ class StructuredDataset(IterableDataset):
         self.on_error = options.on_error
         self.shuffle_buffer_rows = options.shuffle_buffer_rows
         self.chunk_rows = options.chunk_rows
+        self._output = check_output(output_format, transform, self.num_workers, self.batch_size)
+        self.output_format = output_format
+        """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
+        self.canonical_lanes = canonical_lanes
+        """C: the epoch's rows in C canonical lanes, the same global batches for every valid topology
+        (docs/reproducible-order.md); None: the topology's own order."""
+        if canonical_lanes is not None:
+            check_canonical(canonical_lanes, self.world_size, self.num_workers, self.batch_size)
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
-        self._catalog: Catalog = self._build_catalog(path, format, storage_options, options.split_bytes, io, epoch_rows)
-        self._check_columns()
-        book = self._stream_book()
-        self._base_plan = EpochPlan(
-            book,
-            0,
-            Topology(self.rank, self.world_size, self.num_workers),
-            Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
-        )
-        self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
-        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows)
+        self._epoch_rows = check_mixture_arguments(path, epoch_rows, filters, canonical_lanes)
+        stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
+        catalog = filter_catalog(stored, filters, io) if filters is not None else stored
+        book = self._use_catalog(catalog)
+        reader = ChunkReader(self._catalog, book, self.columns, self.on_error == "skip", self.chunk_rows, self._output)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
+        self._row_cache_bytes = row_cache_bytes
+        # random access numbers every stored row: filters= choose what the loader delivers, not the index
+        self._rows = RowAccess(stored, self.columns, row_cache_bytes)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -131,7 +147,9 @@ class StructuredDataset(IterableDataset):
                 f"(batches come from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; "
                 "for a DataLoader of your own, see docs/stateful-dataloader.md"
             )
-        check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
+        device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
+        if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
+            raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
         dataset = cls(path, format, **kwargs)
         return StructuredDataLoader(dataset, **loader_kwargs), dataset
 
@@ -154,6 +172,27 @@ class StructuredDataset(IterableDataset):
     def files(self) -> list[str]:
         """The dataset's files (URLs), in plan order."""
         return [f.url for f in self._catalog.files]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in all files (all ranks), from their footers: the range of ``dataset[i]``."""
+        return self._rows.num_rows
+
+    def __getitem__(self, key: Any) -> dict[str, Any]:
+        """Random access by global row number (file order, then stored order; the same for every
+        rank, worker, shuffle and epoch). An int (negative: from the end) gives one row as
+        column -> value; a slice, list, 1-d integer numpy array or tensor gives a batch in the
+        loader's form, rows in the order asked. See docs/random-access.md."""
+        return self._rows[key]
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """(file URL, row within that file) of global row ``index``."""
+        return self._rows.locate(index)
+
+    @property
+    def rows(self) -> RowsDataset:
+        """The rows as a map-style torch ``Dataset`` (all files), for a DataLoader with any Sampler."""
+        return RowsDataset(self._rows)
 
     @property
     def last_batch_is_padding(self) -> bool:
@@ -207,9 +246,13 @@ class StructuredDataset(IterableDataset):
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        splits = self._catalog.splits_at(progress.epoch)
-        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), splits, self.chunk_rows)
+            state = worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        else:
+            splits = self._catalog.splits_at(progress.epoch)
+            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), splits, self.chunk_rows)
+        if self.canonical_lanes is not None:
+            state[CANONICAL_LANES] = self.canonical_lanes
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -224,7 +267,7 @@ class StructuredDataset(IterableDataset):
             self._load_worker_state(state)
             return
         selected = self.epoch
-        progress = restore_progress(state, scope, self._plan_check(), elastic)
+        progress = self._restore(state, scope, elastic)
         self._delivery.restore(progress)
         self._worker.epoch_cell[0] = progress.epoch
         if progress.epoch < selected and not self._delivery.remaining():
@@ -235,9 +278,10 @@ class StructuredDataset(IterableDataset):
         ``state``; change nothing. A worker state is checked against its worker's share of the plan."""
         scope = check_header(state)
         if scope == "worker":
+            check_lanes_key(state, self.canonical_lanes)
             check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         else:
-            restore_progress(state, scope, self._plan_check(), elastic)
+            self._restore(state, scope, elastic)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         info = get_worker_info()
@@ -247,9 +291,56 @@ class StructuredDataset(IterableDataset):
             return self._delivery.deliver(tasks, (reader.read(task) for task in tasks))
         # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
         self._check_loader_workers(info.num_workers)
+        if self.canonical_lanes is not None and info.num_workers > 1 and self.chunk_rows != self.batch_size:
+            raise ValueError(
+                f"canonical_lanes with a DataLoader of {info.num_workers} workers that yield batches one by one (torchdata's "
+                f"StatefulDataLoader) needs chunk_rows=batch_size={self.batch_size} (got {self.chunk_rows}): the global steps are "
+                "dealt to the workers in chunks, and such a loader takes one batch from each worker in turn"
+            )
         return self._worker.begin(info.id)
 
     # ------------------------------------------------------------ internals
+    def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
+        """The files to plan (table datasets list a snapshot's files instead of discovering them; a
+        list of Sources is a mixture, catalog/sources.py)."""
+        if is_mixture(path):
+            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+            return build_mixture_catalog(path, (format, storage_options), self.columns, split_bytes, io, self._epoch_rows, order)
+        return build_catalog(path, format, storage_options, split_bytes, io)
+
+    def _use_catalog(self, catalog: Catalog) -> StreamBook:
+        """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
+        catalog_before = getattr(self, "_catalog", None)
+        self._catalog = catalog
+        try:
+            self._check_columns()
+        except Exception:
+            if catalog_before is not None:
+                self._catalog = catalog_before
+            raise
+        book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+        lanes = self.canonical_lanes
+        book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)
+        book = mixture_book(catalog) or book
+        if lanes is not None:
+            book.reader_windows = lanes // self.world_size + 2  # a worker reads its rank's lanes in turn
+        self._base_plan = (EpochPlan if lanes is None else CanonicalPlan)(
+            book,
+            0,
+            Topology(self.rank, self.world_size, self.num_workers),
+            Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
+        )
+        self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
+        if hasattr(self, "_delivery"):
+            self._delivery.reader.replan(catalog, book)
+            self._rows = RowAccess(catalog, self.columns, self._row_cache_bytes)
+        return book
+
+    def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:
+        if self.canonical_lanes is None and saved_lanes(state) is None:
+            return restore_progress(state, scope, self._plan_check(), elastic)
+        return restore_canonical(state, scope, self._plan_check(), self.canonical_lanes, elastic)
+
     def _plan_for(self, progress: Progress) -> EpochPlan:
         """The epoch plan for progress: the planned lanes of its epoch, or the lanes an elastic resume dealt."""
         plan = self._plan
@@ -260,22 +351,6 @@ class StructuredDataset(IterableDataset):
 
     def _plan_check(self) -> PlanCheck:
         return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits, self._catalog.splits_at)
-
-    def _build_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions, epoch_rows: int | None) -> Catalog:
-        """The catalog of a path (list) or of a mixture of Sources (catalog/sources.py)."""
-        if is_mixture(path):
-            sources = [path] if isinstance(path, Source) else list(path)
-            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-            return build_mixture_catalog(sources, (format, storage_options), self.columns, split_bytes, io, epoch_rows, order)
-        if epoch_rows is not None:
-            raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
-        return build_catalog(path, format, storage_options, split_bytes, io)
-
-    def _stream_book(self) -> StreamBook:
-        catalog = self._catalog
-        if isinstance(catalog, MixCatalog) and catalog.plan is not None:
-            return MixtureBook(catalog.plan)
-        return StreamBook(catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
 
     def _check_columns(self) -> None:
         catalog = self._catalog
@@ -288,8 +363,9 @@ class StructuredDataset(IterableDataset):
         if not any(rows for _, rows in files):
             return  # nothing will be converted (files without rows may type a column as null)
         check_repeated_columns(catalog.schema, self.columns, catalog.repeated_columns)
-        check_batch_forms(catalog.schema, self.columns)
-        check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
+        if self.output_format == "torch":  # the other forms hold every type, and nulls
+            check_batch_forms(catalog.schema, self.columns)
+            check_missing_columns(catalog.schema, self.columns, catalog.missing_columns, files)
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
         info = get_worker_info()
@@ -301,6 +377,7 @@ class StructuredDataset(IterableDataset):
                 "Resume a StatefulDataLoader with loader.load_state_dict(...) of its own loader.state_dict(), which hands "
                 "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
             )
+        check_lanes_key(state, self.canonical_lanes)
         epoch, worker, position = check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
         self._check_loader_workers(info.num_workers)
         if worker != info.id:
@@ -336,8 +413,9 @@ class StructuredDataset(IterableDataset):
             "_split_bytes": self._catalog.split_bytes,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
-            "_batch_size": self.batch_size,
+            "_batch_size": topology.get("batch_size", self.batch_size),
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
+            **({FILTERS: self._catalog.row_filter.digest} if self._catalog.row_filter is not None else {}),
             **({MIXTURE: self._catalog.sources} if isinstance(self._catalog, MixCatalog) else {}),
         }

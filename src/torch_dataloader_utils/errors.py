@@ -37,3 +37,8 @@ class WideningError(ValueError):
 
 class UsageError(Exception):
     """Bad input from the user: printed without a traceback, exit code 2."""
+
+
+class TransformError(RuntimeError):
+    """The ``transform`` passed to the dataset raised; the message names the batch (its lane rows,
+    files and splits) and the error, which is chained as the cause where it ran in this process."""

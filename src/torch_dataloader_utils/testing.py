@@ -25,7 +25,7 @@ _PLAIN = (str, int, float, bool, type(None))
 
 def fingerprint(value: Any) -> Any:
     """A deterministic, comparable value for a batch: tensors by dtype, shape and ``.tolist()``,
-    mappings by sorted key, lists and tuples as tuples, nested structures recursively, NaN as
+    Arrow record batches by schema and values, mappings by sorted key, lists and tuples as tuples, nested structures recursively, NaN as
     ``"nan"`` (so that equal batches compare equal)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), tuple(value.shape), fingerprint(value.detach().cpu().tolist()))
@@ -38,6 +38,8 @@ def fingerprint(value: Any) -> Any:
         return "nan"
     if not isinstance(value, (str, bytes)) and hasattr(value, "tolist"):  # numpy arrays and scalars
         return fingerprint(value.tolist())
+    if hasattr(value, "to_pydict") and hasattr(value, "schema"):  # pyarrow record batches and tables
+        return ("arrow", str(value.schema), fingerprint(value.to_pydict()))
     return value
 
 

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,8 @@ class Catalog:
     schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
     missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
     repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
+    row_filter: Any = None  # a filter_prune.RowFilter: layouts then count the rows that match, and readers keep only those
+    source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -128,6 +130,13 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
     return rows
 
 
+def replanned(catalog: Catalog, layouts: list[FileLayout]) -> Catalog:
+    """``catalog`` with other row counts per unit (a row filter's) and the splits planned from them."""
+    splits = plan_splits(layouts, catalog.split_bytes)
+    offsets = [unit_offsets(layout) for layout in layouts]
+    return replace(catalog, layouts=layouts, splits=splits, split_rows=_split_rows(splits, layouts), file_offsets=offsets)
+
+
 @contextlib.contextmanager
 def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
     """While planning: every remote file's tail fetched in one concurrent batch (footers live
@@ -155,7 +164,11 @@ def build_catalog(
     if format is not None:
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
-    fmt = get_format(format or infer_format(files))
+    return catalog_of_files(fs, get_format(format or infer_format(files)), files, split_bytes)
+
+
+def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int) -> Catalog:
+    """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     with _prefetched_tails(fs, files):
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]

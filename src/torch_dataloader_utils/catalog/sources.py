@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from ..formats import FileFormat
-from ..plan.mixing import MixturePlan, SourceLayout, allocate_rows
+from ..plan.mixing import MixtureBook, MixturePlan, SourceLayout, allocate_rows
 from ..plan.splits import MAX_ROW_COUNT, Split
 from ..plan.streams import SplitRows
 from ..storage.remote import IOOptions
@@ -113,8 +113,26 @@ def _check_source_columns(index: int, source: Source, catalog: Catalog, columns:
     return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
 
+def check_mixture_arguments(path: Any, epoch_rows: Any, filters: Any, canonical_lanes: Any) -> int | None:
+    """``epoch_rows``; ValueError for arguments a mixture (or a plain dataset) does not take."""
+    if not is_mixture(path):
+        if epoch_rows is not None:
+            raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
+        return None
+    if filters is not None:
+        raise ValueError("filters= does not apply to a mixture of Sources yet: filter each source's files beforehand")
+    if canonical_lanes is not None:
+        raise ValueError("canonical_lanes= does not apply to a mixture of Sources: a mixture deals its own blocks")
+    return epoch_rows
+
+
+def mixture_book(catalog: Catalog) -> MixtureBook | None:
+    """The stream book of a mixture's catalog (None for any other catalog)."""
+    return MixtureBook(catalog.plan) if isinstance(catalog, MixCatalog) and catalog.plan is not None else None
+
+
 def build_mixture_catalog(
-    sources: Sequence[Source],
+    sources: Source | Sequence[Source],
     defaults: tuple[str | None, dict | None],
     columns: Sequence[str] | None,
     split_bytes: int,
@@ -125,6 +143,7 @@ def build_mixture_catalog(
     """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
     dataset's (format, storage_options), for sources without their own; ``order`` is
     (shuffle, seed, shuffle_buffer_rows)."""
+    sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
     if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, numbers.Integral) or epoch_rows < 1):

@@ -1,7 +1,7 @@
 """The ``tdu`` command line (also ``python -m torch_dataloader_utils``).
 
-Commands: ``plan`` (how a path is cut into splits and dealt to ranks and workers),
-``inspect`` (explain a saved dataset state, and check it against the data), ``bench``
+Commands: ``plan`` (how a path is cut into splits and dealt to ranks and workers), ``rows``
+(print rows by global row number), ``inspect`` (explain a saved dataset state, and check it against the data), ``bench``
 (this loader's throughput on your data) and ``demo`` (train, crash, resume, check every
 row was seen once); one module each. ``parser`` declares the options, ``options`` their
 value types, ``output`` the exit codes and printing, ``messages`` how library errors read

@@ -40,10 +40,13 @@ def check_state_fields(state: dict) -> None:
 
 def describe_state(state: dict) -> dict:
     """Epoch, progress, rows remaining and topology of a state, from the state alone."""
+    from ..state.canonical import CANONICAL_LANES
     from ..state.schema import CONFIG_KEYS
 
     check_state_fields(state)
     topology = {name: state.get(key) for key, name in CONFIG_KEYS.items()}
+    if state.get(CANONICAL_LANES) is not None:
+        topology["canonical_lanes"] = state[CANONICAL_LANES]
     info: dict[str, Any] = {"scope": state.get(SCOPE, "rank"), "format_version": state.get(VERSION),
                             "epoch": state.get(EPOCH), "topology": topology}
     if info["scope"] == "worker":
@@ -149,6 +152,7 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     Returns (matches, explanation, rows remaining if it matches).
     """
     from .. import CheckpointMismatchError
+    from ..state.canonical import CANONICAL_LANES
     from ..state.schema import CONFIG_KEYS
     from ..state.validate import is_count
 
@@ -156,6 +160,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     options: dict[str, Any] = {name: state[key] for key, name in CONFIG_KEYS.items() if key in state}
     if is_count(state.get(CHUNK_ROWS)) and state[CHUNK_ROWS] >= 1:  # else load_state_dict warns of another order, or names the damage
         options["chunk_rows"] = state[CHUNK_ROWS]
+    if state.get(CANONICAL_LANES) is not None:  # (a damaged value is named by the dataset's check)
+        options["canonical_lanes"] = state[CANONICAL_LANES]
     options.update(format=args.format, storage_options=storage_options(args))
     try:
         dataset = _dataset_for_state(list(path), **options)

@@ -13,6 +13,7 @@ from .demo import cmd_demo
 from .inspect import cmd_inspect
 from .options import int_at_least, non_negative_int, parse_size, positive_int, storage_option
 from .plan import cmd_plan
+from .rows import cmd_rows, parse_rows
 
 
 def _add_data_options(parser: argparse.ArgumentParser, split_bytes: bool = True) -> None:
@@ -88,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(bench)
     bench.set_defaults(run=cmd_bench)
+
+    rows = commands.add_parser("rows", parents=[common], help="print rows by global row number (dataset[i]) and where they come from",
+                               description="Print rows of PATH by their global row number: rows of all files in file order, "
+                                           "in stored order within a file (StructuredDataset's dataset[i]).")
+    rows.add_argument("path", nargs="+", metavar="PATH", help="file, directory, glob or URL (several allowed)")
+    rows.add_argument("rows", type=parse_rows, metavar="ROWS", help="a row (1000, -1), a range (1000:1010, ::100) or a list (3,17,42)")
+    rows.add_argument("--columns", help="comma-separated columns to show (default: all)")
+    rows.add_argument("--width", type=non_negative_int, default=80, metavar="N", help="cut longer text to N characters (0: never; default 80)")
+    rows.add_argument("--limit", type=positive_int, default=1000, metavar="N", help="refuse a range of more rows (default 1000)")
+    rows.add_argument("--json", action="store_true", help="machine-readable output (text never cut)")
+    _add_data_options(rows, split_bytes=False)
+    rows.set_defaults(run=cmd_rows)
 
     demo = commands.add_parser("demo", parents=[common], help="train, checkpoint, crash, resume, and check every row was seen once",
                                description="Write a small dataset, train a tiny model with 2 workers, checkpoint, "

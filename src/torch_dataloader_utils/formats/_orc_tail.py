@@ -8,7 +8,8 @@ from apache/arrow#14806, but pyarrow does not expose it), and nothing about a st
 which a remote read needs to fetch the projected columns' bytes in one concurrent round before
 pyarrow reads them (pyarrow's reader asks the file object for bytes as it decodes).
 ``read_tail`` can go once pyarrow exposes the stripe information; ``stream_ranges`` has no
-pyarrow counterpart.
+pyarrow counterpart, nor has ``read_stripe_statistics`` (each stripe's column statistics, which
+filters= prunes stripes by; Arrow C++'s ORC adapter does not expose them either).
 
 It parses the two small protobuf messages at the end of the file: the PostScript
 (uncompressed) and the Footer (compressed with the file's codec, in ORC's 3-byte-header
@@ -200,3 +201,64 @@ def read_tail(source, file_size: int) -> OrcTail:
         elif number == 4:
             types.append(cast(bytes, value))  # (field 4: a Type message)
     return OrcTail(stripes, _top_level_column_ids(types), int(postscript.get(2, 0)))
+
+
+@dataclass(frozen=True)
+class ColumnStatistics:
+    """One column's statistics in one stripe: min and max as Python values (None: not recorded or
+    not a kind read here), how many values are not null, and whether any is null (None: unknown)."""
+
+    minimum: object
+    maximum: object
+    values: int | None
+    has_null: bool | None
+
+
+def _zigzag(value: int) -> int:
+    return (value >> 1) ^ -(value & 1)
+
+
+def _column_statistics(message: bytes) -> ColumnStatistics:
+    fields = dict(_fields(message))
+    values = int(cast(int, fields[1])) if 1 in fields else None
+    has_null = bool(fields[10]) if 10 in fields else None
+    low: object = None
+    high: object = None
+    if 2 in fields or 7 in fields:  # integers, dates (days): sint64 / sint32 minimum and maximum
+        bounds = dict(_fields(cast(bytes, fields[2] if 2 in fields else fields[7])))
+        if 1 in bounds and 2 in bounds:
+            low, high = _zigzag(cast(int, bounds[1])), _zigzag(cast(int, bounds[2]))
+    elif 4 in fields:  # strings: exact minimum and maximum, when the writer kept them
+        bounds = dict(_fields(cast(bytes, fields[4])))
+        if 1 in bounds and 2 in bounds:
+            low, high = bytes(cast(bytes, bounds[1])).decode(), bytes(cast(bytes, bounds[2])).decode()
+    elif 5 in fields and values is not None:  # booleans: the count of true values
+        trues = _varints(dict(_fields(cast(bytes, fields[5]))).get(1, 0))[0]
+        low, high = trues == values, trues > 0
+    return ColumnStatistics(low, high, values, has_null)
+
+
+def read_stripe_statistics(source, file_size: int, columns: dict[str, tuple[int, int]]) -> list[dict[str, ColumnStatistics]]:
+    """Per stripe, the statistics of each top-level column of ``columns`` that is one ORC column
+    (a primitive), from the file's Metadata section (before the footer). Empty when there is none."""
+    source.seek(file_size - 1)
+    ps_len = source.read(1)[0]
+    source.seek(file_size - 1 - ps_len)
+    postscript = dict(_fields(source.read(ps_len)))
+    footer_len, metadata_len = int(postscript.get(1, 0)), int(postscript.get(5, 0))
+    if not metadata_len:
+        return []
+    strings = int(postscript.get(6, 0)) >= 1  # writers before HIVE-8732 (writer version 1) got string bounds wrong
+    source.seek(file_size - 1 - ps_len - footer_len - metadata_len)
+    metadata = _decompress(source.read(metadata_len), int(postscript.get(2, 0)))
+    single = {name: first for name, (first, last) in columns.items() if first == last}
+    stripes = []
+    for number, value in _fields(metadata):
+        if number != 1:
+            continue
+        stats = [cast(bytes, v) for n, v in _fields(cast(bytes, value)) if n == 1]
+        found = {name: _column_statistics(stats[column]) for name, column in single.items() if column < len(stats)}
+        if not strings:
+            found = {name: c if not isinstance(c.minimum, str) else ColumnStatistics(None, None, c.values, c.has_null) for name, c in found.items()}
+        stripes.append(found)
+    return stripes

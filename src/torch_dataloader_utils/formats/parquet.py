@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +32,8 @@ READ_BUFFER_BYTES = 64 * 1024
 #: trip to transfer at the bandwidth an object store gives one reader; savings that large come
 #: from large row groups (Spark writes 128 MB ones).
 REMOTE_CUT_MIN_BYTES = 16 * 1024 * 1024
+#: Footers decoded for a seek that a reader keeps, one per row group (see _footer_thrift)
+DECODED_FOOTERS = 32
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,9 @@ class _ParquetReader:
     def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool, buffer_size: int = READ_BUFFER_BYTES):
         self._source = source
         self._footer = footer
-        self._thrift: tuple[int, Struct] | None = None  # (unit, the footer decoded with that row group) for parquet_seek
+        # unit -> the footer decoded with that row group, for parquet_seek: the last few units
+        # (random access seeks in several row groups of a file in turn)
+        self._thrift: OrderedDict[int, Struct] = OrderedDict()
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
         # open file (megabytes per file); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
@@ -83,9 +88,13 @@ class _ParquetReader:
             return None
 
     def _footer_thrift(self, unit: int) -> Struct:
-        if self._thrift is None or self._thrift[0] != unit:
-            self._thrift = (unit, footer_struct(self._footer, unit, self._footer_bytes()))
-        return self._thrift[1]
+        thrift = self._thrift.get(unit)
+        if thrift is None:
+            thrift = self._thrift[unit] = footer_struct(self._footer, unit, self._footer_bytes())
+            while len(self._thrift) > DECODED_FOOTERS:
+                self._thrift.popitem(last=False)
+        self._thrift.move_to_end(unit)
+        return thrift
 
     def _footer_bytes(self) -> bytes | None:
         """The footer's bytes from the file (local files: cheaper than serialising the footer)."""

@@ -14,7 +14,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .splits import assign_splits, epoch_order
-from .streams import SplitRows, Stream, build_stream, split_rows_between
+from .streams import Piece, SplitRows, Stream, build_stream, split_rows_between
 
 _CACHED_STREAMS = 16
 
@@ -67,6 +67,9 @@ class Lane(NamedTuple):
 
 class StreamBook:
     """Builds streams from their keys (cached): the plan a whole job shares."""
+
+    #: decoded windows a reader keeps: a lane reads one stream at a time (canonical lanes read several in turn)
+    reader_windows = 2
 
     def __init__(self, split_rows: Sequence[SplitRows], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int):
         self._split_rows = split_rows
@@ -146,13 +149,20 @@ class StreamBook:
 
     def files_of(self, segments: Sequence[Segment]) -> list[int]:
         """Indices of the files holding the rows of these segments (for messages)."""
-        files: set[int] = set()
+        return sorted({piece.file for piece in self._pieces_of(segments)})
+
+    def splits_of(self, segments: Sequence[Segment]) -> list[int]:
+        """Indices of the splits holding the rows of these segments (for messages)."""
+        return sorted({piece.split for piece in self._pieces_of(segments)})
+
+    def _pieces_of(self, segments: Sequence[Segment]) -> list[Piece]:
+        """The pieces of the windows these segments touch."""
+        pieces: list[Piece] = []
         for segment in segments:
             stream = self.stream(segment.key)
             first, last = stream.window_of(segment.start), stream.window_of(max(segment.start, segment.stop - 1))
-            pieces = stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[last + 1])]
-            files.update(piece.file for piece in pieces)
-        return sorted(files)
+            pieces.extend(stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[last + 1])])
+        return pieces
 
     def deal_units(self, segment: Segment) -> list[Segment]:
         """Cut a segment into the units an elastic resume deals out: whole windows when

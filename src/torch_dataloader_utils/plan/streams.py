@@ -129,6 +129,11 @@ def build_stream(
     window permutations, so the same key always gives the same stream.
     """
     pieces = [p for s in splits for p in split_pieces(s, split_rows[s], file_offsets[split_rows[s].file])]
+    return stream_of_pieces(key, tuple(splits), pieces, shuffle, buffer_rows)
+
+
+def stream_of_pieces(key: tuple[int, ...], splits: tuple[int, ...], pieces: Sequence[Piece], shuffle: bool, buffer_rows: int) -> Stream:
+    """The stream of ``pieces`` (in this order): shuffled and grouped into windows by ``key``."""
     if shuffle:
         order = stable_permutation([*key, 1], len(pieces))
         pieces = [pieces[i] for i in order]
@@ -142,7 +147,7 @@ def build_stream(
     else:
         window_pieces = np.arange(len(pieces) + 1, dtype=np.int64)
     piece_rows = np.concatenate([[0], np.cumsum([p.num_rows for p in pieces], dtype=np.int64)])
-    return Stream(key, tuple(splits), tuple(pieces), window_pieces, piece_rows[window_pieces], shuffle)
+    return Stream(key, splits, tuple(pieces), window_pieces, piece_rows[window_pieces], shuffle)
 
 
 def split_rows_between(stream: Stream, start: int, stop: int) -> dict[int, int]:

@@ -16,8 +16,10 @@ from torch.utils.data import get_worker_info
 from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
-from .convert import Where, replace_leaves, slice_columns, table_to_columns, table_to_joined
+from .convert import Where, replace_leaves, table_to_columns, table_to_joined
+from .output_formats import BatchOutput, batch_bounds, prepare_batches
 from .reader import StreamReader
+from .slicing import BatchSlicer
 
 #: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
 #: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
@@ -37,6 +39,7 @@ class Chunk:
     present: np.ndarray | None = None  # offsets (from start) of the rows read, when some were skipped
     skipped: dict[int, str] = field(default_factory=dict)  # split -> error, with on_error="skip"
     ready: Callable[[], None] | None = None  # called before the first batch is handed out (a device copy's wait)
+    prepared: list[Any] | None = None  # finished batches (output_format / transform), instead of columns to slice
 
     @property
     def num_read(self) -> int:
@@ -46,33 +49,42 @@ class Chunk:
         """The chunk with its tensors in pinned memory (the DataLoader's pin_memory=True calls
         this in its pinning thread); its batches are then views of pinned memory."""
         columns = {name: replace_leaves(value, torch.Tensor, torch.Tensor.pin_memory) for name, value in self.columns.items()}
-        return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped)
+        return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped, prepared=self.prepared)
 
     def batches(self, size: int, where: Where | None = None) -> Iterator[tuple[dict[str, Any], int]]:
         """(batch, lane row after it); the last batch also passes any skipped rows at the end.
         ``where`` describes the chunk's rows for an error message."""
         read = self.num_read
-        for offset in range(0, read, size):
-            stop = min(offset + size, read)
+        slicer = BatchSlicer(self.columns, size, where) if self.prepared is None else None
+        for index, (offset, stop) in enumerate(batch_bounds(read, size)):
             if stop == read:
                 end = self.stop
             else:
                 end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
-            yield slice_columns(self.columns, offset, stop, where), end
+            yield (slicer.batch(index, stop - offset) if slicer is not None else self.prepared[index]), end  # type: ignore[index]
 
 
 class ChunkReader:
     """Reads chunk tasks of a plan. Picklable: DataLoader workers each get a copy, which opens
     its files on first use."""
 
-    def __init__(self, catalog: Catalog, book: StreamBook, columns: list[str] | None, skip_errors: bool, chunk_rows: int):
+    def __init__(
+        self, catalog: Catalog, book: StreamBook, columns: list[str] | None, skip_errors: bool, chunk_rows: int, output: BatchOutput | None = None
+    ):
         self.catalog = catalog
+        self.output = output  # batches in another form, or transformed: finished where the chunk is read
         self.book = book
         self.columns = columns
         self.skip_errors = skip_errors
         self.chunk_rows = chunk_rows
         self.use_threads: bool | None = None  # pyarrow's own threads; None: in the main process only
         self._reader: StreamReader | None = None
+        self.generation = 0  # counts replan(): copies of an older generation (workers, threads) read another plan
+
+    def replan(self, catalog: Catalog, book: StreamBook) -> None:
+        """Read another plan from now on (a table dataset's other snapshot)."""
+        self.catalog, self.book, self._reader = catalog, book, None
+        self.generation += 1
 
     def reset(self) -> None:
         """Forget open files and decoded windows (the next read opens them anew)."""
@@ -87,7 +99,7 @@ class ChunkReader:
         if self._reader is None:
             decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
             use_threads = in_main if self.use_threads is None else self.use_threads
-            self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, stream_rows=decode_rows)
+            self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, decode_rows, self.book.reader_windows)
         try:
             rows = self._reader.read_segments(self.book, task.segments)
         except BaseException:
@@ -96,6 +108,10 @@ class ChunkReader:
             self._reader = None
             raise
         where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
+        if self.output is not None and self.output.prepared:
+            batch_of = lambda start, stop: self._describe_batch(task, rows.present, start, stop)  # noqa: E731 - for an error message
+            prepared = prepare_batches(rows.table, self.output, where, in_main, batch_of)
+            return Chunk(task.lane, task.start, task.stop, {}, rows.present, rows.skipped, prepared=prepared)
         if joined:
             columns = table_to_joined(rows.table, where)
         else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
@@ -107,6 +123,17 @@ class ChunkReader:
         urls = [self.catalog.files[f].url for f in self.book.files_of(task.segments)]
         shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
         return f"rows read from {shown} (epoch {task.segments[0].key.epoch})"
+
+    def _describe_batch(self, task: ChunkTask, present: np.ndarray | None, start: int, stop: int) -> str:
+        """A batch of a task (rows [start, stop) of those read) by lane rows, batch number, splits and files."""
+        first = task.start + (start if present is None else int(present[start]))
+        last = task.start + (stop if present is None else int(present[stop - 1]) + 1)
+        size = self.output.batch_size if self.output is not None else 1
+        lane = "padding rows" if task.lane < 0 else f"lane {task.lane}"
+        table = self.catalog.splits_at(task.segments[0].key.epoch)
+        splits = [table[s].describe() for s in self.book.splits_of(task.segments)]
+        shown = "; ".join(splits[:3]) + (f" and {len(splits) - 3} more" if len(splits) > 3 else "")
+        return f"batch {first // size} of {lane} (its rows [{first}, {last}), epoch {task.segments[0].key.epoch}), from split(s) {shown}"
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

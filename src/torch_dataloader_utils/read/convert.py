@@ -39,11 +39,14 @@ class Ragged(NamedTuple):
 
 class ListColumn(NamedTuple):
     """A list column of a chunk: its values and Arrow offsets (on the device when fed to one,
-    with ``host_offsets`` kept for slicing)."""
+    with ``host_offsets`` kept for slicing). ``width`` is the length every row of the chunk has,
+    when they all have the same (found once per chunk in the worker, so that the loop slices a
+    batch as one view instead of checking its rows' lengths)."""
 
     values: torch.Tensor
     offsets: torch.Tensor
     host_offsets: torch.Tensor | None = None
+    width: int | None = None
 
 
 class StringColumn(NamedTuple):
@@ -175,10 +178,18 @@ def _column(array: pa.Array, name: str, where: Where) -> Any:
             if not (_is_number(values.type) or _is_time_count(values.type)):
                 raise TypeError(f"column {name!r}: lists of {values.type} are not supported; leave it out with columns=[...]")
             inner = _numeric(values, name, where)
-        return ListColumn(inner, torch.from_numpy(offsets - offsets[0]))
+        return ListColumn(inner, torch.from_numpy(offsets - offsets[0]), width=_common_length(offsets))
     if _is_number(kind) or pa.types.is_temporal(kind):
         return _numeric(array, name, where)
     raise TypeError(f"column {name!r} has type {kind}, which has no tensor form; leave it out with columns=[...] or cast it in the data")
+
+
+def _common_length(offsets: np.ndarray) -> int | None:
+    """The length all rows have, or None when they differ (or there are none)."""
+    if len(offsets) < 2:
+        return None
+    lengths = np.diff(offsets)
+    return int(lengths[0]) if bool((lengths == lengths[0]).all()) else None
 
 
 @dataclass(frozen=True)
@@ -263,8 +274,11 @@ def _join(parts: list[Any]) -> Any:
         return _join_tensors(parts)
     if all(isinstance(part, ListColumn) for part in parts):
         values = [part.values for part in parts]
+        widths = {part.width for part in parts if len(part.offsets) > 1}
+        width = widths.pop() if len(widths) == 1 else None
         # a Joined stands in for each tensor until the transfer builds it in shared memory
-        return ListColumn(_join_tensors(values), _join_offsets([part.offsets for part in parts], [len(v) for v in values]))  # type: ignore[arg-type]
+        joined_offsets = _join_offsets([part.offsets for part in parts], [len(v) for v in values])
+        return ListColumn(_join_tensors(values), joined_offsets, width=width)  # type: ignore[arg-type]
     if all(isinstance(part, StringColumn) for part in parts):
         data = [part.data for part in parts]
         kind, offsets = parts[0].type, [part.offsets for part in parts]
@@ -310,6 +324,9 @@ def _slice_strings(column: StringColumn, start: int, stop: int) -> list:
 
 
 def _slice_list(column: ListColumn, start: int, stop: int) -> Any:
+    if column.width is not None:
+        width = column.width
+        return column.values[start * width : stop * width].view(stop - start, width, *column.values.shape[1:])
     host = column.offsets if column.host_offsets is None else column.host_offsets
     offsets = host[start : stop + 1]
     first = int(offsets[0])

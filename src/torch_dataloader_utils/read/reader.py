@@ -21,9 +21,11 @@ from ..plan.streams import Piece, Stream
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
+from .filtering import iter_filtered, read_filtered
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
+_GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
 _CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
 
 
@@ -58,12 +60,15 @@ class _Window:
 class StreamReader:
     """Reads rows of streams with column projection; keeps the current window decoded."""
 
-    def __init__(self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0):
+    def __init__(
+        self, catalog: Catalog, columns: list[str] | None, use_threads: bool, skip_errors: bool = False, stream_rows: int = 0, windows: int = _CACHED_WINDOWS
+    ):
         self._catalog = catalog
         self._columns = columns
         self._use_threads = use_threads
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
+        self._cached_windows = windows  # decoded windows kept (at most one per stream)
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
         self._units: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()  # decoded units read only in part
@@ -71,7 +76,29 @@ class StreamReader:
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
+        if len(segments) > _GATHER_SEGMENTS and not self._skip_errors:
+            gathered = self._gathered(book, segments)
+            if gathered is not None:
+                return gathered
         return self._join([(self.read(book.stream(s.key), s.start, s.stop), s.num_rows) for s in segments], None)
+
+    def _gathered(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows | None:
+        """Many small segments that interleave a few streams (canonical lanes): each stream's span
+        read once, then one take puts the rows in segment order (None when the spans hold more
+        than twice the segments' rows)."""
+        spans: dict[Any, list[int]] = {}
+        for s in segments:
+            span = spans.setdefault(s.key, [s.start, s.stop])
+            span[0], span[1] = min(span[0], s.start), max(span[1], s.stop)
+        if sum(hi - lo for lo, hi in spans.values()) > 2 * sum(s.num_rows for s in segments):
+            return None
+        tables, base, offset = [], {}, 0
+        for key, (lo, hi) in spans.items():
+            tables.append(self.read(book.stream(key), lo, hi).table)
+            base[key] = offset - lo
+            offset += hi - lo
+        index = np.concatenate([np.arange(s.start, s.stop, dtype=np.int64) + base[s.key] for s in segments])
+        return Rows(self._concat(tables, None).take(pa.array(index)).combine_chunks())
 
     def read(self, stream: Stream, start: int, stop: int) -> Rows:
         """Rows [start, stop) of the stream, in stream order."""
@@ -132,7 +159,7 @@ class StreamReader:
 
     def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
         self._windows[key] = window
-        while len(self._windows) > _CACHED_WINDOWS:
+        while len(self._windows) > self._cached_windows:
             self._windows.popitem(last=False)
 
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
@@ -147,7 +174,8 @@ class StreamReader:
         """The piece's rows from its row ``first`` on, in decoded batches; errors name the file and split."""
         try:
             row = piece.start + first
-            batches = iter_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
+            iterate = iter_conformed if self._catalog.row_filter is None else iter_filtered
+            batches = iterate(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
             unit_rows = self._catalog.layouts[piece.file].unit_rows[piece.unit]
             for table in batches:
                 stop = min(piece.stop - row, table.num_rows)
@@ -178,7 +206,8 @@ class StreamReader:
         table = self._units.get(key)
         if table is None:
             try:
-                table = read_conformed(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
+                read = read_conformed if self._catalog.row_filter is None else read_filtered
+                table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
             except Exception as error:  # noqa: BLE001 - re-raised naming file and split
                 raise self._read_error(piece, error, epoch) from error
             if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part

@@ -145,10 +145,12 @@ class RankDelivery:
             if chunk.ready is not None:
                 chunk.ready()
             task = tasks[index]
+            previous = chunk.start
             for batch, end in chunk.batches(size, partial(self.reader.describe, task)):
                 self._check_pass(current)
                 if stats is not None:
-                    stats.handing_out(batch)
+                    stats.handing_out(batch, None if chunk.prepared is None else end - previous)
+                    previous = end
                 self.last_batch_is_padding = padding
                 # Counted last, with nothing between the count and the hand-off: no outer generator,
                 # no call after it, so an exception that strikes while the loop waits for a batch

@@ -162,7 +162,7 @@ class DeviceFeed:
                 columns[name] = next(views)
             elif isinstance(column, ListColumn):
                 values, device_offsets = next(views), next(views)
-                columns[name] = ListColumn(values, device_offsets, column.offsets.clone())  # not a view of the worker's buffer
+                columns[name] = ListColumn(values, device_offsets, column.offsets.clone(), column.width)  # not a view of the worker's buffer
             else:
                 columns[name] = column
         moved = Chunk(chunk.lane, chunk.start, chunk.stop, columns, chunk.present, chunk.skipped)

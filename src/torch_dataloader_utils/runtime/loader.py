@@ -159,8 +159,10 @@ class StructuredDataLoader:
         """Delivery statistics (batches, rows, time waiting for data), separate from the checkpoint state."""
         self._threads: ThreadedChunks | None = None
         workers = dataset.num_workers
+        self._generation = dataset.delivery.reader.generation  # the plan the workers or threads read
         if worker_mode == "thread" and workers:
-            self._threads = ThreadedChunks(dataset.delivery.reader, workers, ahead=prefetch_factor or 2, pin_memory=pin_memory)
+            self._thread_options: dict[str, Any] = dict(threads=workers, ahead=prefetch_factor or 2, pin_memory=pin_memory)
+            self._threads = ThreadedChunks(dataset.delivery.reader, **self._thread_options)
             workers = 0  # the DataLoader below stays unused
         self._forks = workers > 0 and _forks(multiprocessing_context)
         self._board = transfer.ReleaseBoard(spread=2 * workers) if workers and transfer.SUPPORTED else None
@@ -208,12 +210,26 @@ class StructuredDataLoader:
         if self._board is not None and not self._loader_kwargs["persistent_workers"]:
             self._board.forget_mappings()  # this pass starts new workers with new buffers
         delivery = self.dataset.delivery
+        self._follow_replan()
         tasks = delivery.begin_pass(keep_slots=self.dataset.num_workers > 0, warn_if_nothing_restored=True)
         self._sampler.tasks = tasks
         chunks = self._chunks() if self._threads is None else self._threads.chunks(tasks)
         if self._feed is not None:
             chunks = self._feed.chunks(chunks, len(tasks))
         return delivery.deliver(tasks, chunks, self.stats)
+
+    def _follow_replan(self) -> None:
+        """After the dataset re-planned (a table's other snapshot), readers that hold a copy of the old
+        plan are replaced: reader threads, and persistent workers (others start anew with each pass)."""
+        reader = self.dataset.delivery.reader
+        if reader.generation == self._generation:
+            return
+        self._generation = reader.generation
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = ThreadedChunks(reader, **self._thread_options)
+        elif self._loader_kwargs["num_workers"]:
+            self._loader = DataLoader(self._source(), **self._loader_kwargs)
 
     def _new_workers_files(self) -> transfer.InheritedFiles | None:
         """Files for the buffers of the workers the next ``iter()`` forks (None when it forks

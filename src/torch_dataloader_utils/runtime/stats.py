@@ -164,8 +164,9 @@ class LoaderStats(StatsSnapshot):
         self._pass_start = self._totals()
         self._asked, self._handed_out, self._first = time.perf_counter(), None, True
 
-    def handing_out(self, batch: Any) -> None:
-        """``batch`` goes to the loop next."""
+    def handing_out(self, batch: Any, rows: int | None = None) -> None:
+        """``batch`` goes to the loop next; ``rows``: its source rows, where the batch itself may
+        not tell (a transform's output)."""
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -175,7 +176,7 @@ class LoaderStats(StatsSnapshot):
         else:
             self.wait_s += now - self._asked
         self.batches += 1
-        self.rows += batch_rows(batch)
+        self.rows += batch_rows(batch) if rows is None else rows
         self._handed_out = now
 
     def asked(self) -> None:

@@ -18,6 +18,7 @@ from .schema import (
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILTERS,
     FORMAT_VERSION,
     LANES,
     MIXTURE,
@@ -92,6 +93,7 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     summary = {key: state.get(key) for key in CONFIG_KEYS if key != "_rank"}
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
+    summary[FILTERS] = state.get(FILTERS)
     summary[FILES_DIGEST] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
     if state.get(MIXTURE) is not None:
         summary[MIXTURE] = state.get(MIXTURE)
@@ -110,6 +112,8 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
                 continue
             if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
+        if state.get(FILTERS) != first.get(FILTERS):
+            differences.append(f"filters: rank 0 has {first.get(FILTERS)!r}, rank {rank} {state.get(FILTERS)!r}")
         differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]
         files = _by_url(state.get(FILES))
         if files == first_files and state.get(FILES) != first.get(FILES):

@@ -51,6 +51,10 @@ DEAL = "deal"  # digest of the lanes an elastic resume dealt (None: planned lane
 WORLD_SIZE = "world_size"
 RANKS = "ranks"
 
+# ----------------------------------------------------------------- table datasets (Iceberg, Delta Lake)
+TABLE = "table"  # {"format", "name", "snapshot", "uuid"}: the table and the snapshot (Iceberg) or version (Delta) the plan read
+TABLE_KEYS = ("format", "name", "snapshot", "uuid")
+
 SCOPES = ("rank", "worker", "global")
 
 #: state key -> the dataset argument it records (named in diagnoses)
@@ -68,6 +72,8 @@ CONFIG_KEYS = {
     "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
+#: digest of the row filter (read/filtering.py), present only with a filter: positions count matching rows
+FILTERS = "_filters"
 MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
 
 

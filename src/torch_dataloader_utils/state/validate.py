@@ -22,17 +22,21 @@ from .schema import (
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILTERS,
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
     MIXTURE,
     NEXT_WORKER,
     PADDING_DELIVERED,
+    RANKS,
     ROWS_DELIVERED,
     SCOPE,
     SCOPES,
     SHUFFLE_ONLY_KEYS,
     SPLITS,
+    TABLE,
+    TABLE_KEYS,
     VERSION,
     WORKER,
     progress_content,
@@ -128,6 +132,8 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
             same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
             shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
+    if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
+        causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
     return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE))
 
 
@@ -308,3 +314,20 @@ def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], f
     if not 0 <= worker < num_workers or not 0 <= epoch <= MAX_EPOCH or position < 0:
         raise mismatch(f"Checkpoint state of worker {worker} is out of range.", [], [f"epoch={epoch}, rows_delivered={position}: the state is damaged"])
     return epoch, worker, position
+
+
+def table_entry(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The table and snapshot a table dataset's state was planned on (a global state: its ranks');
+    None for a state of plain files."""
+    parts = state.get(RANKS) if state.get(SCOPE) == "global" else [state]
+    entries = [part.get(TABLE) for part in parts if isinstance(part, Mapping)] if isinstance(parts, list) else []
+    if not entries or all(entry is None for entry in entries):
+        return None
+    first = entries[0]
+    if any(entry != first for entry in entries):
+        raise mismatch("Checkpoint state's ranks were planned on different table snapshots.", [], [f"{TABLE!r} entries: {entries[:4]}"])
+    if not isinstance(first, Mapping) or set(first) != set(TABLE_KEYS) or not isinstance(first["name"], str) or not is_count(first["snapshot"]):
+        raise mismatch(
+            f"Checkpoint state key {TABLE!r} is damaged.", [], [f"expected {{{', '.join(TABLE_KEYS)}}} with a snapshot number, found {first!r:.120}"]
+        )
+    return first

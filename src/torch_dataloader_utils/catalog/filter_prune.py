@@ -1,0 +1,257 @@
+"""Row filters at planning time: the filter checked against the data's schema, and the units
+(row groups) whose statistics show that no row can match, which are then never read.
+
+Pruning is conservative by construction: each unit's statistics become a *guarantee* (an
+expression every row of the unit satisfies, e.g. ``a >= 3 and a <= 17``), and pyarrow's own
+simplification decides whether the filter can be true under it; a unit is left out only when it
+cannot. A unit without usable statistics (a file written without them, a column type whose
+statistics are not trusted here) is always kept: the count of matching rows
+(read/filtering.py) is exact either way, pruning only saves reading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from ..formats._orc_tail import read_stripe_statistics, read_tail
+from ..formats.io import open_input
+
+_STATISTICS_THREADS = 16
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RowFilter:
+    """A dataset's row filter: the expression, the columns it reads, and its digest (saved in states)."""
+
+    expression: pc.Expression
+    columns: tuple[str, ...]
+    digest: str
+
+    @property
+    def text(self) -> str:
+        return str(self.expression)
+
+
+def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
+    """``filters`` (a pyarrow.compute.Expression, or pyarrow's DNF list form) checked against the
+    data's unified ``schema``; ValueError / TypeError naming what is wrong."""
+    expression = _expression(filters)
+    if schema is None or not len(schema):
+        raise ValueError(f"filters={expression} cannot apply: the files have no columns")
+    columns = _referenced_columns(expression, schema)
+    digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
+    return RowFilter(expression, columns, digest)
+
+
+def _expression(filters: Any) -> pc.Expression:
+    if isinstance(filters, pc.Expression):
+        return filters
+    if isinstance(filters, (list, tuple)) and filters:
+        try:
+            return pq.filters_to_expression(list(filters))
+        except (TypeError, ValueError, pa.ArrowException) as error:
+            raise ValueError(
+                f"filters must be a pyarrow.compute.Expression or pyarrow's DNF list form, e.g. [('label', '<', 10)] or "
+                f"[[('a', '=', 1)], [('b', 'in', [2, 3])]]; {filters!r:.120} is neither: {error}"
+            ) from error
+    raise TypeError(
+        f"filters must be a pyarrow.compute.Expression (e.g. pc.field('label') < 10) or a non-empty DNF list such as "
+        f"[('label', '<', 10)], got {type(filters).__name__} {filters!r:.80}"
+    )
+
+
+def _binds(expression: pc.Expression, schema: pa.Schema) -> bool:
+    try:
+        schema.empty_table().filter(expression)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
+    return True
+
+
+def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str]) -> None:
+    try:
+        schema.empty_table().filter(expression)
+    except pa.ArrowInvalid as error:
+        if "No match for FieldRef" in str(error):
+            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}") from error
+        raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+        raise ValueError(f"filters={expression} does not fit the columns' types ({schema}): {error}") from error
+
+
+def _referenced_columns(expression: pc.Expression, schema: pa.Schema) -> tuple[str, ...]:
+    """The top-level columns ``expression`` reads (pyarrow does not list an expression's fields):
+    the columns whose names its text mentions, then each one the expression still binds without
+    is dropped. Falls back to every column when the names do not appear as written. (Binding is
+    tried on those columns only: a column of a type pyarrow cannot filter a table of does not
+    matter unless the filter reads it.)"""
+    text = str(expression)
+    needed = [name for name in schema.names if name in text]
+    if not _binds(expression, pa.schema([schema.field(n) for n in needed])):
+        needed = [field.name for field in schema if _binds(pc.scalar(True), pa.schema([field]))]  # tables pyarrow can filter
+        unusable = [f"{name} ({schema.field(name).type})" for name in schema.names if name not in needed and name in text]
+        if unusable:
+            raise ValueError(f"filters={expression} reads {', '.join(unusable)}, which pyarrow cannot filter rows by; filter on other columns")
+        _check_binds(expression, pa.schema([schema.field(n) for n in needed]), schema.names)  # raises, unless only the text misled
+    for name in list(needed):
+        rest = [n for n in needed if n != name]
+        if _binds(expression, pa.schema([schema.field(n) for n in rest])):
+            needed = rest
+    return tuple(needed)
+
+
+# ----------------------------------------------------------------- pruning by statistics
+def _trusted(kind: pa.DataType) -> bool:
+    """Types whose min/max statistics bound every value a comparison sees. Floats are left out:
+    writers leave NaN out of their statistics, and ``not (x < 5)`` is true for NaN."""
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_date(kind)
+        or pa.types.is_timestamp(kind)
+    )
+
+
+class _ParquetFile:
+    """A Parquet footer with its Arrow schema and column indices by name, made once per file."""
+
+    def __init__(self, footer: pq.FileMetaData):
+        self.footer = footer
+        self.arrow = footer.schema.to_arrow_schema()
+        self.leaf = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+
+
+def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str]) -> pc.Expression:
+    """What every row of row group ``unit`` satisfies in ``columns``, from its statistics."""
+    group, arrow, leaf = file.footer.row_group(unit), file.arrow, file.leaf
+    terms = []
+    for name in columns:
+        field = pc.field(name)
+        if name in lacking:
+            terms.append(field.is_null())  # read as nulls in this file
+            continue
+        index = leaf.get(name)
+        if index is None or arrow.get_field_index(name) < 0:
+            continue
+        stats = group.column(index).statistics
+        if stats is None:
+            continue
+        nulls = stats.null_count if stats.has_null_count else None
+        bounds = (stats.min, stats.max) if stats.has_min_max else None
+        term = _term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
+        if term is not None:
+            terms.append(term)
+    return _all(terms)
+
+
+def _term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
+    """What every row satisfies in one column with values in ``bounds`` (of type ``kind``, read as
+    ``target``) and ``nulls`` null values (None: unknown) of ``rows``; None: nothing known."""
+    field = pc.field(name)
+    if nulls is not None and nulls == rows:
+        return field.is_null()
+    if bounds is None or not (_trusted(kind) and _trusted(target)):
+        return None
+    try:
+        low, high = (pa.scalar(value, type=kind).cast(target) for value in bounds)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return None  # a value that does not convert: no guarantee from this column
+    bounded = (field >= low) & (field <= high)
+    return bounded if nulls == 0 else bounded | field.is_null()
+
+
+def _orc_guarantee(stripe: dict[str, Any], schema: pa.Schema, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str], rows: int) -> pc.Expression:
+    """What every row of an ORC stripe satisfies in ``columns``, from its statistics (see
+    formats/_orc_tail.py: integers, dates, strings and booleans carry bounds)."""
+    terms = []
+    for name in columns:
+        if name in lacking:
+            terms.append(pc.field(name).is_null())
+            continue
+        stats = stripe.get(name)
+        if stats is None or schema.get_field_index(name) < 0:
+            continue
+        nulls = None if stats.values is None or stats.has_null is None else rows - stats.values
+        bounds = None if stats.minimum is None else (stats.minimum, stats.maximum)
+        term = _term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
+        if term is not None:
+            terms.append(term)
+    return _all(terms)
+
+
+def _all(terms: list[pc.Expression]) -> pc.Expression:
+    guarantee = pc.scalar(True)
+    for term in terms:
+        guarantee = guarantee & term
+    return guarantee
+
+
+def orc_statistics(fs: Any, files: Sequence[Any]) -> list[list[dict[str, Any]]]:
+    """Per ORC file: each stripe's column statistics (read from its tail)."""
+
+    def read(entry: Any) -> list[dict[str, Any]]:
+        try:
+            with open_input(fs, entry.fs_path) as source:
+                return read_stripe_statistics(source, entry.size, read_tail(source, entry.size).column_ids)
+        except (OSError, ValueError, IndexError, KeyError, TypeError) as error:  # no pruning in this file, still exact
+            log.debug("no stripe statistics from %s: %s", entry.url, error)
+            return []
+
+    with ThreadPoolExecutor(max_workers=min(_STATISTICS_THREADS, max(1, len(files)))) as pool:
+        return list(pool.map(read, files))
+
+
+#: what statistics say of a unit: no row matches, some may, every row does
+NONE, SOME, ALL = 0, 1, 2
+
+
+def may_match(
+    rows_filter: RowFilter,
+    footers: Sequence[Any],
+    unit_rows: Sequence[Sequence[int]],
+    unified: pa.Schema,
+    missing: Sequence[Sequence[str]],
+    orc: Sequence[list[dict[str, Any]]] | None = None,
+) -> list[list[int]]:
+    """Per file, per unit: NONE where statistics rule out every row, ALL where they show every row
+    matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
+    SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
+    unit_counts = [len(rows) for rows in unit_rows]
+    fragments: list[Any] = []
+    where: list[tuple[int, int]] = []
+    file_format = ds.ParquetFileFormat()
+    nowhere = pafs.LocalFileSystem()
+    result = [[SOME] * count for count in unit_counts]
+    for file, (footer, count) in enumerate(zip(footers, unit_counts)):
+        lacking = missing[file] if missing else ()
+        if isinstance(footer, pq.FileMetaData):
+            parquet = _ParquetFile(footer)
+            guarantees = [_parquet_guarantee(parquet, unit, rows_filter.columns, unified, lacking) for unit in range(count)]
+        elif orc is not None and len(orc[file]) == count:  # (the unified schema stands for the file's: its types only widen)
+            guarantees = [_orc_guarantee(orc[file][unit], unified, rows_filter.columns, unified, lacking, unit_rows[file][unit]) for unit in range(count)]
+        else:
+            continue
+        for unit, guarantee in enumerate(guarantees):
+            # a fragment is only a holder of its guarantee here: nothing is opened at its path
+            fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
+            where.append((file, unit))
+    if fragments:
+        dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
+        some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
+        other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+        for index, (file, unit) in enumerate(where):
+            result[file][unit] = NONE if index not in some else SOME if index in other else ALL
+    return result

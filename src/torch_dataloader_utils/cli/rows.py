@@ -1,0 +1,73 @@
+"""``tdu rows``: print rows of a dataset by global row number (``dataset[i]``), with the file and
+row within the file each comes from."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any
+
+from ..errors import UsageError
+from .options import storage_options
+from .output import EXIT_OK, print_json
+
+_INT = r"\s*-?\d+\s*"
+
+
+def parse_rows(text: str) -> int | slice | list[int]:
+    """'5' -> 5; '-1' -> -1; '1000:1010' / ':10' / '::100' -> a slice; '1,5,9' -> a list."""
+    if re.fullmatch(_INT, text):
+        return int(text)
+    if re.fullmatch(rf"({_INT})?:({_INT})?(:({_INT})?)?", text):
+        parts = [int(p) if p.strip() else None for p in text.split(":")]
+        if len(parts) == 3 and parts[2] == 0:
+            raise argparse.ArgumentTypeError(f"a slice step cannot be 0: {text!r}")
+        return slice(*parts)
+    if re.fullmatch(rf"{_INT}(,{_INT})+,?", text):
+        return [int(p) for p in text.split(",") if p.strip()]
+    raise argparse.ArgumentTypeError(f"not rows: {text!r} (examples: 1000, -1, 1000:1010, ::100, 3,17,42)")
+
+
+def _plain(value: Any, width: int) -> Any:
+    """A row value as JSON-friendly Python: tensors as (nested) lists, long text cut to ``width``."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, bytes):
+        value = value.hex() if width <= 0 else value[: width // 2].hex() + ("..." if len(value) > width // 2 else "")
+    if isinstance(value, str) and 0 < width < len(value):
+        value = value[: width - 3] + "..."
+    return value
+
+
+def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[dict]:
+    """The selected rows as dicts: global row, file, row within the file, and the values (read in one gather)."""
+    from ..read.row_keys import split_rows
+
+    rows = list(range(*key.indices(dataset.num_rows))) if isinstance(key, slice) else [key] if isinstance(key, int) else key
+    try:
+        values = split_rows(dataset[rows], len(rows))
+        located = [dataset.locate(row) for row in rows]
+    except IndexError as error:
+        raise UsageError(str(error)) from None
+    return [
+        {"row": row % dataset.num_rows, "file": path, "row_in_file": within, "values": {k: _plain(v, width) for k, v in value.items()}}
+        for row, (path, within), value in zip(rows, located, values)
+    ]
+
+
+def cmd_rows(args: argparse.Namespace) -> int:
+    from ..dataset import StructuredDataset
+
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    dataset = StructuredDataset(args.path, args.format, num_workers=0, columns=columns, storage_options=storage_options(args))
+    if isinstance(args.rows, slice) and len(range(*args.rows.indices(dataset.num_rows))) > args.limit:
+        raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
+    rows = select_rows(dataset, args.rows, 0 if args.json else args.width)
+    if args.json:
+        print_json({"num_rows": dataset.num_rows, "rows": rows})
+        return EXIT_OK
+    for row in rows:
+        print(f"row {row['row']:,}  ({row['file']}, row {row['row_in_file']:,})")
+        for name, value in row["values"].items():
+            print(f"  {name}: {value}")
+    return EXIT_OK

@@ -1,0 +1,208 @@
+"""Row filters: the exact count of matching rows per unit at planning, and reading only those rows.
+
+With a filter the plan is made in *matching rows*: every unit's row count is the number of its
+rows that match, so splits, lanes, equal batches per rank and a state's positions all count
+matching rows, exactly as they count rows without a filter. The counts come from one pass at
+planning that reads only the filter's columns of the units whose statistics neither rule out nor
+wholly match the filter (catalog/filter_prune.py: Parquet row groups and ORC stripes), in parallel threads; they are kept for the process and, with
+``cache_dir``, on disk by file version and filter. A reader then decodes a unit with the
+filter's columns, keeps the matching rows and slices them by their index among the matching
+rows; a resume inside a unit decodes it from its start and skips that many matching rows.
+
+The count and the reader apply the filter to the same conformed columns (conform.py), so they
+agree row for row; a unit whose count differs when read raises FileChangedError.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+
+from ..catalog.build import Catalog, replanned
+from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, may_match, orc_statistics, row_filter
+from ..catalog.progress_bar import progress
+from ..catalog.schema import check_repeated_columns
+from ..errors import DataReadError, FileChangedError, RemoteReadError
+from ..plan.splits import FileLayout
+from ..storage.remote import IOOptions
+from .conform import iter_conformed, read_conformed
+
+log = logging.getLogger(__name__)
+_COUNT_THREADS = 8
+_COUNTS_DIR = "filter_counts"  # under cache_dir (the range cache sweeps only its own top-level entries)
+_MEMO: dict[str, tuple[int, ...]] = {}  # count key -> matching rows per unit, for this process
+
+
+def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) -> Catalog:
+    """``catalog`` planned over the rows ``filters`` matches: pruned by statistics, then counted."""
+    rows_filter = row_filter(filters, catalog.schema)
+    assert catalog.schema is not None  # row_filter refuses a catalog without columns
+    check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
+    layouts = catalog.layouts
+    orc = orc_statistics(catalog.fs, catalog.files) if catalog.format.name == "orc" else None
+    matching = may_match(rows_filter, catalog.footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
+    source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
+    counts = count_matching(source, matching, io.cache_dir if io is not None else None)
+    filtered = [
+        FileLayout(layout.path, layout.size, tuple(rows), tuple(size if n else 0 for size, n in zip(layout.unit_bytes, rows)))
+        for layout, rows in zip(layouts, counts)
+    ]
+    known = [sum(state == value for units in matching for state in units) for value in (NONE, ALL)]
+    units, rows = sum(map(len, matching)), sum(map(sum, counts))
+    log.debug("filters=%s: of %d units, statistics rule out %d and show %d match whole; %d rows match", rows_filter.text, units, *known, rows)
+    return replanned(source, filtered)
+
+
+# ------------------------------------------------------------------ counting at planning
+def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None) -> list[tuple[int, ...]]:
+    """Per file, per unit: the rows ``catalog.row_filter`` matches; read only where ``matching``
+    (filter_prune.may_match) says SOME."""
+    keys = [_count_key(catalog, file) for file in range(len(catalog.files))]
+    results: list[tuple[int, ...] | None] = [_MEMO.get(key) or _load(cache_dir, key, len(units)) for key, units in zip(keys, matching)]
+    todo = [file for file, found in enumerate(results) if found is None]
+
+    def count(file: int) -> tuple[int, ...]:
+        return _count_file(catalog, file, matching[file])
+
+    if todo:
+        with ThreadPoolExecutor(max_workers=min(_COUNT_THREADS, len(todo))) as pool:
+            for file, counted in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
+                results[file] = counted
+                _store(cache_dir, keys[file], counted)
+    done = [counts for counts in results if counts is not None]
+    assert len(done) == len(results), "every file was counted"
+    _MEMO.update(zip(keys, done))
+    return done
+
+
+def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int, ...]:
+    """Matching rows per unit of one file; ``units``: what statistics say of each (filter_prune)."""
+    rows = catalog.source_layouts[file].unit_rows if catalog.source_layouts is not None else catalog.layouts[file].unit_rows
+    if SOME not in units:
+        return tuple(rows[unit] if known == ALL else 0 for unit, known in enumerate(units))
+    rows_filter: RowFilter = catalog.row_filter
+    entry = catalog.files[file]
+    source = _Source(catalog)
+    counts = []
+    unit = 0
+    try:
+        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footers[file], False)
+        for unit, known in enumerate(units):
+            if known != SOME:
+                counts.append(rows[unit] if known == ALL else 0)
+                continue
+            table = read_conformed(reader, unit, list(rows_filter.columns), source, file)
+            counts.append(table.filter(rows_filter.expression).num_rows)
+    except Exception as error:  # noqa: BLE001 - re-raised naming the file
+        if isinstance(error, (RemoteReadError, DataReadError)):
+            raise
+        detail = " ".join(str(error).split()).rstrip(".")
+        raise DataReadError(f"cannot count the rows of {entry.url} (unit {unit}) that match filters={rows_filter.text}: {detail}") from error
+    return tuple(counts)
+
+
+def _count_key(catalog: Catalog, file: int) -> str:
+    """The count's identity: the file's version, the filter, and what the filter's columns are read as."""
+    entry, rows_filter = catalog.files[file], catalog.row_filter
+    schema = catalog.schema
+    types = [str(schema.field(name).type) if schema is not None else "" for name in rows_filter.columns]
+    lacking = sorted(set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns))
+    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.text, types, lacking])
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+def _load(cache_dir: str | None, key: str, units: int) -> tuple[int, ...] | None:
+    if cache_dir is None:
+        return None
+    try:
+        with open(os.path.join(cache_dir, _COUNTS_DIR, key + ".json")) as handle:
+            counts = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(counts, list) or len(counts) != units or not all(isinstance(c, int) and c >= 0 for c in counts):
+        return None  # damaged: count again
+    return tuple(counts)
+
+
+def _store(cache_dir: str | None, key: str, counts: tuple[int, ...]) -> None:
+    """Written to a temporary file and renamed into place, so that a reader sees all or nothing;
+    a cache that cannot be written only costs counting again."""
+    if cache_dir is None:
+        return
+    folder = os.path.join(cache_dir, _COUNTS_DIR)
+    temporary = os.path.join(folder, f"{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(temporary, "w") as handle:
+            json.dump(list(counts), handle)
+        os.replace(temporary, os.path.join(folder, key + ".json"))
+    except OSError as error:
+        log.debug("cannot cache filter counts in %s: %s", folder, error)
+
+
+# ------------------------------------------------------------------ reading
+class _Source:
+    """The catalog as conform.py sees it for reading whole units: the files' own row counts."""
+
+    def __init__(self, catalog: Catalog):
+        self.schema = catalog.schema
+        self.missing_columns = catalog.missing_columns
+        self.layouts = catalog.source_layouts
+
+
+def _with_filter_columns(columns: Sequence[str] | None, rows_filter: RowFilter) -> list[str] | None:
+    if columns is None:
+        return None  # every column, the filter's among them
+    return [*columns, *(name for name in rows_filter.columns if name not in columns)]
+
+
+def _projected(table: pa.Table, columns: Sequence[str] | None) -> pa.Table:
+    return table if columns is None or table.column_names == list(columns) else table.select(list(columns))
+
+
+def _changed(unit: int, seen: int, planned: int) -> FileChangedError:
+    return FileChangedError(
+        f"unit {unit} has {seen} rows that match the filter but had {planned} when planned: the file changed after planning, "
+        "or its statistics are wrong (planning trusts them to rule a unit out or in whole)"
+    )
+
+
+def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int) -> pa.Table:
+    """The unit's rows that match ``catalog.row_filter``, projected to ``columns`` and conformed."""
+    rows_filter: RowFilter = catalog.row_filter
+    table = read_conformed(reader, unit, _with_filter_columns(columns, rows_filter), _Source(catalog), file)
+    kept = table.filter(rows_filter.expression)
+    planned = catalog.layouts[file].unit_rows[unit]
+    if kept.num_rows != planned:
+        raise _changed(unit, kept.num_rows, planned)
+    return _projected(kept, columns)
+
+
+def iter_filtered(
+    reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int, batch_rows: int, first_row: int = 0
+) -> Iterator[pa.Table]:
+    """``read_filtered``'s rows from matching row ``first_row`` on, decoded batch by batch (the unit
+    is decoded from its start: a matching row's place in the file is known only by counting)."""
+    rows_filter: RowFilter = catalog.row_filter
+    wanted = _with_filter_columns(columns, rows_filter)
+    skip, seen = first_row, 0
+    for table in iter_conformed(reader, unit, wanted, _Source(catalog), file, batch_rows):
+        kept = table.filter(rows_filter.expression)
+        seen += kept.num_rows
+        if skip >= kept.num_rows:
+            skip -= kept.num_rows
+            continue
+        if skip:
+            kept, skip = kept.slice(skip), 0
+        yield _projected(kept, columns)
+    planned = catalog.layouts[file].unit_rows[unit]
+    if seen != planned:
+        raise _changed(unit, seen, planned)

@@ -1,0 +1,150 @@
+"""Batches in another form than torch's, and per-batch transforms, built where the chunk is read.
+
+``output_format`` picks what a batch is:
+
+- ``"torch"`` (default): a dict of tensors (``convert.py``);
+- ``"numpy"``: a dict of numpy arrays. Numbers, booleans and temporal types as arrays of their
+  numpy dtype (timestamps as ``datetime64``; an integer column with nulls becomes float64 with
+  NaN, pyarrow's rule); fixed-size lists of numbers without nulls as N-D arrays; strings, binary,
+  variable-length lists and structs as object arrays (``None`` for a null);
+- ``"arrow"``: one ``pyarrow.RecordBatch``;
+- ``"dict"``: a dict of Python lists (``RecordBatch.to_pydict()``).
+
+A chunk in any of these forms (or with a transform) is sliced into batches where it is read,
+in the DataLoader worker, so that the transform runs there; the batches then cross to the main
+process in the worker's pickle (numpy arrays and Arrow buffers as whole buffers, no Python
+object per row except where a column is one).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import TransformError
+from .convert import Where, slice_columns, table_to_columns
+
+OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    """What a batch is: ``format`` (one of ``OUTPUT_FORMATS``), then ``transform`` applied to it."""
+
+    batch_size: int
+    format: str = "torch"
+    transform: Callable[[Any], Any] | None = None
+
+    @property
+    def prepared(self) -> bool:
+        """Whether chunks are sliced into finished batches where they are read (else the main
+        process slices a torch chunk: the shared-memory path of transfer.py)."""
+        return self.format != "torch" or self.transform is not None
+
+
+def check_output(output_format: Any, transform: Any, num_workers: int, batch_size: int) -> BatchOutput:
+    """The checked ``output_format`` and ``transform``; ValueError / TypeError naming the argument."""
+    if output_format not in OUTPUT_FORMATS:
+        raise ValueError(f"output_format must be one of {OUTPUT_FORMATS}, got {output_format!r}")
+    if transform is not None:
+        if not callable(transform):
+            raise TypeError(f"transform must be a callable taking a batch, got {type(transform).__name__} {transform!r:.60}")
+        if num_workers > 0:
+            try:
+                pickle.dumps(transform)
+            except Exception as error:  # noqa: BLE001 - any pickling failure means the same to the user
+                raise TypeError(
+                    f"transform {transform!r:.80} cannot be pickled ({type(error).__name__}: {error}), and it runs in the "
+                    f"DataLoader's worker processes (num_workers={num_workers}). Define it as a module-level function "
+                    "or a class instance with picklable fields (not a lambda or a local function), or use num_workers=0"
+                ) from error
+    return BatchOutput(batch_size, output_format, transform)
+
+
+def batch_bounds(rows: int, size: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each batch of ``rows`` rows read, in batches of ``size``."""
+    for start in range(0, rows, size):
+        yield start, min(start + size, rows)
+
+
+def prepare_batches(table: pa.Table, output: BatchOutput, where: Where, copy: bool, batch_of: Callable[[int, int], str]) -> list[Any]:
+    """The chunk ``table`` as finished batches: sliced, in ``output.format``, transformed.
+    ``copy``: False where the batches are pickled next (a DataLoader worker): torch tensors may stay
+    views of ``table``, Arrow batches are compacted to their own rows; ``batch_of(start,
+    stop)`` describes a batch for a transform's error."""
+    if output.format == "torch":
+        columns = table_to_columns(table, where, copy=copy)
+        batches = [slice_columns(columns, start, stop, where) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
+    else:
+        form = _FORMS[output.format]
+        batches = [form(table.slice(start, stop - start)) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
+        if output.format == "arrow" and not copy:
+            batches = [_compact(batch) for batch in batches]
+    if output.transform is None:
+        return batches
+    transformed = []
+    for (start, stop), batch in zip(batch_bounds(table.num_rows, output.batch_size), batches):
+        try:
+            transformed.append(output.transform(batch))
+        except Exception as error:  # noqa: BLE001 - re-raised naming the batch
+            raise TransformError(f"transform {_name(output.transform)} raised {type(error).__name__}: {error} on {batch_of(start, stop)}") from error
+    return transformed
+
+
+def _name(function: Callable) -> str:
+    return getattr(function, "__qualname__", None) or type(function).__qualname__
+
+
+def to_record_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table`` as one RecordBatch (its chunks joined)."""
+    batches = table.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    return pa.RecordBatch.from_arrays([pa.array([], type=field.type) for field in table.schema], schema=table.schema)
+
+
+def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch holding only its own rows' bytes: pickling a slice of a larger batch writes the
+    whole of its buffers (pyarrow 26), here the whole decoded chunk for every batch."""
+    return batch.take(pa.array(np.arange(batch.num_rows)))
+
+
+def to_numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    """``table`` as a dict of numpy arrays (see the module's docstring for each type's form)."""
+    return {name: _numpy(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)) for name, column in zip(table.column_names, table.columns)}
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    kind = array.type
+    if pa.types.is_dictionary(kind):
+        return _numpy(array.dictionary_decode())
+    if pa.types.is_fixed_size_list(kind) and not array.null_count:
+        shape = [len(array)]
+        values = array
+        while pa.types.is_fixed_size_list(values.type) and not values.null_count:
+            size = values.type.list_size
+            shape.append(size)
+            values = values.values.slice(values.offset * size, len(values) * size)
+        inner = values.type
+        if pa.types.is_integer(inner) or pa.types.is_floating(inner) or pa.types.is_boolean(inner) or pa.types.is_temporal(inner):
+            return _numpy(values).reshape(shape)
+    if pa.types.is_struct(kind):
+        return _objects(array.to_pylist())
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _to_dict(table: pa.Table) -> dict[str, list]:
+    return table.to_pydict()
+
+
+_FORMS: dict[str, Callable[[pa.Table], Any]] = {"numpy": to_numpy_columns, "arrow": to_record_batch, "dict": _to_dict}

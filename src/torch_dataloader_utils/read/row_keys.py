@@ -1,0 +1,78 @@
+"""What ``dataset[key]`` accepts, and one row out of a batch.
+
+A key is an integer (one row) or rows: a slice, a list or range of integers, a 1-d integer
+NumPy array or a 1-d integer torch tensor (numpy's rules: negative counts from the end, a
+slice is clipped to the rows there are, duplicates and any order are kept).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..plan.row_index import normalize_rows
+from .convert import Ragged
+
+_FORMS = "an int, a slice, a list of ints, a 1-d integer numpy array or a 1-d integer torch tensor"
+
+
+def parse_key(key: Any, num_rows: int) -> int | np.ndarray:
+    """``key`` as one row (an int in [0, num_rows)) or rows (an int64 array in request order).
+    IndexError for a row out of range, TypeError for a key of another kind."""
+    if isinstance(key, slice):
+        return np.arange(*key.indices(num_rows), dtype=np.int64)
+    if isinstance(key, (bool, np.bool_)):
+        raise TypeError(f"dataset indices must be {_FORMS}, not a bool")
+    if isinstance(key, torch.Tensor):
+        return _rows_of_array(key, key.dtype.is_floating_point or key.dtype.is_complex or key.dtype == torch.bool, num_rows, "tensor")
+    if isinstance(key, np.ndarray):
+        return _rows_of_array(key, key.dtype.kind not in "iu", num_rows, "array")
+    if isinstance(key, (list, range)):
+        array = np.asarray(key) if len(key) else np.zeros(0, np.int64)
+        if array.dtype.kind not in "iu" or array.ndim != 1:
+            raise TypeError(f"a list of dataset indices must hold ints only; got {_describe(key)}")
+        return normalize_rows(array, num_rows)
+    if isinstance(key, (int, np.integer)):
+        return int(normalize_rows(np.array([key]), num_rows)[0])
+    if isinstance(key, tuple):
+        raise TypeError(f"dataset indices must be {_FORMS}, not a tuple: rows have no second dimension (pass a list for several rows)")
+    raise TypeError(f"dataset indices must be {_FORMS}, not {type(key).__name__}")
+
+
+def _rows_of_array(key: Any, wrong_dtype: bool, num_rows: int, kind: str) -> int | np.ndarray:
+    if wrong_dtype:
+        advice = " (for a boolean mask, pass its nonzero positions)" if "bool" in str(key.dtype) else ""
+        raise TypeError(f"a {kind} of dataset indices must have an integer dtype, got {key.dtype}{advice}")
+    if key.ndim == 0:
+        return parse_key(operator.index(key), num_rows)
+    if key.ndim != 1:
+        raise TypeError(f"a {kind} of dataset indices must be 1-d, got shape {tuple(key.shape)}")
+    values = key.cpu().numpy() if isinstance(key, torch.Tensor) else key
+    if values.dtype == np.uint64 and len(values) and int(values.max()) > np.iinfo(np.int64).max:
+        raise IndexError(f"row index {int(values.max())} is out of range for a dataset of {num_rows:,} rows")
+    return normalize_rows(values.astype(np.int64, copy=False), num_rows)
+
+
+def _describe(key: Any) -> str:
+    kinds = sorted({type(item).__name__ for item in key})
+    return f"items of type {', '.join(kinds)}"
+
+
+def row_of(batch: dict[str, Any], index: int) -> dict[str, Any]:
+    """Row ``index`` of a batch as column -> value: a number as a 0-d tensor, a list as a tensor
+    of its values, a string or bytes (or None) as itself."""
+    return {name: _value(column, index) for name, column in batch.items()}
+
+
+def _value(column: Any, index: int) -> Any:
+    if isinstance(column, Ragged):
+        return column.values[int(column.offsets[index]) : int(column.offsets[index + 1])]
+    return column[index]
+
+
+def split_rows(batch: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """A batch of ``count`` rows as a list of rows (``row_of`` each)."""
+    return [row_of(batch, index) for index in range(count)]

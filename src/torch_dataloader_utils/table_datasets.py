@@ -1,0 +1,212 @@
+"""IcebergDataset and DeltaDataset: a table snapshot's files read like plain files, with the snapshot
+(Iceberg) or version (Delta) pinned in the state.
+
+A state records the table and the snapshot its epoch read (``state/schema.py: TABLE``);
+``load_state_dict`` plans that snapshot again, so a resumed epoch reads exactly what the
+interrupted one would have, whatever the table received since. ``set_epoch`` to another epoch
+reads the table's current snapshot, unless the dataset was created with a snapshot (time
+travel) or ``pin_snapshot=True``. See docs/tables.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Sequence
+
+from .catalog.build import Catalog
+from .dataset import StructuredDataset
+from .options import integer
+from .state.schema import TABLE
+from .state.validate import mismatch, table_entry
+from .storage.remote import IOOptions
+from .tables import delta, iceberg
+from .tables.plan import TablePlan, TableRef, table_catalog
+
+log = logging.getLogger(__name__)
+
+
+class _TableDataset(StructuredDataset):
+    """What Iceberg and Delta datasets share: planning a snapshot, and keeping it in the state."""
+
+    _requested: int | None  # the snapshot asked for (None: the current one)
+    _pinned: bool
+
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+        raise NotImplementedError
+
+    def _current_snapshot(self) -> int:
+        raise NotImplementedError
+
+    def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
+        self._split_bytes, self._io = split_bytes, io
+        plan = self._plan_table(self._requested)
+        self._ref = plan.ref
+        return table_catalog(plan, split_bytes, io)
+
+    def _switch(self, plan: TablePlan) -> None:
+        """Read ``plan``'s snapshot from now on."""
+        self._use_catalog(table_catalog(plan, self._split_bytes, self._io))
+        self._ref = plan.ref
+
+    @property
+    def snapshot(self) -> int:
+        """The snapshot id (Iceberg) or version (Delta) being read."""
+        return self._ref.snapshot
+
+    @property
+    def table(self) -> dict:
+        """The table and snapshot being read, as states record them."""
+        return self._ref.to_dict()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to read. Another epoch than the current one reads the table's current
+        snapshot, unless the snapshot is pinned (``snapshot_id``/``version`` given, or ``pin_snapshot=True``)."""
+        if not self._pinned and integer("epoch", epoch) != self.epoch:
+            current = self._current_snapshot()
+            if current != self._ref.snapshot:
+                log.info("epoch %d reads %s (the epoch before read %s)", epoch, current, self._ref.snapshot)
+                if self.world_size > 1:
+                    log.warning(
+                        "rank %d: epoch %d reads the table's new snapshot %d; every rank must read the same one (a commit "
+                        "between two ranks' set_epoch calls splits them): under DDP pin it (pin_snapshot=True or snapshot_id=; Delta: "
+                        "pin_version=True or version=)",
+                        self.rank, epoch, current,
+                    )  # fmt: skip
+                self._switch(self._plan_table(current))
+        super().set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        state[TABLE] = self._ref.to_dict()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
+        """Restore progress, planning the snapshot the state was taken on (see StructuredDataset.load_state_dict)."""
+        self._with_state_snapshot(state, lambda: super(_TableDataset, self).load_state_dict(state, elastic), keep=True)
+
+    def check_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
+        """Raise CheckpointMismatchError when ``load_state_dict(state, elastic)`` would refuse ``state``; change nothing."""
+        self._with_state_snapshot(state, lambda: super(_TableDataset, self).check_state_dict(state, elastic), keep=False)
+
+    def _with_state_snapshot(self, state: Mapping[str, Any], action: Any, keep: bool) -> None:
+        entry = table_entry(state) if isinstance(state, Mapping) else None
+        if entry is None or entry["snapshot"] == self._ref.snapshot:
+            if entry is not None:
+                self._check_table(entry)
+            action()
+            return
+        self._check_table(entry)
+        before = (self._catalog, self._ref)
+        self._switch(self._plan_table(entry["snapshot"], from_state=True))
+        try:
+            action()
+        except BaseException:
+            keep = False
+            raise
+        finally:
+            if not keep:
+                self._use_catalog(before[0])
+                self._ref = before[1]
+
+    def _check_table(self, entry: Mapping[str, Any]) -> None:
+        ref = self._ref
+        if entry["format"] != ref.format or entry["name"] != ref.name or (entry["uuid"] or ref.uuid) and entry["uuid"] != ref.uuid:
+            saved = TableRef(entry["format"], entry["name"], entry["snapshot"], entry["uuid"])
+            raise mismatch(
+                f"Checkpoint state was taken on another table: {saved.describe()} (uuid {saved.uuid}), not {ref.name!r} (uuid {ref.uuid}).",
+                [],
+                ["the dataset reads another table, or the table was dropped and created again"],
+                "Resume with the table the checkpoint was taken on, or start the epoch again (set_epoch).",
+            )
+
+
+class IcebergDataset(_TableDataset):
+    """An Apache Iceberg table (through pyiceberg) as a stream of batches with exact resume.
+
+    ``table``: "namespace.table"; ``catalog_config``: pyiceberg catalog properties, its "name"
+    key naming the catalog; ``snapshot_id``: read that snapshot (time travel; pinned for every
+    epoch), else the current one; ``scan_filter``: a pyiceberg expression or its text, used to
+    prune files and to drop non-matching rows (counted at planning); ``filters``: a pyarrow
+    expression over the table's columns, rows it does not keep are dropped (counted at planning);
+    ``pin_snapshot``: keep the first snapshot for every epoch. Other arguments as StructuredDataset.
+    """
+
+    def __init__(
+        self,
+        table: str,
+        catalog_config: Mapping[str, Any] | None = None,
+        *,
+        snapshot_id: int | None = None,
+        scan_filter: Any = None,
+        filters: Any = None,
+        pin_snapshot: bool = False,
+        storage_options: dict | None = None,
+        columns: Sequence[str] | None = None,
+        **kwargs: Any,
+    ):
+        self._name = table
+        self._catalog_config = dict(catalog_config or {})
+        self._requested = None if snapshot_id is None else integer("snapshot_id", snapshot_id)
+        self._pinned = bool(pin_snapshot) or snapshot_id is not None
+        self._scan_filter, self._filters, self._columns = scan_filter, filters, columns
+        self._storage_options = storage_options
+        super().__init__(table, "parquet", columns=columns, storage_options=storage_options, **kwargs)
+
+    @classmethod
+    def create_dataloader(cls, table: str, catalog_config: Mapping[str, Any] | None = None, **kwargs: Any):  # type: ignore[override]
+        """Build the dataset and its loader; returns ``(loader, dataset)`` (arguments: the class's and
+        StructuredDataset.create_dataloader's)."""
+        return super().create_dataloader(table, catalog_config, **kwargs)  # type: ignore[arg-type]
+
+    def _load(self) -> Any:
+        return iceberg.load_table(self._name, self._catalog_config)
+
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+        table = self._load()
+        found = iceberg.snapshot_of(table, self._name, snapshot, from_state)
+        options = self._storage_options if self._storage_options is not None else iceberg.storage_options_of(self._catalog_config, table)
+        return iceberg.plan_iceberg(table, self._name, found, self._scan_filter, self._filters, self._columns, options)
+
+    def _current_snapshot(self) -> int:
+        return iceberg.snapshot_of(self._load(), self._name, None).snapshot_id
+
+
+class DeltaDataset(_TableDataset):
+    """A Delta Lake table (through deltalake) as a stream of batches with exact resume.
+
+    ``path``: the table's directory or URI; ``version``: read that version (time travel; pinned for
+    every epoch), else the latest; ``storage_options``: fsspec's options (s3fs key, secret and
+    client_kwargs are passed on to deltalake); ``filters``: a pyarrow expression, rows it does not
+    keep are dropped (counted at planning); ``pin_version``: keep the first version for every epoch.
+    Deletion vectors are applied. Other arguments as StructuredDataset.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        version: int | None = None,
+        *,
+        storage_options: dict | None = None,
+        filters: Any = None,
+        pin_version: bool = False,
+        **kwargs: Any,
+    ):
+        self._uri = str(path)
+        self._requested = None if version is None else integer("version", version)
+        self._pinned = bool(pin_version) or version is not None
+        self._filters = filters
+        self._storage_options = storage_options
+        super().__init__(path, "parquet", storage_options=storage_options, **kwargs)
+
+    @classmethod
+    def create_dataloader(cls, path: str, version: int | None = None, **kwargs: Any):  # type: ignore[override]
+        """Build the dataset and its loader; returns ``(loader, dataset)`` (arguments: the class's and
+        StructuredDataset.create_dataloader's)."""
+        return super().create_dataloader(path, version, **kwargs)  # type: ignore[arg-type]
+
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+        table = delta.open_delta(self._uri, snapshot, self._storage_options, from_state)
+        return delta.plan_delta(table, self._uri, self._filters, self._storage_options)
+
+    def _current_snapshot(self) -> int:
+        return int(delta.open_delta(self._uri, None, self._storage_options).version())

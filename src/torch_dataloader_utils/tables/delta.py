@@ -1,0 +1,100 @@
+"""Delta Lake tables through the ``deltalake`` package (the ``delta`` extra): a version's data files,
+their partition values and deletion vectors, as a ``TablePlan``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import CheckpointMismatchError
+from .deletes import merge_dropped
+from .files import TableFile
+from .plan import TablePlan, TableRef, apply_row_filter, table_filesystem
+
+#: s3fs storage options -> the deltalake (object_store) option they set
+_S3_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
+_S3_CLIENT_KEYS = {"endpoint_url": "AWS_ENDPOINT_URL", "region_name": "AWS_REGION"}
+
+
+def _deltalake() -> Any:
+    try:
+        import deltalake
+    except ImportError as error:
+        raise ImportError(f"{error}; Delta Lake tables need deltalake: pip install 'torch_dataloader_utils[delta]' (or pip install deltalake)") from error
+    return deltalake
+
+
+def delta_storage_options(storage_options: dict | None) -> dict[str, str] | None:
+    """deltalake's options for the s3fs ones (key, secret, token, client_kwargs' endpoint and region)."""
+    if not storage_options:
+        return None
+    options = {_S3_KEYS[k]: str(v) for k, v in storage_options.items() if k in _S3_KEYS}
+    for key, value in (storage_options.get("client_kwargs") or {}).items():
+        if key in _S3_CLIENT_KEYS:
+            options[_S3_CLIENT_KEYS[key]] = str(value)
+    if str(options.get("AWS_ENDPOINT_URL", "")).startswith("http://"):
+        options["AWS_ALLOW_HTTP"] = "true"
+    return options
+
+
+def open_delta(path: str, version: int | None, storage_options: dict | None, from_state: bool = False) -> Any:
+    """The ``DeltaTable`` at ``version`` (None: the latest)."""
+    deltalake = _deltalake()
+    try:
+        return deltalake.DeltaTable(path, version=version, storage_options=delta_storage_options(storage_options))
+    except Exception as error:
+        if version is None or type(error).__name__ == "TableNotFoundError":
+            raise
+        if from_state:
+            raise CheckpointMismatchError(
+                f"Checkpoint state was taken on version {version} of Delta table {path!r}, which cannot be loaded any more "
+                f"({type(error).__name__}: {error}).\n\n  Its log or files were cleaned up (log retention, VACUUM): start the epoch "
+                "again from its beginning (set_epoch), or keep versions until training jobs that read them end."
+            ) from error
+        raise ValueError(f"Delta table {path!r} has no version {version} that can be loaded ({type(error).__name__}: {error})") from error
+
+
+def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
+    """Storage path -> positions the file's deletion vector deletes."""
+    vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    dropped = {}
+    for path, keep in zip(vectors.column("filepath").to_pylist(), vectors.column("selection_vector").to_pylist()):
+        dropped[fs._strip_protocol(path)] = np.flatnonzero(~np.asarray(keep, dtype=bool)).astype(np.int64)
+    return dropped
+
+
+def plan_delta(table: Any, uri: str, filters: Any, storage_options: dict | None) -> TablePlan:
+    """The version's data files, with partition values as constant columns and deletion vectors applied."""
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise ValueError(f"Delta table {uri!r} uses column mapping (mode {mode!r}), which this loader does not read yet")
+    schema = pa.schema(table.schema().to_arrow())
+    actions = pa.table(table.get_add_actions(flatten=True))
+    relative = actions.column("path").to_pylist()
+    full_paths = [_full_path(table.table_uri, path) for path in relative]
+    fs = table_filesystem(full_paths[0] if full_paths else table.table_uri, storage_options)
+    has_vectors = "deletionVectors" in (table.protocol().reader_features or [])
+    vectors = _deletion_vectors(table, fs) if has_vectors else {}
+    partitions = [name for name in actions.column_names if name.startswith("partition.")]
+    values = {name: actions.column(name).to_pylist() for name in partitions}
+    files = []
+    for row, full in enumerate(full_paths):
+        constants = {}
+        for column in partitions:
+            name = column[len("partition.") :]
+            constants[name] = pa.scalar(values[column][row], schema.field(name).type)
+        dropped = vectors.get(fs._strip_protocol(full), np.zeros(0, dtype=np.int64))
+        files.append(TableFile(full, merge_dropped(dropped), None, constants))
+    plan = TablePlan(TableRef("delta", table.table_uri, int(table.version())), files, schema, fs)
+    apply_row_filter(plan, filters)
+    return plan
+
+
+
+def _full_path(table_uri: str, path: str) -> str:
+    """An add action's file: its path is relative to the table (URL-encoded) unless it is a URI."""
+    from urllib.parse import unquote
+
+    return path if "://" in path else f"{table_uri.rstrip('/')}/{unquote(path)}"

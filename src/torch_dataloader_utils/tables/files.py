@@ -1,0 +1,161 @@
+"""A table's data files read as the table sees them: rows its snapshot deleted (or a row filter
+dropped) left out, columns named as the table's schema names them, and partition values a file
+does not store added.
+
+``TableFileFormat`` wraps a plain format (``formats/``): the units stay the file's row groups or
+stripes, but each unit's row count is the count of rows the table keeps, so the planner, the
+splits and an exact resume work on those rows as on a plain file's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..formats import FileFormat, UnitReader
+from ..plan.splits import FileLayout
+
+FIELD_ID = b"PARQUET:field_id"
+
+
+@dataclass
+class TableFile:
+    """What a table adds to one data file: the rows it drops (sorted positions in the file), how its
+    columns are named (by Iceberg field id; None: by name) and constant columns (Delta partitions)."""
+
+    path: str  # as the table names it (delete files and messages use this)
+    dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    field_names: Mapping[int, str] | None = None  # Iceberg: field id -> the column's name in the snapshot's schema
+    constants: dict[str, pa.Scalar] = field(default_factory=dict)
+
+
+def column_names(schema: pa.Schema, file: TableFile, table_names: set[str]) -> dict[str, str]:
+    """The file's column -> the table's name for it; columns the table does not have are left out."""
+    names = {}
+    for column in schema:
+        raw = (column.metadata or {}).get(FIELD_ID)
+        if file.field_names is not None and raw is not None:
+            name = file.field_names.get(int(raw))
+        else:  # a file written without field ids (Iceberg: added files; Delta): by name
+            name = column.name if column.name in table_names else None
+        if name is not None and name not in file.constants:
+            names[column.name] = name
+    return names
+
+
+@dataclass
+class TableFooter:
+    """The wrapped format's footer, and what the table changes about the file."""
+
+    footer: Any
+    file: TableFile
+    names: dict[str, str]  # file column -> table column
+    unit_starts: np.ndarray  # first row of each unit in the file (and the file's row count last)
+    schema: pa.Schema  # the file's schema as the table names it (constants included)
+
+
+class TableFileFormat:
+    """A ``FileFormat`` over a plain one for a table's data files (``files`` by the path the
+    filesystem uses)."""
+
+    def __init__(self, base: FileFormat, files: dict[str, TableFile], table_schema: pa.Schema):
+        self.base = base
+        self.name = base.name
+        self.suffixes = base.suffixes
+        self.streams_units = base.streams_units
+        self.files = files
+        self.table_schema = table_schema
+
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
+        """The units' rows after the table's drops, and a ``TableFooter``."""
+        layout, footer = self.base.read_footer(fs, path, size, url)
+        file = self.files[path]
+        starts = np.concatenate([[0], np.cumsum(layout.unit_rows, dtype=np.int64)])
+        if len(file.dropped) and file.dropped[-1] >= starts[-1]:
+            raise ValueError(f"{file.path}: the table deletes row {int(file.dropped[-1])} but the file has {int(starts[-1])} rows")
+        dropped = np.diff(np.searchsorted(file.dropped, starts))
+        kept = tuple(int(rows - gone) for rows, gone in zip(layout.unit_rows, dropped))
+        base_schema = self.base.schema(fs, path, footer)
+        names = column_names(base_schema, file, set(self.table_schema.names))
+        columns = [pa.field(names[c.name], c.type) for c in base_schema if c.name in names]
+        columns += [pa.field(name, self._type(name, value)) for name, value in file.constants.items()]
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns))
+        return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
+
+    def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
+        index = self.table_schema.get_field_index(name)
+        return self.table_schema.field(index).type if index >= 0 else value.type
+
+    def schema(self, fs: Any, path: str, footer: TableFooter) -> pa.Schema:
+        """The file's schema as the table names it."""
+        return footer.schema
+
+    def open(self, fs: Any, path: str, footer: TableFooter, use_threads: bool) -> TableFileReader:
+        return TableFileReader(self.base.open(fs, path, footer.footer, use_threads), footer)
+
+
+class TableFileReader:
+    """Reads units of a table's data file: drops applied, columns renamed, constants added."""
+
+    def __init__(self, reader: UnitReader, footer: TableFooter):
+        self._reader = reader
+        self._footer = footer
+        self._physical = {table: raw for raw, table in footer.names.items()}
+
+    def _unit_dropped(self, unit: int) -> np.ndarray:
+        """Positions dropped in ``unit``, relative to its first row."""
+        starts, dropped = self._footer.unit_starts, self._footer.file.dropped
+        lo, hi = np.searchsorted(dropped, [starts[unit], starts[unit + 1]])
+        return dropped[lo:hi] - starts[unit]
+
+    def _wanted(self, columns: list[str] | None) -> list[str]:
+        names = list(self._footer.schema.names) if columns is None else columns
+        return [self._physical[name] for name in names if name in self._physical]
+
+    def _finish(self, table: pa.Table, columns: list[str] | None) -> pa.Table:
+        table = table.rename_columns([self._footer.names[name] for name in table.column_names])
+        for name, value in self._footer.file.constants.items():
+            if columns is None or name in columns:
+                column = self._footer.schema.field(name)
+                table = table.append_column(column, pa.repeat(value, table.num_rows).cast(column.type))
+        order = self._footer.schema.names if columns is None else columns
+        return table.select([name for name in order if name in table.column_names])
+
+    def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
+        table = self._reader.read_unit(unit, self._wanted(columns))
+        gone = self._unit_dropped(unit)
+        if len(gone):
+            table = table.filter(_keep_mask(table.num_rows, gone))
+        return self._finish(table, columns)
+
+    def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
+        """The unit's kept rows from kept row ``first_row`` on, decoded in batches (see ``StreamingUnitReader``)."""
+        gone = self._unit_dropped(unit)
+        row = physical_row(gone, first_row)
+        for table in self._reader.iter_unit(unit, self._wanted(columns), batch_rows, row):  # type: ignore[attr-defined]
+            lo, hi = np.searchsorted(gone, [row, row + table.num_rows])
+            if hi > lo:
+                table = table.filter(_keep_mask(table.num_rows, gone[lo:hi] - row))
+            row += table.num_rows + int(hi - lo)
+            if table.num_rows:
+                yield self._finish(table, columns)
+
+
+def physical_row(gone: np.ndarray, kept_row: int) -> int:
+    """The unit row holding kept row ``kept_row`` (``gone``: the unit's dropped rows, sorted)."""
+    row = kept_row
+    while True:  # each round adds the rows dropped before the candidate; it stops at a kept row
+        candidate = kept_row + int(np.searchsorted(gone, row, side="right"))
+        if candidate == row:
+            return row
+        row = candidate
+
+
+def _keep_mask(rows: int, gone: np.ndarray) -> pa.Array:
+    keep = np.ones(rows, dtype=bool)
+    keep[gone] = False
+    return pa.array(keep)

@@ -1,0 +1,163 @@
+"""Apache Iceberg tables through pyiceberg (the ``iceberg`` extra): a snapshot's data files, its
+position deletes and its schema, as a ``TablePlan``."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from ..errors import CheckpointMismatchError
+from .deletes import PositionDeletes
+from .files import TableFile
+from .plan import TablePlan, TableRef, apply_row_filter, table_filesystem
+
+#: catalog_config properties of pyiceberg's S3 FileIO -> the s3fs storage option they set
+_S3_OPTIONS = {
+    "s3.access-key-id": ("key",),
+    "s3.secret-access-key": ("secret",),
+    "s3.session-token": ("token",),
+    "s3.endpoint": ("client_kwargs", "endpoint_url"),
+    "s3.region": ("client_kwargs", "region_name"),
+}
+
+
+def _pyiceberg() -> Any:
+    try:
+        import pyiceberg.catalog
+    except ImportError as error:
+        raise ImportError(
+            f"{error}; Iceberg tables need pyiceberg: pip install 'torch_dataloader_utils[iceberg]' "
+            "(or pip install 'pyiceberg[sql-sqlite]', with the extra of your catalog)"
+        ) from error
+    return pyiceberg.catalog
+
+
+def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
+    """The pyiceberg table ``table`` ("namespace.table") of the catalog ``catalog_config`` describes:
+    its "name" key names the catalog, the other keys are pyiceberg's catalog properties."""
+    if not isinstance(table, str) or "." not in table:
+        raise ValueError(f"table must be an Iceberg identifier 'namespace.table', got {table!r}")
+    config = dict(catalog_config or {})
+    name = config.pop("name", "default")
+    catalog = _pyiceberg().load_catalog(name, **config)
+    try:
+        return catalog.load_table(table)
+    except Exception as error:
+        if type(error).__name__ == "NoSuchTableError":
+            raise ValueError(f"Iceberg catalog {name!r} has no table {table!r} ({error}); check table= and catalog_config") from error
+        raise
+
+
+def storage_options_of(catalog_config: Mapping[str, Any] | None, table: Any) -> dict:
+    """s3fs options from the catalog's S3 properties (pyiceberg's names), for reading the data files."""
+    properties = {**(catalog_config or {}), **getattr(table, "properties", {}), **dict(getattr(table.io, "properties", {}) or {})}
+    options: dict = {}
+    for key, target in _S3_OPTIONS.items():
+        if key in properties:
+            if len(target) == 1:
+                options[target[0]] = properties[key]
+            else:
+                options.setdefault(target[0], {})[target[1]] = properties[key]
+    return options
+
+
+def snapshot_of(table: Any, table_name: str, snapshot_id: int | None, from_state: bool = False) -> Any:
+    """The snapshot to read: ``snapshot_id``'s, or the current one."""
+    if snapshot_id is None:
+        snapshot = table.current_snapshot()
+        if snapshot is None:
+            raise ValueError(f"Iceberg table {table_name!r} has no snapshot yet (no data was ever committed): nothing to read")
+        return snapshot
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        known = [s.snapshot_id for s in table.snapshots()][-5:]
+        if from_state:
+            raise CheckpointMismatchError(
+                f"Checkpoint state was taken on snapshot {snapshot_id} of Iceberg table {table_name!r}, which the table no "
+                f"longer has (expired; its latest snapshots are {known}).\n\n  The rows that epoch read are gone: start the "
+                "epoch again from its beginning (set_epoch), or keep snapshots until training jobs that read them end "
+                "(expire_snapshots with a longer retention)."
+            )
+        raise ValueError(f"Iceberg table {table_name!r} has no snapshot {snapshot_id} (expired, or never made); its latest snapshots are {known}")
+    return snapshot
+
+
+def _field_names(schema: Any) -> dict[int, str]:
+    return {column.field_id: column.name for column in schema.fields}
+
+
+def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
+    """(pyiceberg's row filter for planning, the same filter as a pyarrow expression)."""
+    from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+    from pyiceberg.expressions.parser import parse
+    from pyiceberg.expressions.visitors import bind
+    from pyiceberg.io.pyarrow import expression_to_pyarrow
+
+    if scan_filter is None:
+        return AlwaysTrue(), None
+    try:
+        expression = parse(scan_filter) if isinstance(scan_filter, str) else scan_filter
+        if not isinstance(expression, BooleanExpression):
+            raise TypeError(f"got {type(scan_filter).__name__}")
+        return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True))
+    except Exception as error:  # pyiceberg's parse and bind errors: re-raised naming the argument
+        raise ValueError(
+            f"scan_filter {scan_filter!r:.200} is not a pyiceberg expression over the snapshot's columns {[f.name for f in schema.fields]} "
+            f"({type(error).__name__}: {error}); give its text (e.g. \"year = 2024 and id > 5\") or a pyiceberg.expressions object"
+        ) from error
+
+
+def plan_iceberg(
+    table: Any,
+    table_name: str,
+    snapshot: Any,
+    scan_filter: Any,
+    filters: Any,
+    columns: Sequence[str] | None,
+    storage_options: dict | None,
+) -> TablePlan:
+    """The snapshot's data files with their position deletes (and the rows the filters drop)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    schema = table.schemas().get(snapshot.schema_id, table.schema()) if snapshot.schema_id is not None else table.schema()
+    row_filter, arrow_filter = _row_filter(scan_filter, schema)
+    scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",))
+    try:
+        tasks = list(scan.plan_files())
+    except ValueError as error:
+        if "equality deletes" in str(error):
+            raise ValueError(_equality_message(table_name, snapshot.snapshot_id)) from error
+        raise
+    arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
+    ref = TableRef("iceberg", table_name, snapshot.snapshot_id, str(table.metadata.table_uuid))
+    example = tasks[0].file.file_path if tasks else table.location()
+    fs = table_filesystem(example, storage_options)
+    deletes = PositionDeletes(fs)
+    names = _field_names(schema)
+    files = []
+    for task in tasks:
+        data = task.file
+        if data.file_format != FileFormat.PARQUET:
+            raise ValueError(f"{data.file_path} of Iceberg table {table_name!r} is {data.file_format}: this loader reads Parquet data files only")
+        if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
+            raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
+        dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
+        files.append(TableFile(data.file_path, dropped, names))
+    plan = TablePlan(ref, files, arrow_schema, fs)
+    apply_row_filter(plan, _and(arrow_filter, filters))
+    return plan
+
+
+def _and(first: Any, second: Any) -> Any:
+    if first is None or second is None:
+        return first if second is None else second
+    return first & second
+
+
+def _equality_message(table_name: str, snapshot_id: int) -> str:
+    return (
+        f"Iceberg table {table_name!r} snapshot {snapshot_id} has equality delete files, which this loader cannot apply "
+        "(pyiceberg cannot either). Compact the table (rewrite its data files, e.g. Spark's rewrite_data_files with "
+        "delete-file-threshold=1) and read the compacted snapshot"
+    )
+

@@ -1,0 +1,109 @@
+"""A table snapshot's files as a catalog: what Iceberg and Delta planning hand over, and the catalog
+built from it with the drops (deletes, row filters) counted in every unit."""
+
+from __future__ import annotations
+
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..catalog.build import Catalog, catalog_of_files
+from ..catalog.discovery import filesystem_for
+from ..catalog.progress_bar import progress
+from ..formats import get_format
+from ..storage.paths import is_local, is_remote
+from ..storage.remote import IOOptions, open_store
+from ..storage.versions import FileEntry, content_tag
+from .deletes import merge_dropped, unmatched_rows
+from .files import TableFile, TableFileFormat
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """The table and the snapshot a plan read; what a state records (``state/schema.py: TABLE``)."""
+
+    format: str  # "iceberg" or "delta"
+    name: str  # Iceberg: the table identifier; Delta: the table's URI
+    snapshot: int  # Iceberg: the snapshot id; Delta: the table version
+    uuid: str | None = None  # Iceberg's table uuid (a table dropped and created again has another)
+
+    def to_dict(self) -> dict:
+        return {"format": self.format, "name": self.name, "snapshot": self.snapshot, "uuid": self.uuid}
+
+    def describe(self) -> str:
+        kind = "snapshot" if self.format == "iceberg" else "version"
+        return f"{self.format} table {self.name!r} {kind} {self.snapshot}"
+
+
+@dataclass
+class TablePlan:
+    """A snapshot's data files (Parquet), the rows each drops, and the schema of the snapshot."""
+
+    ref: TableRef
+    files: list[TableFile]
+    schema: pa.Schema  # the snapshot's columns, in its order
+    fs: Any  # the fsspec filesystem of the data files
+
+
+def table_filesystem(example_path: str, storage_options: dict | None) -> Any:
+    """The fsspec filesystem of a table's files."""
+    return filesystem_for([example_path], storage_options)
+
+
+def apply_row_filter(plan: TablePlan, expression: pc.Expression | None) -> None:
+    """Drop the rows of every file that ``expression`` does not keep (each file's filter columns
+    are read once, here, so that unit row counts are exact)."""
+    if expression is None:
+        return
+    if not isinstance(expression, pc.Expression):
+        raise TypeError(
+            f"filters must be a pyarrow.compute expression over the table's columns, e.g. pc.field('year') == 2024; "
+            f"got {type(expression).__name__}"
+        )
+    for file in progress(iter(plan.files), len(plan.files), "evaluating the row filter"):
+        file.dropped = merge_dropped(file.dropped, unmatched_rows(plan.fs, file, expression, plan.schema))
+
+
+_INFO_THREADS = 32
+
+
+def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
+    """The snapshot's files with their sizes and content tags (object stores: asked concurrently,
+    one request per file; a table lists its files, so no directory is listed)."""
+
+    def entry(path: str) -> FileEntry:
+        try:
+            info = fs.info(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{path}, a data file of {ref.describe()}, does not exist: the table's files were removed (orphan file "
+                "clean-up, VACUUM) or the storage options point elsewhere"
+            ) from None
+        url = posixpath.normpath(path) if is_local(fs) else fs.unstrip_protocol(path)
+        return FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
+
+    if is_remote(fs):
+        with ThreadPoolExecutor(max_workers=min(_INFO_THREADS, max(1, len(paths)))) as pool:
+            entries = list(pool.map(entry, paths))
+        fs.register(entries)
+        return entries
+    return [entry(path) for path in paths]
+
+
+def table_catalog(plan: TablePlan, split_bytes: int, io: IOOptions | None) -> Catalog:
+    """The catalog of a snapshot's files: footers read once, units counting the rows the table keeps."""
+    if not plan.files:
+        raise ValueError(f"{plan.ref.describe()} has no data files: nothing to read")
+    fs = open_store(plan.fs, io)
+    by_storage_path = {plan.fs._strip_protocol(file.path): file for file in plan.files}
+    entries = _entries(fs, sorted(by_storage_path), plan.ref)
+    files = {entry.fs_path: by_storage_path[entry.fs_path] for entry in entries}
+    catalog = catalog_of_files(fs, TableFileFormat(get_format("parquet"), files, plan.schema), entries, split_bytes)
+    if catalog.schema is None:
+        return catalog
+    order = [name for name in plan.schema.names if name in catalog.schema.names]
+    return replace(catalog, schema=pa.schema([catalog.schema.field(name) for name in order]))

@@ -1,0 +1,152 @@
+"""DeltaDataset against local Delta tables written with deltalake: exactly once, resume equivalence,
+the version pinned in the state, time travel, partition columns, row filters and deletion vectors."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+pytest.importorskip("deltalake")
+
+from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
+from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
+from table_helpers import batch_key, ids_of, rows  # noqa: E402
+
+from torch_dataloader_utils import CheckpointMismatchError, DeltaDataset  # noqa: E402
+from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
+
+GROUPS_OF_64 = WriterProperties(max_row_group_size=64)
+CONFIG = dict(batch_size=32, num_workers=2, split_bytes=1, chunk_rows=64, shuffle=True, shuffle_seed=5, shuffle_buffer_rows=150)
+
+
+def _part(start: int, stop: int) -> pa.Table:
+    return rows(start, stop, part=pa.array([f"p{i % 3}" for i in range(start, stop)]))
+
+
+@pytest.fixture
+def table(tmp_path):
+    path = str(tmp_path / "delta")
+    write_deltalake(path, _part(0, 500), partition_by=["part"], writer_properties=GROUPS_OF_64)
+    write_deltalake(path, _part(500, 800), mode="append", partition_by=["part"], writer_properties=GROUPS_OF_64)
+    return path
+
+
+def _make(path, **kwargs):
+    return lambda: DeltaDataset.create_dataloader(path=path, **{**CONFIG, **kwargs})
+
+
+def _run(loader, dataset, states=None):
+    batches = []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        if states is not None:
+            states.append(json.loads(json.dumps(dataset.state_dict())))
+    return batches
+
+
+def test_exactly_once_and_resume_with_two_workers(table):
+    """Partition values (not stored in the files) come back as a column; resumes are exact."""
+    reference = assert_resumes_exactly(_make(table), epochs=2, points=[(0, 7), (1, -2)], batch_key=batch_key)
+    for epoch in reference.batches:
+        assert sorted(ids_of(epoch)) == list(range(800))
+    loader, _ = DeltaDataset.create_dataloader(table, batch_size=100, num_workers=0)
+    for batch in loader:
+        assert batch["part"] == [f"p{i % 3}" for i in batch["id"].tolist()]
+
+
+def test_resume_after_an_append_reads_the_checkpoint_version(table):
+    loader, dataset = _make(table)()
+    states: list = []
+    full = _run(loader, dataset, states)
+    assert states[3]["table"]["snapshot"] == 1 and states[3]["table"]["format"] == "delta"
+    write_deltalake(table, _part(800, 900), mode="append", partition_by=["part"])
+    loader, dataset = _make(table)()
+    assert dataset.snapshot == 2
+    dataset.load_state_dict(states[3])
+    assert dataset.snapshot == 1
+    assert _run(loader, dataset) == full[4:]
+    dataset.set_epoch(1)
+    assert dataset.snapshot == 2 and sorted(ids_of(_run(loader, dataset))) == list(range(900))
+    loader, pinned = _make(table, pin_version=True)()
+    pinned.load_state_dict(states[3])
+    pinned.set_epoch(1)
+    assert pinned.snapshot == 1 and len(pinned) == 800
+
+
+def test_time_travel_by_version(table):
+    loader, dataset = _make(table, version=0)()
+    assert sorted(ids_of(_run(loader, dataset))) == list(range(500))
+    dataset.set_epoch(1)
+    assert dataset.snapshot == 0
+
+
+def test_row_filter_is_exact(table):
+    make = _make(table, filters=(pc.field("part") == "p1") & (pc.field("id") < 700))
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 1), (0, -2)], batch_key=batch_key)
+    expected = [i for i in range(700) if i % 3 == 1]
+    assert sorted(ids_of(reference.batches[0])) == expected
+    assert len(make()[1]) == len(expected)
+
+
+def test_a_version_that_is_gone_is_a_checkpoint_mismatch(table, tmp_path):
+    _, dataset = _make(table, num_workers=0)()
+    state = dataset.state_dict()
+    state["table"]["snapshot"] = 7  # a version this table does not have (as after log clean-up)
+    with pytest.raises(CheckpointMismatchError, match="version 7"):
+        dataset.load_state_dict(state)
+
+
+def test_missing_extra_names_it(monkeypatch, table):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "deltalake", None)
+    with pytest.raises(ImportError, match=r"torch_dataloader_utils\[delta\]"):
+        _make(table)()
+
+
+def test_deletion_vectors_are_applied(tmp_path):
+    """A file with a deletion vector: its deleted rows are left out, counted at planning, and a
+    resume inside its row groups is exact."""
+    from table_helpers import add_deletion_vector
+
+    table = str(tmp_path / "dv")
+    write_deltalake(table, rows(0, 300), configuration={"delta.enableDeletionVectors": "true"}, writer_properties=GROUPS_OF_64)
+    write_deltalake(table, rows(300, 400), mode="append")
+    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pylist()
+    first = next(a["path"] for a in actions if a["num_records"] == 300)
+    deleted = add_deletion_vector(table, first, [0, 3, 4, 70, 130])
+    assert len(pa.RecordBatchReader.from_stream(DeltaTable(table).deletion_vectors()).read_all()) == 1
+    reference = assert_resumes_exactly(_make(table), epochs=1, points=[(0, 1), (0, 4)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == sorted(set(range(400)) - set(deleted))
+    assert len(_make(table)()[1]) == 400 - 5
+
+
+def test_filters_must_be_an_expression(table):
+    with pytest.raises(TypeError, match="pyarrow.compute expression"):
+        _make(table, filters=[("id", ">", 3)])()
+
+
+def test_a_removed_data_file_is_named(table):
+    import os
+
+    first = pa.table(DeltaTable(table).get_add_actions(flatten=True)).column("path").to_pylist()[0]
+    os.remove(os.path.join(table, first))
+    with pytest.raises(FileNotFoundError, match="a data file of delta table"):
+        _make(table)()
+
+
+def test_table_on_s3(s3, tmp_path):
+    """A Delta table on an S3 server (moto): s3fs's storage_options are passed on to deltalake."""
+    endpoint = s3.options["client_kwargs"]["endpoint_url"]
+    uri = f"s3://{BUCKET}/delta-{tmp_path.name}"
+    writer = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-west-2",
+              "AWS_ALLOW_HTTP": "true", "AWS_S3_ALLOW_UNSAFE_RENAME": "true"}  # fmt: skip
+    write_deltalake(uri, _part(0, 300), partition_by=["part"], storage_options=writer)
+    write_deltalake(uri, _part(300, 400), mode="append", partition_by=["part"], storage_options=writer)
+    make = _make(uri, storage_options=s3.options, num_workers=0)
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 3)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == list(range(400))
+    assert make()[1].snapshot == 1

@@ -1,0 +1,306 @@
+"""IcebergDataset against an embedded pyiceberg SqlCatalog (SQLite) with a local warehouse, and once
+with the warehouse on S3 (moto): exactly once, resume equivalence, the snapshot pinned in the state,
+position deletes, row filters, schema evolution and expired snapshots."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+import pytest
+import torch
+
+pytest.importorskip("pyiceberg")
+
+from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
+from table_helpers import add_equality_deletes, add_position_deletes, batch_key, data_files, iceberg_config, iceberg_table, ids_of, rows  # noqa: E402
+
+from torch_dataloader_utils import CheckpointMismatchError, IcebergDataset  # noqa: E402
+from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
+
+CONFIG = dict(batch_size=32, num_workers=2, split_bytes=1, chunk_rows=64, shuffle=True, shuffle_seed=5, shuffle_buffer_rows=150)
+DELETED = [3, 50, 51, 99, 100, *range(150, 160)]  # positions in the second data file (rows 400..699)
+
+
+@pytest.fixture
+def table(tmp_path):
+    config = iceberg_config(str(tmp_path))
+    table = iceberg_table(config)
+    for start, stop in ((0, 400), (400, 700), (700, 1000)):
+        table.append(rows(start, stop))
+    return config, table
+
+
+def _make(config, **kwargs):
+    return lambda: IcebergDataset.create_dataloader(table="db.t", catalog_config=config, **{**CONFIG, **kwargs})
+
+
+def _run(loader, dataset, states=None):
+    batches = []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        if states is not None:
+            states.append(json.loads(json.dumps(dataset.state_dict())))
+    return batches
+
+
+def test_deletes_exactly_once_and_resume_inside_units_with_deletes(table):
+    """Two workers, shuffled: every kept row once, deleted rows never, and resuming at points inside
+    row groups that have deletes gives the uninterrupted run's batches."""
+    config, ice = table
+    second = data_files(ice)[1]
+    add_position_deletes(ice, second, DELETED)
+    reference = assert_resumes_exactly(_make(config), epochs=2, points=[(0, 1), (0, -2), (1, 3)], batch_key=batch_key)
+    expected = sorted(set(range(1000)) - {400 + p for p in DELETED})
+    for epoch in reference.batches:
+        assert sorted(ids_of(epoch)) == expected
+
+
+def test_resume_inside_a_split_with_deletes_unshuffled_streams(tmp_path):
+    """Unshuffled, a row group is decoded in batches from the resume row: the kept row maps to the
+    right file row past the deletes (one file of ten row groups, resumed inside the ones with deletes)."""
+    config = iceberg_config(str(tmp_path))
+    ice = iceberg_table(config)
+    ice.append(rows(0, 1000))
+    add_position_deletes(ice, data_files(ice)[0], DELETED)
+    make = _make(config, shuffle=False, split_bytes=1 << 30, batch_size=10, chunk_rows=20, num_workers=0)
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 0), (0, 4), (0, 9), (0, 13), (0, 15)], batch_key=batch_key)
+    assert ids_of(reference.batches[0]) == sorted(set(range(1000)) - set(DELETED))
+
+
+def test_resume_after_an_append_reads_the_checkpoint_snapshot(table):
+    """A state taken before the table received an append resumes on the old snapshot; the next epoch
+    reads the new one, or the old one with pin_snapshot=True."""
+    config, ice = table
+    loader, dataset = _make(config)()
+    states: list = []
+    full = _run(loader, dataset, states)
+    old = dataset.snapshot
+    assert states[5]["table"] == {"format": "iceberg", "name": "db.t", "snapshot": old, "uuid": str(ice.metadata.table_uuid)}
+    ice.append(rows(1000, 1200))
+    loader, dataset = _make(config)()
+    assert dataset.snapshot != old and len(dataset) == 1200
+    dataset.load_state_dict(states[5])
+    assert dataset.snapshot == old
+    assert _run(loader, dataset) == full[6:]
+    dataset.set_epoch(1)
+    assert dataset.snapshot != old
+    assert sorted(ids_of(_run(loader, dataset))) == list(range(1200))
+    loader, pinned = _make(config, pin_snapshot=True)()
+    pinned.load_state_dict(states[5])
+    _run(loader, pinned)
+    pinned.set_epoch(1)
+    assert pinned.snapshot == old and sorted(ids_of(_run(loader, pinned))) == list(range(1000))
+
+
+def test_time_travel_by_snapshot_id(table):
+    config, ice = table
+    first = ice.snapshots()[0].snapshot_id
+    loader, dataset = _make(config, snapshot_id=first)()
+    assert sorted(ids_of(_run(loader, dataset))) == list(range(400))
+    ice.append(rows(1000, 1100))
+    dataset.set_epoch(1)  # a given snapshot is pinned
+    assert dataset.snapshot == first and len(dataset) == 400
+
+
+def test_schema_evolution_follows_field_ids(table):
+    """A column renamed and one added after the first files: old files' values come under the new
+    name, the added column is null there; an old snapshot reads its own schema."""
+    import pyarrow as pa
+    from pyiceberg.types import StringType
+
+    config, ice = table
+    before = ice.current_snapshot().snapshot_id
+    with ice.update_schema() as update:
+        update.rename_column("x", "half")
+        update.add_column("extra", StringType())
+    new = rows(1000, 1100).rename_columns(["id", "half"])
+    new = new.append_column("extra", pa.array([f"e{i}" for i in range(1000, 1100)]))
+    ice.append(new)
+    loader, dataset = IcebergDataset.create_dataloader("db.t", config, batch_size=100, num_workers=0, columns=["id", "half", "extra"])
+    seen = {}
+    for batch in loader:
+        assert batch["half"].tolist() == [i * 0.5 for i in batch["id"].tolist()]
+        for i, extra in zip(batch["id"].tolist(), batch["extra"]):
+            seen[i] = extra
+    assert sorted(seen) == list(range(1100))
+    assert all(seen[i] == f"e{i}" for i in range(1000, 1100)) and all(seen[i] is None for i in range(1000))
+    loader, old = IcebergDataset.create_dataloader("db.t", config, batch_size=100, num_workers=0, snapshot_id=before)
+    batch = next(iter(loader))
+    assert set(batch) == {"id", "x"}
+
+
+def test_position_deletes_shape_the_plan(table):
+    config, ice = table
+    add_position_deletes(ice, data_files(ice)[1], DELETED)
+    _, dataset = _make(config, shuffle=False)()
+    second = [s for s in dataset.splits if s.path.endswith(data_files(ice)[1].rsplit("/", 1)[1])]
+    assert [s.row_length for s in second] == [100 - 4, 100 - 1 - 10, 100]  # row groups of 100 rows, counted after the deletes
+    assert len(dataset) == 1000 - len(DELETED)
+
+
+def test_expired_snapshot_is_a_checkpoint_mismatch(table):
+    config, ice = table
+    loader, dataset = _make(config, num_workers=0)()
+    state = None
+    for _ in zip(range(3), loader):
+        state = dataset.state_dict()
+    old = dataset.snapshot
+    ice.append(rows(1000, 1010))
+    ice.maintenance.expire_snapshots().by_id(old).commit()
+    _, resumed = _make(config, num_workers=0)()
+    with pytest.raises(CheckpointMismatchError, match=str(old)):
+        resumed.load_state_dict(state)
+
+
+def test_another_table_is_a_checkpoint_mismatch(table, tmp_path):
+    config, ice = table
+    other = iceberg_table(config, "db.other")
+    other.append(rows(0, 100))
+    _, dataset = _make(config, num_workers=0)()
+    state = dataset.state_dict()
+    _, reader = IcebergDataset.create_dataloader("db.other", config, **{**CONFIG, "num_workers": 0})
+    with pytest.raises(CheckpointMismatchError, match="another table"):
+        reader.load_state_dict(state)
+
+
+def test_row_filters_are_exact(table):
+    """scan_filter (Iceberg's, file pruning and rows) and filters (pyarrow) drop rows inside files,
+    counted at planning: the epoch's length is exact and resumes stay exact."""
+    config, ice = table
+    make = _make(config, scan_filter="id >= 250", filters=pc.bit_wise_and(pc.field("id"), 1) == 1)
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 2), (0, -2)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == [i for i in range(250, 1000) if i % 2]
+    _, dataset = make()
+    assert len(dataset) == len([i for i in range(250, 1000) if i % 2])
+    assert len(dataset.files) == 3 and len(make()[1].files) == 3
+    _, pruned = _make(config, scan_filter="id >= 700")()
+    assert len(pruned.files) == 1  # files pruned by their column statistics
+
+
+def test_equality_deletes_name_the_table_and_say_compact(table):
+    config, ice = table
+    add_equality_deletes(ice, [1, 2])
+    with pytest.raises(ValueError, match=r"(?s)'db.t'.*equality delete.*[Cc]ompact"):
+        _make(config)()
+
+
+def test_missing_extra_names_it(monkeypatch, table):
+    import sys
+
+    config, _ = table
+    monkeypatch.setitem(sys.modules, "pyiceberg.catalog", None)
+    with pytest.raises(ImportError, match=r"torch_dataloader_utils\[iceberg\]"):
+        _make(config)()
+
+
+def test_warehouse_on_s3(s3, tmp_path):
+    """The warehouse on an S3 server (moto): data and delete files read through s3fs with the
+    catalog's S3 properties; the resume is exact (workers reading from S3: test_object_stores.py)."""
+    endpoint = s3.options["client_kwargs"]["endpoint_url"]
+    config = iceberg_config(
+        f"s3://{BUCKET}/warehouse-{tmp_path.name}", db_dir=str(tmp_path), **{
+            "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO", "s3.endpoint": endpoint, "s3.access-key-id": "testing",
+            "s3.secret-access-key": "testing", "s3.region": "us-west-2",
+        },
+    )  # fmt: skip
+    ice = iceberg_table(config)
+    ice.append(rows(0, 300))
+    ice.append(rows(300, 500))
+    add_position_deletes(ice, data_files(ice)[0], [0, 7, 120], fs=s3.fs)
+    reference = assert_resumes_exactly(_make(config, num_workers=0), epochs=1, points=[(0, 4)], batch_key=batch_key)
+    ids = ids_of(reference.batches[0])
+    assert len(ids) == len(set(ids)) == 497 and set(ids) <= set(range(500))
+
+
+@pytest.mark.parametrize("options", [dict(persistent_workers=True), dict(worker_mode="thread")])
+def test_a_live_loader_follows_a_new_snapshot(table, options):
+    """Persistent workers and reader threads hold a copy of the plan: after set_epoch took a new
+    snapshot, the same loader reads the new one."""
+    config, ice = table
+    loader, dataset = _make(config, **options)()
+    assert len(ids_of(_run(loader, dataset))) == 1000
+    ice.append(rows(1000, 1100))
+    dataset.set_epoch(1)
+    assert sorted(ids_of(_run(loader, dataset))) == list(range(1100))
+
+
+def test_dataset_pickles_for_stateful_dataloader(table):
+    import pickle
+
+    config, _ = table
+    _, dataset = _make(config, scan_filter="id > 5", filters=pc.field("id") < 900)()
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert copy.snapshot == dataset.snapshot and len(copy) == len(dataset) == 894 - 0
+
+
+def test_stateful_dataloader_resumes_the_checkpoint_snapshot(table):
+    """torchdata's StatefulDataLoader hands each worker its state: the worker plans the state's
+    snapshot again, so the resume is exact after an append."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    config, ice = table
+
+    def fresh():
+        return StatefulDataLoader(IcebergDataset("db.t", config, **CONFIG), batch_size=None, num_workers=2)
+
+    loader = fresh()
+    batches, states = [], []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    ice.append(rows(1000, 1100))
+    resumed = fresh()
+    resumed.load_state_dict(states[4])
+    assert [batch_key(batch) for batch in resumed] == batches[5:]
+
+
+def test_global_state_of_two_ranks_resumes_the_snapshot(table):
+    """merge_states keeps every rank's table entry; each rank re-plans the snapshot from the global state."""
+    from torch_dataloader_utils.distributed import merge_states
+
+    config, ice = table
+    ranks = [_make(config, num_workers=0, rank=r, world_size=2)() for r in range(2)]
+    full, states = [], []
+    for loader, dataset in ranks:
+        batches, saved = [], []
+        batches = _run(loader, dataset, saved)
+        full.append(batches)
+        states.append(saved[2])
+    merged = merge_states(states)
+    ice.append(rows(1000, 1100))
+    for rank in range(2):
+        loader, dataset = _make(config, num_workers=0, rank=rank, world_size=2)()
+        dataset.load_state_dict(merged)
+        assert _run(loader, dataset) == full[rank][3:]
+    damaged = json.loads(json.dumps(merged))
+    damaged["ranks"][1]["table"]["snapshot"] = 1
+    with pytest.raises(CheckpointMismatchError, match="different table snapshots"):
+        _make(config, num_workers=0, rank=0, world_size=2)()[1].load_state_dict(damaged)
+
+
+@pytest.mark.parametrize("scan_filter", ["nope >= 3", 42])
+def test_a_bad_scan_filter_names_the_argument(table, scan_filter):
+    config, _ = table
+    with pytest.raises(ValueError, match=r"scan_filter .* is not a pyiceberg expression over the snapshot's columns \['id', 'x'\]"):
+        _make(config, scan_filter=scan_filter)()
+
+
+def test_type_promotion_widens_old_files(tmp_path):
+    """int -> long after the first file: the old file's values are read as the promoted type."""
+    import pyarrow as pa
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.types import LongType
+
+    config = iceberg_config(str(tmp_path))
+    settings = dict(config)
+    catalog = load_catalog(settings.pop("name"), **settings)
+    catalog.create_namespace("db")
+    ice = catalog.create_table("db.t", schema=pa.schema([("id", pa.int64()), ("n", pa.int32())]))
+    ice.append(pa.table({"id": pa.array([0, 1], pa.int64()), "n": pa.array([5, 6], pa.int32())}))
+    with ice.update_schema() as update:
+        update.update_column("n", LongType())
+    ice.append(pa.table({"id": pa.array([2], pa.int64()), "n": pa.array([2**40], pa.int64())}))
+    loader, _ = IcebergDataset.create_dataloader("db.t", config, batch_size=10, num_workers=0)
+    (batch,) = list(loader)
+    assert batch["n"].dtype == torch.int64 and dict(zip(batch["id"].tolist(), batch["n"].tolist())) == {0: 5, 1: 6, 2: 2**40}

@@ -1,0 +1,103 @@
+"""output_format=: numpy, arrow and dict batches carry the same rows as torch's, built in the
+workers, and resume exactly."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from datagen import write_dataset
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.read.output_formats import check_output, prepare_batches, to_numpy_columns
+from torch_dataloader_utils.testing import assert_resumes_exactly
+
+LAYOUT = [[23, 31, 17], [40, 9]]
+ROWS = sum(map(sum, LAYOUT))
+CONFIG = dict(batch_size=8, split_bytes=2500, chunk_rows=24)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("formats")
+    write_dataset(root, LAYOUT)
+    return str(root)
+
+
+def ids(batch, fmt: str) -> list[int]:
+    if fmt == "arrow":
+        return batch.column("id").to_pylist()
+    return list(map(int, batch["id"]))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("fmt", ["numpy", "arrow", "dict"])
+def test_every_format_delivers_the_torch_batches_rows(data, fmt, workers):
+    torch_loader, _ = StructuredDataset.create_dataloader(data, num_workers=workers, **CONFIG)
+    loader, dataset = StructuredDataset.create_dataloader(data, num_workers=workers, output_format=fmt, **CONFIG)
+    assert dataset.output_format == fmt
+    pairs = list(zip(torch_loader, loader, strict=True))
+    for want, got in pairs:
+        assert ids(got, fmt) == want["id"].tolist()
+        if fmt == "arrow":
+            assert isinstance(got, pa.RecordBatch) and got.schema.names == ["id", "label", "x", "vec", "text"]
+            assert got.column("text").to_pylist() == want["text"]
+        elif fmt == "numpy":
+            assert got["id"].dtype == np.int64 and got["label"].dtype == np.int32
+            assert got["vec"].shape == (len(want["id"]), 3) and np.array_equal(got["vec"], want["vec"].numpy())
+            assert got["text"].dtype == object and got["text"].tolist() == want["text"]
+        else:
+            assert got["x"] == want["x"].tolist() and got["text"] == want["text"] and got["vec"] == want["vec"].tolist()
+    assert sum(len(ids(got, fmt)) for _, got in pairs) == ROWS
+
+
+@pytest.mark.parametrize(("fmt", "workers"), [("numpy", 2), ("arrow", 0), ("dict", 2)])
+def test_every_format_resumes_exactly(data, fmt, workers):
+    def make():
+        return StructuredDataset.create_dataloader(data, num_workers=workers, shuffle=True, output_format=fmt, **CONFIG)
+
+    points = None if workers == 0 else [(0, 0), (0, 6), (1, -2)]
+    reference = assert_resumes_exactly(make, epochs=2, points=points, deep_stride=4)
+    assert len(reference.batches[0]) == len(reference.batches[1]) == len(make()[0])
+
+
+def test_arrow_batches_pickle_only_their_rows():
+    """A worker's batch crosses in a pickle: it must not carry the whole chunk it was cut from."""
+    table = pa.table({"id": np.arange(100_000), "text": [str(i) for i in range(100_000)]})
+    batches = prepare_batches(table, check_output("arrow", None, 0, 1000), lambda: "", False, lambda a, b: "")
+    assert len(batches) == 100 and batches[3].column("id").to_pylist() == list(range(3000, 4000))
+    assert len(pickle.dumps(batches[3])) < 40_000
+
+
+def test_numpy_forms_of_other_types():
+    table = pa.table(
+        {
+            "maybe": pa.array([1, None, 3]),
+            "when": pa.array(np.array(["2024-01-01", "2024-01-02", "2024-01-03"], dtype="datetime64[ms]")),
+            "words": pa.array([["a"], [], ["b", "c"]]),
+            "pair": pa.array([{"a": 1}, {"a": 2}, None], type=pa.struct([("a", pa.int64())])),
+        }
+    )
+    columns = to_numpy_columns(table)
+    assert columns["maybe"].dtype == np.float64 and np.isnan(columns["maybe"][1])
+    assert columns["when"].dtype == np.dtype("datetime64[ms]")
+    assert columns["words"].dtype == object and list(columns["words"][2]) == ["b", "c"]
+    assert columns["pair"].tolist() == [{"a": 1}, {"a": 2}, None]
+
+
+def test_a_device_takes_torch_batches_only(data, monkeypatch):
+    from torch_dataloader_utils.runtime import device_feed, loader  # noqa: F401 - the loader binds check_device before the patch
+
+    monkeypatch.setattr(device_feed, "check_device", lambda device: torch.device("cuda", 0))  # as on a machine with a GPU
+    with pytest.raises(ValueError, match="device= feeds torch batches"):
+        StructuredDataset.create_dataloader(data, output_format="arrow", num_workers=0, device="cuda")
+
+
+def test_bad_output_arguments_are_named(data):
+    with pytest.raises(ValueError, match="output_format"):
+        StructuredDataset(data, output_format="pandas", num_workers=0)
+    loader, _ = StructuredDataset.create_dataloader(data, output_format="numpy", num_workers=0, device=torch.device("cpu"))  # host memory
+    assert isinstance(next(iter(loader))["id"], np.ndarray)
