@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
+from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.schema import check_missing_columns, check_repeated_columns
-from .catalog.sources import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
 from .plan.canonical_plan import CanonicalPlan
@@ -302,7 +302,7 @@ class StructuredDataset(IterableDataset):
     # ------------------------------------------------------------ internals
     def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
         """The files to plan (table datasets list a snapshot's files instead of discovering them; a
-        list of Sources is a mixture, catalog/sources.py)."""
+        list of Sources is a mixture, catalog/mixture.py)."""
         if is_mixture(path):
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
             return build_mixture_catalog(path, (format, storage_options), self.columns, split_bytes, io, self._epoch_rows, order)

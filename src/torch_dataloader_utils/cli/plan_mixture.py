@@ -15,7 +15,7 @@ def is_mixture_plan(args: argparse.Namespace) -> bool:
 
 def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     """The plan of ``tdu plan`` for the sources ``args.path``, with a "sources" table."""
-    from ..catalog.sources import Source, build_mixture_catalog
+    from ..catalog.mixture import Source, build_mixture_catalog
     from ..plan.lanes import StreamKey
     from ..plan.mixing import MixtureBook
     from ..storage.remote import IOOptions
