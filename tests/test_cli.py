@@ -320,9 +320,9 @@ def test_bench_of_a_one_batch_epoch_says_there_is_no_resume_to_time(capsys, tmp_
 
 
 def test_errors_give_advice_in_tdu_options(capsys, tmp_path):
-    (tmp_path / "t.csv").write_text("id\n1\n")
-    code, _, err = run(capsys, "plan", tmp_path / "t.csv")
-    assert code == 2 and "--format parquet or --format orc" in err and "format='" not in err
+    (tmp_path / "t.txt").write_text("id\n1\n")
+    code, _, err = run(capsys, "plan", tmp_path / "t.txt")
+    assert code == 2 and "pass --format, one of parquet, orc, arrow, csv, jsonl" in err and "format='" not in err
     write_dataset(tmp_path / "orc", [[5]], "orc")
     code, _, err = run(capsys, "plan", tmp_path / "orc", "--format", "parquet")
     assert code == 2 and "orc files are there: to read those, pass --format orc (or no --format to infer it)" in err

@@ -83,7 +83,7 @@ def test_garbage_file_names_the_file(tmp_path):
 def test_unknown_format_and_unknown_column_are_usage_errors(tmp_path):
     write_dataset(tmp_path / "u", [[4]])
     with pytest.raises(ValueError, match="format must be 'parquet' or 'orc'"):
-        StructuredDataset(str(tmp_path / "u"), format="csv", num_workers=0)
+        StructuredDataset(str(tmp_path / "u"), format="avro", num_workers=0)
     with pytest.raises(ValueError, match=r"columns \['nope'\] are not in the data; its columns are \['id'"):
         StructuredDataset(str(tmp_path / "u"), columns=["id", "nope"], num_workers=0)
 

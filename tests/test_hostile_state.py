@@ -238,7 +238,7 @@ def mutations(draw, state: dict) -> tuple[dict, list[str]]:
     return state, done
 
 
-DEFAULTS = {"scope": "rank", "padding_delivered": 0, "lanes": None}  # keys a state may leave out
+DEFAULTS = {"scope": "rank", "padding_delivered": 0, "lanes": None, "_split_rows": None}  # keys a state may leave out
 # what the loader resumes from; the rest (completed_shards, files) is checked against the plan
 POSITION_KEYS = ("format_version", "scope", "epoch", "rows_delivered", "next_worker", "padding_delivered", "lanes")
 

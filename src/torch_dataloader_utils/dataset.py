@@ -12,6 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from .catalog.build import Catalog, build_catalog
 from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.schema import check_missing_columns, check_repeated_columns
+from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
 from .plan.canonical_plan import CanonicalPlan
@@ -41,7 +42,7 @@ _LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeo
 
 
 class StructuredDataset(IterableDataset):
-    """Parquet or ORC files as a stream of batches (dicts of tensors) with exact resume.
+    """Parquet, ORC, Arrow IPC, CSV or JSON Lines files as a stream of batches (dicts of tensors) with exact resume.
 
     Use ``StructuredDataset.create_dataloader(...)`` for the fast loader. The dataset
     is also an ``IterableDataset`` of batches for torchdata's ``StatefulDataLoader``
@@ -62,7 +63,8 @@ class StructuredDataset(IterableDataset):
         shuffle: bool = False,
         shuffle_seed: int = 0,
         columns: Sequence[str] | None = None,
-        split_bytes: int = DEFAULT_SPLIT_BYTES,
+        split_bytes: int | str = DEFAULT_SPLIT_BYTES,
+        split_rows: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         storage_options: dict | None = None,
@@ -80,12 +82,15 @@ class StructuredDataset(IterableDataset):
         filters: Any = None,
         row_cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
         canonical_lanes: int | None = None,
+        csv_options: Mapping[str, Any] | None = None,
+        json_options: Mapping[str, Any] | None = None,
+        partitioning: str | None = None,
         epoch_rows: int | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
             split_bytes=split_bytes, rank=rank, world_size=world_size, drop_last=drop_last, equalize=equalize,
-            on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows,
+            on_error=on_error, shuffle_buffer_rows=shuffle_buffer_rows, chunk_rows=chunk_rows, split_rows=split_rows,
         )  # fmt: skip
         self.rank: int = options.rank
         """This process's rank (given, or torch.distributed's when it is initialized, else 0)."""
@@ -112,6 +117,8 @@ class StructuredDataset(IterableDataset):
         if canonical_lanes is not None:
             check_canonical(canonical_lanes, self.world_size, self.num_workers, self.batch_size)
         io = IOOptions(download_retry, download_timeout, cache_dir, cache_limit_bytes)
+        self._source = SourceOptions(csv_options, json_options, partitioning)
+        self._max_split_rows = options.split_rows
         self._epoch_rows = check_mixture_arguments(path, epoch_rows, filters, canonical_lanes)
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
@@ -305,8 +312,9 @@ class StructuredDataset(IterableDataset):
         list of Sources is a mixture, catalog/mixture.py)."""
         if is_mixture(path):
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-            return build_mixture_catalog(path, (format, storage_options), self.columns, split_bytes, io, self._epoch_rows, order)
-        return build_catalog(path, format, storage_options, split_bytes, io)
+            defaults = (format, storage_options, self._max_split_rows, self._source)
+            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order)
+        return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
         """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
@@ -411,6 +419,7 @@ class StructuredDataset(IterableDataset):
             "_world_size": topology.get("world_size", self.world_size),
             "_rank": topology.get("rank", self.rank),
             "_split_bytes": self._catalog.split_bytes,
+            "_split_rows": self._catalog.max_split_rows,
             "_drop_last": self.drop_last,
             "_equalize": self.equalize,
             "_batch_size": topology.get("batch_size", self.batch_size),

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .plan.epoch import EQUALIZE_POLICIES
+from .plan.sizes import parse_size
 from .plan.splits import MAX_ROW_COUNT, MAX_SEED_WORD, MAX_SPLIT_BYTES
 
 log = logging.getLogger("torch_dataloader_utils.dataset")
@@ -38,6 +39,7 @@ class DatasetOptions:
     shuffle_buffer_rows: int
     chunk_rows: int
     split_bytes: int
+    split_rows: int | None = None
 
 
 def check_options(
@@ -55,6 +57,7 @@ def check_options(
     on_error: Any,
     shuffle_buffer_rows: Any,
     chunk_rows: Any,
+    split_rows: Any = None,
 ) -> DatasetOptions:
     """The arguments as a DatasetOptions, or a ValueError naming the first bad one."""
     batch_size = at_least("batch_size", batch_size, 1, MAX_ROW_COUNT)
@@ -68,7 +71,8 @@ def check_options(
         )
     shuffle_buffer_rows = at_least("shuffle_buffer_rows", shuffle_buffer_rows, 1, MAX_ROW_COUNT)
     chunk_rows = at_least("chunk_rows", chunk_rows, 1, MAX_ROW_COUNT)
-    split_bytes = at_least("split_bytes", split_bytes, 1, MAX_SPLIT_BYTES)
+    split_bytes = at_least("split_bytes", parse_size("split_bytes", split_bytes), 1, MAX_SPLIT_BYTES)
+    split_rows = None if split_rows is None else at_least("split_rows", split_rows, 1, MAX_ROW_COUNT)
     if isinstance(columns, (str, bytes)):
         raise ValueError(f"columns must be a list of column names, got {columns!r}; e.g. columns=[{columns!r}]")
     if columns is not None and not list(columns):
@@ -97,6 +101,7 @@ def check_options(
         shuffle_buffer_rows=shuffle_buffer_rows,
         chunk_rows=batch_size * max(1, chunk_rows // batch_size),
         split_bytes=split_bytes,
+        split_rows=split_rows,
     )
 
 

@@ -30,6 +30,7 @@ from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
+from .sources import SourceOptions, prepare_source
 
 log = logging.getLogger(__name__)
 _FOOTER_THREADS = 32
@@ -56,6 +57,7 @@ class Catalog:
     repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
     row_filter: Any = None  # a filter_prune.RowFilter: layouts then count the rows that match, and readers keep only those
     source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
+    max_split_rows: int | None = None  # split_rows: the most rows of a split (None: no limit)
 
     @property
     def fingerprint(self) -> list[list]:
@@ -132,7 +134,7 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
 
 def replanned(catalog: Catalog, layouts: list[FileLayout]) -> Catalog:
     """``catalog`` with other row counts per unit (a row filter's) and the splits planned from them."""
-    splits = plan_splits(layouts, catalog.split_bytes)
+    splits = plan_splits(layouts, catalog.split_bytes, catalog.max_split_rows)
     offsets = [unit_offsets(layout) for layout in layouts]
     return replace(catalog, layouts=layouts, splits=splits, split_rows=_split_rows(splits, layouts), file_offsets=offsets)
 
@@ -157,28 +159,40 @@ def build_catalog(
     storage_options: dict | None,
     split_bytes: int,
     io_options: IOOptions | None = None,
+    split_rows: int | None = None,
+    source: SourceOptions | None = None,
 ) -> Catalog:
-    """Discover files, read every footer once (in parallel) and plan the splits."""
+    """Discover files, read every footer once (in parallel) and plan the splits (of at most
+    ``split_bytes`` bytes and ``split_rows`` rows). ``source``: the format's options and the
+    directory layout (catalog/sources.py)."""
     paths = as_path_list(path)
     fs = open_store(filesystem_for(paths, storage_options), io_options)
     if format is not None:
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
-    return catalog_of_files(fs, get_format(format or infer_format(files)), files, split_bytes)
+    fmt = get_format(format or infer_format(files))
+    fmt, files = prepare_source(fmt, fs, paths, files, source or SourceOptions(), split_bytes, split_rows, io_options)
+    return catalog_of_files(fs, fmt, files, split_bytes, split_rows)
 
 
-def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int) -> Catalog:
+def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int, split_rows: int | None = None) -> Catalog:
     """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     with _prefetched_tails(fs, files):
         results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]
-    schema = unify([s for _, _, s in results], [f.url for f in files])
+    try:
+        schema = unify([s for _, _, s in results], [f.url for f in files])
+    except ValueError as error:  # a text format's inferred types: its options can fix them
+        advice = getattr(fmt, "schema_advice", None)
+        if not advice:
+            raise
+        raise ValueError(f"{error} {advice}") from None
     missing = [missing_columns(s, schema) for _, _, s in results]
     repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
-    splits = plan_splits(layouts, split_bytes)
+    splits = plan_splits(layouts, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
         fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
-        schema, missing, repeated,
+        schema, missing, repeated, max_split_rows=split_rows,
     )

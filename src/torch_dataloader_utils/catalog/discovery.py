@@ -11,7 +11,7 @@ import fsspec
 from fsspec.registry import known_implementations
 from fsspec.utils import get_protocol
 
-from ..formats import FORMATS, format_for_path
+from ..formats import FORMATS, canonical_name, format_for_path
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import FileEntry, content_tag
 
@@ -84,7 +84,7 @@ def _wanted(name: str, format: str | None) -> bool:
     """Whether a directory listing keeps a file: a Parquet or ORC extension (the format's, when
     one is given). Files named by the user, or matched by their glob, are taken as they are."""
     found = format_for_path(name)
-    return found is not None and (format is None or found == format.lower())
+    return found is not None and (format is None or found == canonical_name(format))
 
 
 def _relative(path: str, root: str) -> str:
@@ -166,7 +166,7 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
 
 def _other_format_found(paths: list[str], fs: Any, format: str | None) -> str | None:
     """The other format, when ``paths`` hold files of it (for the message of a wrong ``format``)."""
-    kind = format.lower() if format else None
+    kind = canonical_name(format) if format else None
     if kind not in FORMATS:
         return None
     for other in (name for name in FORMATS if name != kind):
@@ -181,12 +181,12 @@ def _other_format_found(paths: list[str], fs: Any, format: str | None) -> str | 
 
 def _nothing_found(paths: list[str], format: str | None, other: str | None = None) -> str:
     """The message for paths that hold no data file: what was skipped and what to do."""
-    kind = format.lower() if format else None
+    kind = canonical_name(format) if format else None
     found_other = f"; {other} files are there: to read those, pass format='{other}' (or format=None to infer it)" if other else ""
     suffixes = FORMATS[kind].suffixes if kind in FORMATS else [suffix for entry in FORMATS.values() for suffix in entry.suffixes]
     patterns = ", ".join(f"*{suffix}" for suffix in suffixes)
     return (
-        f"no {kind or 'Parquet or ORC'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
+        f"no {kind or 'data'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
         "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). "
         "For data files without these extensions (Hive's 000000_0), pass a glob that matches them (e.g. 'table/*_0') "
         "or their paths, with format='parquet' or format='orc'"
@@ -198,7 +198,7 @@ def infer_format(files: list[FileEntry]) -> str:
     kinds = {f.url: format_for_path(f.url) for f in files}
     unknown = [u for u, k in kinds.items() if k is None]
     if unknown:
-        raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format='parquet' or 'orc'")
+        raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format= one of {', '.join(FORMATS)}")
     distinct = sorted({k for k in kinds.values() if k is not None})
     if len(distinct) > 1:
         raise ValueError(f"files of several formats {distinct} found; pass format= or a path holding one format")

@@ -22,6 +22,7 @@ from ..plan.streams import SplitRows
 from ..storage.remote import IOOptions
 from .build import Catalog, build_catalog
 from .schema import check_missing_columns, missing_columns, unify
+from .sources import SourceOptions
 
 
 class Source:
@@ -133,7 +134,7 @@ def mixture_book(catalog: Catalog) -> MixtureBook | None:
 
 def build_mixture_catalog(
     sources: Source | Sequence[Source],
-    defaults: tuple[str | None, dict | None],
+    defaults: tuple[str | None, dict | None, int | None, SourceOptions | None],
     columns: Sequence[str] | None,
     split_bytes: int,
     io: IOOptions,
@@ -141,16 +142,19 @@ def build_mixture_catalog(
     order: tuple[bool, int, int],
 ) -> MixCatalog:
     """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
-    dataset's (format, storage_options), for sources without their own; ``order`` is
-    (shuffle, seed, shuffle_buffer_rows)."""
+    dataset's (format, storage_options), for sources without their own, then its split_rows and
+    source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows)."""
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
     if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, numbers.Integral) or epoch_rows < 1):
         raise ValueError(f"epoch_rows must be a positive integer, got {epoch_rows!r}")
-    format, storage_options = defaults
+    format, storage_options, split_rows, options = defaults
     catalogs = [
-        build_catalog(s.path, format if s.format is None else s.format, storage_options if s.storage_options is None else s.storage_options, split_bytes, io)
+        build_catalog(
+            s.path, format if s.format is None else s.format, storage_options if s.storage_options is None else s.storage_options,
+            split_bytes, io, split_rows, options,
+        )  # fmt: skip
         for s in sources
     ]
     labels = [_label(i, s) for i, s in enumerate(sources)]
@@ -207,5 +211,5 @@ def _combine(
         catalogs[0].fs, catalogs[0].format, files, [x for c in catalogs for x in c.layouts], [x for c in catalogs for x in c.footers],
         [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
         stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
-        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows),
+        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows), max_split_rows=catalogs[0].max_split_rows,
     )  # fmt: skip

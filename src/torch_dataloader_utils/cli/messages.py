@@ -12,6 +12,7 @@ _PYTHON_TO_OPTIONS = (
     ("(or format=None to infer it)", "(or no --format to infer it)"),
     ("storage_options", "--storage-option"),
     ("pass format= or a path", "pass --format or a path"),
+    ("pass format= one of", "pass --format, one of"),
     ("; pass None for all columns", "; leave out --columns for all columns"),
     (", or pass on_error='skip' to leave out rows that cannot be read", ""),
 )

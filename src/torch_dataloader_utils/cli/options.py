@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
+from ..plan import sizes
 from ..plan.splits import MAX_ROW_COUNT, MAX_SPLIT_BYTES
-
-_UNITS = {"": 1, "B": 1, "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
-          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
 
 
 def parse_size(text: str) -> int:
-    """'134217728', '128MiB', '64MB', '1.5GiB' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 1048576, 64MiB, 128MB, 1GiB)")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    """'134217728', '128MiB', '64MB', '1.5GiB' -> bytes (plan/sizes.py)."""
+    try:
+        value = sizes.parse_size("size", text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 1048576, 64MiB, 128MB, 1GiB)") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
     if value > MAX_SPLIT_BYTES:

@@ -6,6 +6,7 @@ import argparse
 import math
 from collections.abc import Sequence
 
+from ..formats import ALIASES, FORMATS
 from ..plan.epoch import EQUALIZE_POLICIES
 from ..plan.splits import MAX_SEED_WORD
 from .bench import cmd_bench
@@ -17,7 +18,7 @@ from .rows import cmd_rows, parse_rows
 
 
 def _add_data_options(parser: argparse.ArgumentParser, split_bytes: bool = True) -> None:
-    parser.add_argument("--format", choices=["parquet", "orc"], default=None,
+    parser.add_argument("--format", choices=[*FORMATS, *ALIASES], default=None,
                         help="file format (default: inferred from the file extensions)")
     if split_bytes:
         parser.add_argument("--split-bytes", type=parse_size, default=128 * 1024 * 1024, metavar="SIZE",

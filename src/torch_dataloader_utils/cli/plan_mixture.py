@@ -26,7 +26,7 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     shares = [dict(rows_per_epoch=n) for n in args.rows_per_epoch] or [dict(weight=w) for w in args.weight] or [{} for _ in args.path]
     sources = [Source(path, **share) for path, share in zip(args.path, shares)]
     order = (args.shuffle, args.shuffle_seed, args.shuffle_buffer_rows)
-    catalog = build_mixture_catalog(sources, (args.format, storage_options(args)), None, args.split_bytes, IOOptions(), args.epoch_rows, order)
+    catalog = build_mixture_catalog(sources, (args.format, storage_options(args), None, None), None, args.split_bytes, IOOptions(), args.epoch_rows, order)
     assert catalog.plan is not None
     plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize)
     book = MixtureBook(catalog.plan)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import Any, NamedTuple, Protocol
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..plan.splits import FileLayout
+
+if TYPE_CHECKING:  # (the format table is read without pyarrow: tdu --help lists the formats)
+    import pyarrow as pa
 
 
 class UnitReader(Protocol):
@@ -73,12 +74,21 @@ class FormatEntry(NamedTuple):
 FORMATS: dict[str, FormatEntry] = {
     "parquet": FormatEntry(".parquet", "PARQUET", (".parquet", ".pq", ".parq")),
     "orc": FormatEntry(".orc", "ORC", (".orc",)),
+    "arrow": FormatEntry(".arrow_ipc", "ARROW", (".arrow", ".ipc", ".feather")),
+    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in ("", ".gz", ".bz2", ".zst"))),
+    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in ("", ".gz", ".bz2", ".zst"))),
 }
+ALIASES = {"json": "jsonl"}  # other names format= takes
+
+
+def canonical_name(name: str) -> str:
+    """A format name as ``FORMATS`` keys it (lower case, aliases resolved)."""
+    return ALIASES.get(name.lower(), name.lower())
 
 
 def get_format(name: str) -> FileFormat:
     """The format object for a name in ``FORMATS`` (any case)."""
-    entry = FORMATS.get(name.lower())
+    entry = FORMATS.get(canonical_name(name))
     if entry is None:
         names = " or ".join(repr(known) for known in FORMATS)
         raise ValueError(f"format must be {names} (or None to infer it), got {name!r}")

@@ -48,27 +48,35 @@ class FileLayout:
         return sum(self.unit_rows)
 
 
-def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BYTES) -> list[Split]:
-    """Cut files into splits of at most ``split_bytes`` compressed bytes.
+def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BYTES, split_rows: int | None = None) -> list[Split]:
+    """Cut files into splits of at most ``split_bytes`` compressed bytes and ``split_rows`` rows.
 
-    A file no larger than ``split_bytes`` is one whole-file split. Larger files
-    are cut greedily along unit boundaries; a unit larger than ``split_bytes`` is
-    its own split. Files and splits without rows are left out.
+    A file within both limits is one whole-file split. Larger files are cut greedily along unit
+    boundaries; a unit larger than ``split_bytes`` is its own split, and a unit with more than
+    ``split_rows`` rows is cut into splits of ``split_rows`` rows. Files and splits without rows
+    are left out.
     """
     if split_bytes <= 0:
         raise ValueError(f"split_bytes must be positive, got {split_bytes}")
+    if split_rows is not None and split_rows <= 0:
+        raise ValueError(f"split_rows must be positive, got {split_rows}")
+    max_rows = split_rows or MAX_FILE_ROWS
     splits: list[Split] = []
     for layout in files:
         if layout.num_rows == 0:
             continue
-        if layout.size <= split_bytes:
+        if layout.size <= split_bytes and layout.num_rows <= max_rows:
             splits.append(Split(layout.path))
             continue
         start_row = rows = size = 0
         for unit_rows, unit_bytes in zip(layout.unit_rows, layout.unit_bytes):
-            if rows and size + unit_bytes > split_bytes:
+            if rows and (size + unit_bytes > split_bytes or rows + unit_rows > max_rows):
                 splits.append(Split(layout.path, start_row, rows))
                 start_row, rows, size = start_row + rows, 0, 0
+            while unit_rows > max_rows:  # (rows == 0 here) a unit over split_rows: cut inside it
+                splits.append(Split(layout.path, start_row, max_rows))
+                start_row, unit_rows = start_row + max_rows, unit_rows - max_rows
+                unit_bytes = 0  # the rest of the unit's bytes count once, in its last split
             rows += unit_rows
             size += unit_bytes
         if rows:
@@ -81,6 +89,7 @@ def plan_splits(files: Sequence[FileLayout], split_bytes: int = DEFAULT_SPLIT_BY
 MAX_SEED_WORD = 2**32 - 1
 MAX_ROW_COUNT = 2**31 - 1  # batch_size, chunk_rows, shuffle_buffer_rows: Arrow and torch take row counts as C integers
 MAX_SPLIT_BYTES = 2**62
+MAX_FILE_ROWS = 2**63 - 1
 
 
 def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:

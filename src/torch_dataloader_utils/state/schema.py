@@ -65,12 +65,14 @@ CONFIG_KEYS = {
     "_world_size": "world_size",
     "_rank": "rank",
     "_split_bytes": "split_bytes",
+    "_split_rows": "split_rows",
     "_drop_last": "drop_last",
     "_equalize": "equalize",
     "_batch_size": "batch_size",
     "_on_error": "on_error",
     "_shuffle_buffer_rows": "shuffle_buffer_rows",
 }
+OPTIONAL_CONFIG_KEYS = ("_split_rows",)  # absent from states of earlier versions: read as None
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
 #: digest of the row filter (read/filtering.py), present only with a filter: positions count matching rows
 FILTERS = "_filters"

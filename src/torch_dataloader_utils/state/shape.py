@@ -66,6 +66,7 @@ _TOPOLOGY_FIELDS: dict[str, _Field] = {
         for key in ("_num_workers", "_world_size", "_rank", "_split_bytes", "_batch_size", "_shuffle_seed", "_shuffle_buffer_rows")
     },
     **{key: (lambda v: v is _MISSING or v in (True, False), "true or false") for key in ("_shuffle", "_drop_last")},
+    "_split_rows": (lambda v: v is _MISSING or v is None or is_count(v), "an integer >= 1, or null"),
     EPOCH: (is_count, "an epoch number (an integer >= 0)"),
 }
 _RANK_FIELDS: dict[str, _Field] = {

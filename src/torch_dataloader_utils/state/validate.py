@@ -28,6 +28,7 @@ from .schema import (
     LANES,
     MIXTURE,
     NEXT_WORKER,
+    OPTIONAL_CONFIG_KEYS,
     PADDING_DELIVERED,
     RANKS,
     ROWS_DELIVERED,
@@ -220,7 +221,7 @@ def validate_rank_state(
     epoch = _require(state, EPOCH, int, "rank")
     completed = _require(state, COMPLETED_SHARDS, list, "rank")
     for key in CONFIG_KEYS:
-        if key not in state:
+        if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
     changed_files = file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config) + changed_files

@@ -73,9 +73,9 @@ class RangeCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key + _ENTRY_SUFFIX)
 
-    def get(self, key: str, length: int) -> bytes | None:
+    def get(self, key: str, length: int | None = None) -> bytes | None:
         """The entry's bytes, or None when absent, unreadable, not exactly ``length`` bytes long
-        or damaged (its checksum differs)."""
+        (when given) or damaged (its checksum differs)."""
         path = self._path(key)
         try:
             with open(path, "rb") as handle:
@@ -86,7 +86,7 @@ class RangeCache:
         except OSError as error:
             self._warn_once("cannot read cache entry %s (reading from the store instead): %s", path, error)
             return None
-        if len(data) != length or checksum != _checksum(data):
+        if (length is not None and len(data) != length) or checksum != _checksum(data):
             self._remove(path)
             return None
         try:

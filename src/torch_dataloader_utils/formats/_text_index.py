@@ -1,0 +1,155 @@
+"""The sparse row index of a text file (CSV, JSON Lines): where its records start.
+
+One pass over the file finds every record boundary (a newline outside quotes) and keeps the
+byte offset of every ``every``-th record. Byte ranges between kept offsets hold exactly
+``every`` records, so a file can be cut into units at record boundaries with exact row
+counts, and a read can start at any row by seeking to the kept record before it and dropping
+fewer than ``every`` rows.
+
+Quotes: with a quote character, a newline is a boundary only when an even number of quote
+characters precede it (a doubled quote inside a quoted field counts twice, so RFC 4180 fields
+with newlines are handled). A quote character in the middle of an unquoted field, or an escape
+character before a quote, breaks this count; the reader's row count check then raises.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+#: records per index entry: a resume parses and drops fewer than this many rows
+INDEX_EVERY = 256
+_NEWLINE, _RETURN = 10, 13
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """Records of one text file: ``offsets[i]`` is the byte offset of record ``i * every``."""
+
+    data_start: int  # after the header and skipped lines
+    data_end: int  # the file's (decompressed) size
+    rows: int
+    every: int
+    offsets: np.ndarray  # int64
+    quoted_newlines: bool  # a quoted field holds a newline (the parser must be told)
+
+    def to_bytes(self) -> bytes:
+        head = json.dumps([self.data_start, self.data_end, self.rows, self.every, self.quoted_newlines]).encode()
+        return len(head).to_bytes(4, "big") + head + self.offsets.astype("<i8").tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> RowIndex:
+        length = int.from_bytes(data[:4], "big")
+        start, end, rows, every, quoted = json.loads(data[4 : 4 + length])
+        offsets = np.frombuffer(data, dtype="<i8", offset=4 + length).astype(np.int64)
+        return cls(int(start), int(end), int(rows), int(every), offsets, bool(quoted))
+
+    def record_offset(self, row: int) -> tuple[int, int]:
+        """(byte offset, row) of the indexed record at or before ``row``."""
+        entry = min(row // self.every, len(self.offsets) - 1)
+        return int(self.offsets[entry]), entry * self.every
+
+
+class RecordScanner:
+    """Feeds blocks of a file and counts its records (see the module's docstring).
+
+    ``quote``: the quote byte (None: none); ``skip``: leading records that are not data (a
+    header); ``marker``: a byte every data record holds (``{`` for JSON objects), so that lines
+    of blanks are not counted (None: only empty lines are not records); ``count_empty``: empty
+    lines are records too.
+    """
+
+    def __init__(self, quote: int | None, skip: int, every: int | None = None, marker: int | None = None, count_empty: bool = False):
+        self._quote, self._skip, self._marker, self._count_empty = quote, skip, marker, count_empty
+        self._every = INDEX_EVERY if every is None else every
+        self._pos = 0  # bytes fed so far
+        self._record_start = 0
+        self._in_quote = False
+        self._marked = False  # the open record has held the marker byte
+        self._prev = -1  # the last byte fed
+        self._data_start = 0 if skip == 0 else -1
+        self._rows = 0
+        self._marks: list[np.ndarray] = []
+        self._quoted_newlines = False
+
+    def feed(self, block: bytes | memoryview) -> None:
+        data = np.frombuffer(block, dtype=np.uint8)
+        if not len(data):
+            return
+        newlines = np.flatnonzero(data == _NEWLINE)
+        if self._quote is not None:
+            newlines = self._outside_quotes(data, newlines)
+        ends = newlines + (self._pos + 1)  # exclusive ends of the records closed in this block
+        starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64) if len(ends) else ends
+        keep = self._non_empty(data, newlines, starts, ends)
+        if self._skip:
+            taken = min(self._skip, len(ends))
+            self._skip -= taken
+            keep[:taken] = False
+            if not self._skip and taken:
+                self._data_start = int(ends[taken - 1])
+        self._count(starts[keep])
+        if len(ends):
+            self._record_start = int(ends[-1])
+            self._marked = False
+        if self._marker is not None:
+            tail = data[int(newlines[-1]) + 1 :] if len(newlines) else data
+            self._marked = self._marked or bool(np.any(tail == self._marker))
+        self._pos += len(data)
+        self._prev = int(data[-1])
+
+    def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray) -> np.ndarray:
+        quotes = np.flatnonzero(data == self._quote)
+        if not len(quotes) and not self._in_quote:
+            return newlines
+        inside = ((np.searchsorted(quotes, newlines) + self._in_quote) & 1).astype(bool)
+        if inside.any():
+            self._quoted_newlines = True
+        self._in_quote = bool((len(quotes) + self._in_quote) & 1)
+        return newlines[~inside]
+
+    def _non_empty(self, data: np.ndarray, newlines: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        if self._marker is not None:  # a record holds the marker between its start and its end
+            at = starts - self._pos  # (the first record may have started in an earlier block: < 0)
+            held = (at >= 0) & (data[np.clip(at, 0, len(data) - 1)] == self._marker)  # the usual case: it starts with it
+            unsure = np.flatnonzero(~held)
+            if len(unsure):
+                markers = np.flatnonzero(data == self._marker) + self._pos
+                held[unsure] = np.searchsorted(markers, starts[unsure]) < np.searchsorted(markers, ends[unsure])
+            if len(held):
+                held[0] |= self._marked
+            return held
+        if self._count_empty:
+            return np.ones(len(ends), dtype=bool)
+        length = ends - starts
+        before = np.where(newlines > 0, data[np.maximum(newlines - 1, 0)], self._prev)
+        return ~((length == 1) | ((length == 2) & (before == _RETURN)))
+
+    def _count(self, starts: np.ndarray) -> None:
+        rows = np.arange(self._rows, self._rows + len(starts))
+        self._marks.append(starts[rows % self._every == 0])
+        self._rows += len(starts)
+
+    def finish(self) -> RowIndex:
+        """The index, once every block has been fed (a last record may lack its newline)."""
+        tail = self._pos - self._record_start
+        if self._marker is not None:
+            last = self._marked
+        else:
+            last = tail > 0 and not (tail == 1 and self._prev == _RETURN)
+        if last and not self._skip:
+            self._count(np.array([self._record_start], dtype=np.int64))
+        if self._data_start < 0:  # the header is all there is
+            self._data_start = self._pos
+        offsets = np.concatenate(self._marks).astype(np.int64) if self._marks else np.zeros(0, dtype=np.int64)
+        return RowIndex(self._data_start, self._pos, self._rows, self._every, offsets, self._quoted_newlines)
+
+
+def scan_records(blocks: Iterable[bytes], scanner: RecordScanner) -> RowIndex:
+    """Feed every block to ``scanner``; its index."""
+    for block in blocks:
+        scanner.feed(block)
+    return scanner.finish()

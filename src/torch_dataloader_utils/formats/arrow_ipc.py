@@ -1,0 +1,51 @@
+"""Arrow IPC files (.arrow, .ipc, .feather v2): record batches are the units, with row counts
+from the batches' metadata; local files are memory-mapped (reading a batch copies nothing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from ..plan.splits import FileLayout
+from ..storage.paths import is_local
+from . import FORMATS
+from .io import open_input
+
+
+def _open(fs: Any, path: str) -> pa.ipc.RecordBatchFileReader:
+    source = pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
+    return pa.ipc.open_file(source)
+
+
+class _ArrowReader:
+    def __init__(self, reader: pa.ipc.RecordBatchFileReader):
+        self._reader = reader
+
+    def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
+        batch = self._reader.get_batch(unit)
+        return pa.Table.from_batches([batch if columns is None else batch.select(columns)])
+
+
+class ArrowIpcFormat:
+    """Arrow IPC files: record batches are the units (``FileFormat``)."""
+
+    name = "arrow"
+    suffixes = FORMATS["arrow"].suffixes
+    streams_units = False
+
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
+        """Rows and bytes of every record batch (a remote file's batches are read for them), and the schema."""
+        reader = _open(fs, path)
+        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
+        return layout, reader.schema
+
+    def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
+        return footer
+
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ArrowReader:
+        return _ArrowReader(_open(fs, path))
+
+
+ARROW = ArrowIpcFormat()

@@ -1,0 +1,84 @@
+"""JSON Lines (one JSON object per line; also .ndjson and .json): units are byte ranges of whole
+lines (_text.py), parsed with pyarrow.json against the schema found at planning."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+from pyarrow import json
+
+from . import FORMATS
+from ._text import TextFooter, TextFormat
+from ._text_index import RecordScanner
+from ._text_options import sort_options
+
+_GROUPS = {"read": ("block_size",), "parse": ("explicit_schema", "unexpected_field_behavior")}
+
+
+class JsonParse(NamedTuple):
+    read: dict[str, Any]
+    parse: dict[str, Any]
+
+
+class JsonLinesFormat(TextFormat):
+    """Newline-delimited JSON files (``FileFormat``); ``json_options`` as in docs/formats.md."""
+
+    name = "jsonl"
+    suffixes = FORMATS["jsonl"].suffixes
+    schema_advice = (
+        "JSON types are inferred per file from its first block: give every file one schema with "
+        "json_options={'explicit_schema': pyarrow.schema([...])}."
+    )
+
+    def check_options(self, options: dict) -> dict:
+        if "newlines_in_values" in options:
+            raise ValueError("json option 'newlines_in_values' is not accepted: JSON Lines holds one record per line")
+        sort_options("json", options, _GROUPS)
+        return options
+
+    def file_parse(self, path: str) -> JsonParse:
+        groups = sort_options("json", self.options, _GROUPS)
+        return JsonParse(groups["read"], groups["parse"])
+
+    def scanner(self, parse: JsonParse) -> RecordScanner:
+        return RecordScanner(None, 0, marker=ord("{"))  # a line without an object is blank: pyarrow skips it
+
+    def infer_schema(self, stream: Any, parse: JsonParse) -> pa.Schema:
+        reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=json.ParseOptions(**parse.parse))
+        return reader.schema
+
+    def _options(self, footer: TextFooter, use_threads: bool) -> dict[str, Any]:
+        parse: JsonParse = footer.parse
+        options = {"unexpected_field_behavior": "error", **parse.parse, "explicit_schema": footer.schema}
+        return {"read_options": json.ReadOptions(**parse.read, use_threads=use_threads), "parse_options": json.ParseOptions(**options)}
+
+    def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
+        try:
+            table = json.read_json(_source(data), **self._options(footer, use_threads))
+        except pa.ArrowInvalid as error:
+            raise _advice(error) from error
+        return table if columns is None else table.select(columns)
+
+    def parse_blocks(self, data: Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
+        try:
+            for batch in json.open_json(_source(data), **self._options(footer, False)):
+                table = pa.Table.from_batches([batch])
+                yield table if columns is None else table.select(columns)
+        except pa.ArrowInvalid as error:
+            raise _advice(error) from error
+
+
+def _source(data: Any) -> Any:
+    return pa.BufferReader(data) if isinstance(data, pa.Buffer) else data
+
+
+def _advice(error: Exception) -> pa.ArrowInvalid:
+    return pa.ArrowInvalid(
+        f"{error}. The fields and types of each file are inferred from its first block (json_options block_size): "
+        "pass json_options={'explicit_schema': pyarrow.schema([...])}, or {'unexpected_field_behavior': 'ignore'} "
+        "to leave fields out that the first block lacks"
+    )
+
+JSONL = JsonLinesFormat()

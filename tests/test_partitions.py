@@ -1,0 +1,119 @@
+"""Hive partitions (catalog/partitions.py): key=value directories as typed columns, in batches
+and columns=, exactly once and resume; files outside the layout are named."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from servers import BUCKET, s3, store_registry  # noqa: F401 - fixtures
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.catalog.partitions import NULL_VALUE, parse_partitions, prune
+from torch_dataloader_utils.storage.versions import FileEntry
+from torch_dataloader_utils.testing import assert_resumes_exactly
+
+PARTS = [(2023, "a b", 1.5), (2023, NULL_VALUE, 2.0), (2024, "x", 1.5), (2024, "x", 3.25)]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("hive")
+    first = 0
+    for index, (year, cat, rate) in enumerate(PARTS):
+        directory = root / f"year={year}" / f"cat={cat.replace(' ', '%20')}" / f"rate={rate}"
+        os.makedirs(directory, exist_ok=True)
+        rows = 60 + 10 * index
+        table = pa.table({"id": np.arange(first, first + rows), "x": np.arange(rows) * 1.0})
+        pq.write_table(table, directory / f"part-{index}.parquet", row_group_size=25)
+        first += rows
+    return str(root)
+
+
+def ids(batch: dict) -> tuple[int, ...]:
+    return tuple(batch["id"].tolist())
+
+
+def test_partition_columns_are_typed_and_in_batches(root):
+    dataset = StructuredDataset(root, num_workers=0, partitioning="hive", batch_size=1000)
+    schema = dataset._catalog.schema
+    assert [(f.name, f.type) for f in schema][2:] == [("year", pa.int64()), ("cat", pa.string()), ("rate", pa.float64())]
+    (batch,) = list(dataset)
+    by_id = {i: (y, c, r) for i, y, c, r in zip(batch["id"].tolist(), batch["year"].tolist(), batch["cat"], batch["rate"].tolist())}
+    assert by_id[0] == (2023, "a b", 1.5) and by_id[60] == (2023, None, 2.0) and by_id[len(by_id) - 1] == (2024, "x", 3.25)
+
+
+def test_partition_columns_alone_and_with_others_in_columns(root):
+    dataset = StructuredDataset(root, num_workers=0, partitioning="hive", batch_size=1000, columns=["year"])
+    (batch,) = list(dataset)
+    assert list(batch) == ["year"] and sorted(set(batch["year"].tolist())) == [2023, 2024] and len(batch["year"]) == 300
+    (batch,) = list(StructuredDataset(root, num_workers=0, partitioning="hive", batch_size=1000, columns=["rate", "id"]))
+    assert list(batch) == ["rate", "id"]
+
+
+def test_without_partitioning_the_directories_are_not_columns(root):
+    assert "year" not in StructuredDataset(root, num_workers=0)._catalog.schema.names
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exactly_once_and_resume_at_every_point(root, workers, shuffle):
+    def make():
+        return StructuredDataset.create_dataloader(
+            root, partitioning="hive", num_workers=workers, shuffle=shuffle, batch_size=40, chunk_rows=80, split_bytes=600, shuffle_buffer_rows=100,
+            columns=["id", "year", "cat"],
+        )  # fmt: skip
+
+    assert len(make()[1].splits) >= 8
+    def key(batch: dict) -> tuple:
+        return ids(batch), tuple(batch["year"].tolist()), tuple(batch["cat"])
+
+    reference = assert_resumes_exactly(make, epochs=1, batch_key=key)
+    assert sorted(i for batch in reference.batches[0] for i in batch[0]) == list(range(300))
+
+
+def _entries(*paths: str) -> list[FileEntry]:
+    return [FileEntry(p, p, 1, None) for p in paths]
+
+
+def test_values_are_typed_over_all_files():
+    parts = parse_partitions(_entries("/r/d=2024-01-31/n=7/f", "/r/d=2024-02-01/n=-3/f", "/r/d=__HIVE_DEFAULT_PARTITION__/n=x/f"), ["/r"])
+    assert parts.types == (pa.date32(), pa.string())
+    assert parts.values["/r/d=2024-01-31/n=7/f"] == (datetime.date(2024, 1, 31), "7")
+    assert parts.values["/r/d=__HIVE_DEFAULT_PARTITION__/n=x/f"] == (None, "x")
+    assert prune(_entries("/r/d=2024-01-31/n=7/f", "/r/d=2024-02-01/n=-3/f"), parts, lambda v: v["n"] == "7")[0].url.endswith("n=7/f")
+
+
+@pytest.mark.parametrize("paths", [("/r/a=1/f", "/r/f"), ("/r/a=1/f", "/r/b=1/f"), ("/r/a=1/f", "/r/a=1/loose/f")])
+def test_a_file_outside_the_layout_is_named(paths):
+    with pytest.raises(ValueError, match=f"{paths[1]} is outside the hive layout"):
+        parse_partitions(_entries(*paths), ["/r"])
+
+
+def test_a_partition_key_that_is_also_a_column_is_refused(tmp_path):
+    os.makedirs(tmp_path / "id=1")
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "id=1" / "f.parquet")
+    with pytest.raises(ValueError, match="'id' is both a column of the file and a partition"):
+        StructuredDataset(str(tmp_path), num_workers=0, partitioning="hive")
+
+
+def test_partitioning_must_be_hive_or_none(root):
+    with pytest.raises(ValueError, match="partitioning must be None or 'hive'"):
+        StructuredDataset(root, num_workers=0, partitioning="directory")
+
+
+def test_remote_hive_directories_on_s3(s3, root):
+    for directory, _, names in os.walk(root):
+        for name in names:
+            relative = os.path.relpath(os.path.join(directory, name), root)
+            with open(os.path.join(directory, name), "rb") as handle:
+                s3.fs.pipe_file(f"{BUCKET}/hive/{relative}", handle.read())
+    s3.fs.invalidate_cache()
+    loader, _ = StructuredDataset.create_dataloader(s3.url("hive"), partitioning="hive", num_workers=2, batch_size=50, storage_options=s3.options, columns=["id", "year"])
+    batches = list(loader)
+    assert sorted(i for batch in batches for i in ids(batch)) == list(range(300))
+    assert {year for batch in batches for year in batch["year"].tolist()} == {2023, 2024}

@@ -1,0 +1,65 @@
+"""formats/_text_index.py: the sparse row index finds every record start, whatever the blocks."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyarrow import csv, json
+
+from torch_dataloader_utils.formats._text_index import RecordScanner, RowIndex, scan_records
+
+
+def _csv_bytes(rows: int, seed: int) -> bytes:
+    rng = random.Random(seed)
+    lines = ["a,b"]
+    for i in range(rows):
+        field = rng.choice(["x", '"q,\nz"', '"""y"""', "", '"a\r\nb"', '"two\n\nblank"'])
+        lines.append(f"{i},{field}")
+        if rng.random() < 0.05:
+            lines.append(rng.choice(["", "\r"]))
+    return ("\n".join(lines) + rng.choice(["", "\n"])).encode()
+
+
+def _blocks(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 64, 1 << 20])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_csv_records_with_quoted_newlines_blank_lines_and_any_blocks(block, seed):
+    data = _csv_bytes(300, seed)
+    options = csv.ParseOptions(newlines_in_values=True)
+    rows = csv.read_csv(pa.BufferReader(data), parse_options=options).num_rows
+    index = scan_records(_blocks(data, block), RecordScanner(ord('"'), skip=1, every=10))
+    assert index.rows == rows and index.quoted_newlines and index.data_start == 4
+    for entry in range(len(index.offsets)):  # every indexed offset starts record entry * every
+        rest = csv.read_csv(pa.BufferReader(data[index.offsets[entry] :]), read_options=csv.ReadOptions(column_names=["a", "b"]), parse_options=options)
+        assert rest.column("a")[0].as_py() == csv.read_csv(pa.BufferReader(data), parse_options=options).column("a")[entry * 10].as_py()
+
+
+def test_json_lines_of_blanks_are_not_records():
+    data = b'{"a": "1"}\n\n   \n{"a": "}\\n{"}\r\n\t\n{"a": "3"}'
+    for block in (1, 3, 100):
+        index = scan_records(_blocks(data, block), RecordScanner(None, 0, every=1, marker=ord("{")))
+        assert index.rows == json.read_json(pa.BufferReader(data)).num_rows == 3
+        assert index.offsets.tolist() == [0, 16, 33]
+
+
+def test_header_only_and_empty_files_have_no_rows():
+    assert scan_records([b"a,b\n"], RecordScanner(ord('"'), skip=1)).rows == 0
+    assert scan_records([b"a,b"], RecordScanner(ord('"'), skip=1)).data_start == 3
+    assert scan_records([], RecordScanner(None, 0)).rows == 0
+
+
+def test_empty_lines_count_when_asked():
+    assert scan_records([b"1\n\n2\n"], RecordScanner(None, 0, count_empty=True)).rows == 3
+
+
+def test_index_round_trips_through_bytes_and_finds_the_record_before_a_row():
+    index = RowIndex(4, 100, 25, 10, np.array([4, 40, 80]), True)
+    again = RowIndex.from_bytes(index.to_bytes())
+    assert again.offsets.tolist() == [4, 40, 80] and (again.rows, again.every, again.quoted_newlines) == (25, 10, True)
+    assert again.record_offset(0) == (4, 0) and again.record_offset(19) == (40, 10) and again.record_offset(24) == (80, 20)
