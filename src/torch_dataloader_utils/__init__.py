@@ -22,6 +22,7 @@ _EXPORTS = {
     "FileLayout": "plan.splits",
     "IcebergDataset": "table_datasets",
     "Ragged": "read.convert",
+    "Source": "catalog.mixture",
     "Split": "plan.splits",
     "StructuredDataLoader": "runtime.loader",
     "StructuredDataset": "dataset",
@@ -33,6 +34,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from .catalog.mixture import Source
     from .dataset import StructuredDataset
     from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from .catalog.build import Catalog, build_catalog
+from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.schema import check_repeated_columns
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
@@ -29,7 +30,7 @@ from .runtime.worker_stream import WorkerStream
 from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
-from .state.schema import FILTERS, rank_state, worker_state
+from .state.schema import FILTERS, MIXTURE, rank_state, worker_state
 from .state.validate import MAX_EPOCH, check_header, mismatch
 from .storage.remote import IOOptions
 
@@ -87,6 +88,7 @@ class StructuredDataset(IterableDataset):
         nulls: str = "raise",
         fill_values: Mapping[str, float | int | bool] | None = None,
         decimals: str = "float64",
+        epoch_rows: int | None = None,
     ):
         options = check_options(
             batch_size=batch_size, num_workers=num_workers, shuffle=shuffle, shuffle_seed=shuffle_seed, columns=columns,
@@ -124,6 +126,7 @@ class StructuredDataset(IterableDataset):
         self._source = SourceOptions(csv_options, json_options, partitioning)
         self._max_split_rows = options.split_rows
         self._selected: list[nested.BatchColumn] = []
+        self._epoch_rows = check_mixture_arguments(path, epoch_rows, filters, canonical_lanes)
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
         book = self._use_catalog(catalog)
@@ -223,7 +226,8 @@ class StructuredDataset(IterableDataset):
     @property
     def skipped_splits(self) -> list[tuple[Split, str]]:
         """Splits that lost rows to read errors this epoch (on_error="skip"), with the error."""
-        return [(self._catalog.splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
+        splits = self._catalog.splits_at(self._delivery.progress.epoch)
+        return [(splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
 
     @property
     def delivery(self) -> RankDelivery:
@@ -267,7 +271,8 @@ class StructuredDataset(IterableDataset):
             self._check_loader_workers(info.num_workers)
             state = worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
         else:
-            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+            splits = self._catalog.splits_at(progress.epoch)
+            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), splits, self.chunk_rows)
         if self.canonical_lanes is not None:
             state[CANONICAL_LANES] = self.canonical_lanes
         return state
@@ -319,7 +324,12 @@ class StructuredDataset(IterableDataset):
 
     # ------------------------------------------------------------ internals
     def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
-        """The files to plan (table datasets list a snapshot's files instead of discovering them)."""
+        """The files to plan (table datasets list a snapshot's files instead of discovering them; a
+        list of Sources is a mixture, catalog/mixture.py)."""
+        if is_mixture(path):
+            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+            defaults = (format, storage_options, self._max_split_rows, self._source)
+            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
@@ -335,6 +345,7 @@ class StructuredDataset(IterableDataset):
         book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         lanes = self.canonical_lanes
         book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)
+        book = mixture_book(catalog) or book
         if lanes is not None:
             book.reader_windows = lanes // self.world_size + 2  # a worker reads its rank's lanes in turn
         self._base_plan = (EpochPlan if lanes is None else CanonicalPlan)(
@@ -363,7 +374,7 @@ class StructuredDataset(IterableDataset):
         return plan
 
     def _plan_check(self) -> PlanCheck:
-        return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits)
+        return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits, self._catalog.splits_at)
 
     def _check_columns(self) -> None:
         catalog = self._catalog
@@ -433,4 +444,5 @@ class StructuredDataset(IterableDataset):
             "_on_error": self.on_error,
             "_shuffle_buffer_rows": self.shuffle_buffer_rows,
             **({FILTERS: self._catalog.row_filter.digest} if self._catalog.row_filter is not None else {}),
+            **({MIXTURE: self._catalog.sources} if isinstance(self._catalog, MixCatalog) else {}),
         }

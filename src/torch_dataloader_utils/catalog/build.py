@@ -69,6 +69,17 @@ class Catalog:
     def files_digest(self) -> str:
         return hashlib.sha256(json.dumps(self.fingerprint).encode()).hexdigest()[:16]
 
+    def fs_of(self, file: int) -> Any:
+        """The filesystem file ``file`` is read from (a mixture's sources may have their own)."""
+        return self.fs
+
+    def format_of(self, file: int) -> FileFormat:
+        return self.format
+
+    def splits_at(self, epoch: int) -> Sequence[Split]:
+        """The splits the pieces of ``epoch`` refer to (a mixture's change with the epoch)."""
+        return self.splits
+
 
 def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
     try:

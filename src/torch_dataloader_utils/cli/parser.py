@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epoch", type=int_at_least(0, MAX_SEED_WORD), default=0, metavar="E", help="epoch to show (matters with --shuffle)")
     plan.add_argument("--equalize", choices=EQUALIZE_POLICIES, default="pad",
                       help="how ranks get equal batch counts under DDP (default pad)")
+    plan.add_argument("--rows-per-epoch", type=positive_int, nargs="+", default=[], metavar="N",
+                      help="plan a mixture: rows each PATH (a source) contributes per epoch, one per PATH")
+    plan.add_argument("--weight", type=float, nargs="+", default=[], metavar="W", help="plan a mixture: a weight per PATH")
+    plan.add_argument("--epoch-rows", type=positive_int, default=None, metavar="N", help="rows per epoch the weights share")
+    plan.add_argument("--shuffle-buffer-rows", type=positive_int, default=1 << 18, metavar="N", help="a mixture's window rows")
     plan.add_argument("--all", action="store_true", help="list every (rank, worker), however many")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(plan)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .options import storage_options
 from .output import EXIT_OK, human_bytes, print_json
+from .plan_mixture import is_mixture_plan, mixture_plan, print_sources
 
 log = logging.getLogger("torch_dataloader_utils.cli")  # one logger for all of tdu's commands
 
@@ -122,6 +123,8 @@ def print_plan(plan: dict, path: str, show_all: bool) -> None:
     shuffle = f"shuffle on (seed {plan['shuffle_seed']})" if plan["shuffle"] else "shuffle off"
     print(f"  topology  world_size {plan['world_size']} x num_workers {plan['num_workers']}, epoch {plan['epoch']}, "
           f"{shuffle}, batch_size {plan['batch_size']:,}")
+    if "sources" in plan:
+        print_sources(plan)
     workers = plan["workers"]
     if show_all or len(workers) <= 32:
         print()
@@ -149,11 +152,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ..catalog.build import build_catalog
 
     started = time.perf_counter()
-    catalog = build_catalog(args.path, args.format, storage_options(args), args.split_bytes)
+    if is_mixture_plan(args):
+        plan = mixture_plan(args, compute_plan)
+    else:
+        catalog = build_catalog(args.path, args.format, storage_options(args), args.split_bytes)
+        plan = compute_plan(
+            catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize
+        )
     log.info("planned in %.2f s", time.perf_counter() - started)
-    plan = compute_plan(
-        catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize
-    )
     if args.json:
         print_json(plan)
     else:

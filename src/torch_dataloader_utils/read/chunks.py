@@ -143,7 +143,8 @@ class ChunkReader:
         last = task.start + (stop if present is None else int(present[stop - 1]) + 1)
         size = self.output.batch_size if self.output is not None else 1
         lane = "padding rows" if task.lane < 0 else f"lane {task.lane}"
-        splits = [self.catalog.splits[s].describe() for s in self.book.splits_of(task.segments)]
+        table = self.catalog.splits_at(task.segments[0].key.epoch)
+        splits = [table[s].describe() for s in self.book.splits_of(task.segments)]
         shown = "; ".join(splits[:3]) + (f" and {len(splits) - 3} more" if len(splits) > 3 else "")
         return f"batch {first // size} of {lane} (its rows [{first}, {last}), epoch {task.segments[0].key.epoch}), from split(s) {shown}"
 

@@ -137,7 +137,7 @@ class RowAccess:
             unit_rows = self.catalog.layouts[file].unit_rows[unit]
             # a second miss in a unit (a walk through it, or scattered reads) decodes the whole unit
             short = hi - lo + 1 <= unit_rows * PARTIAL_FRACTION and key not in self.cache
-            partial = short and getattr(self.catalog.format, "streams_units", False)
+            partial = short and getattr(self.catalog.format_of(file), "streams_units", False)
             if partial:
                 cached = CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
             else:
@@ -174,9 +174,10 @@ class RowAccess:
             return reader
         catalog = self.catalog
         entry = catalog.files[file]
-        if is_local(catalog.fs):  # a remote file's ranges are read from the planned version (storage/remote.py)
-            check_version(catalog.fs.info(entry.fs_path), entry.size, entry.tag)
-        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footers[file], get_worker_info() is None)
+        fs = catalog.fs_of(file)
+        if is_local(fs):  # a remote file's ranges are read from the planned version (storage/remote.py)
+            check_version(fs.info(entry.fs_path), entry.size, entry.tag)
+        reader = catalog.format_of(file).open(fs, entry.fs_path, catalog.footers[file], get_worker_info() is None)
         self._readers[file] = reader
         while len(self._readers) > _OPEN_FILES:
             self._readers.popitem(last=False)

@@ -26,6 +26,7 @@ from .filtering import iter_filtered, read_filtered
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
 _GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
+_CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
 
 
 @dataclass
@@ -70,6 +71,8 @@ class StreamReader:
         self._cached_windows = windows  # decoded windows kept (at most one per stream)
         self._files: OrderedDict[int, Any] = OrderedDict()
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
+        self._units: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()  # decoded units read only in part
+        self._unit_limit = _CACHED_UNITS
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -110,8 +113,8 @@ class StreamReader:
             row += take
         return self._join(parts, stream)
 
-    def describe_split(self, split: int) -> str:
-        return self._catalog.splits[split].describe()
+    def describe_split(self, split: int, epoch: int) -> str:
+        return self._catalog.splits_at(epoch)[split].describe()
 
     def _join(self, parts: list[tuple[Rows, int]], stream: Stream | None) -> Rows:
         if len(parts) == 1:
@@ -137,13 +140,14 @@ class StreamReader:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
-            streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first), pieces[0].num_rows)
+            streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first, stream.key[1]), pieces[0].num_rows)
             self._remember(key, streamed)
             return streamed
+        self._unit_limit = max(_CACHED_UNITS, len({(p.file, p.unit) for p in pieces if p.num_rows}))
         tables, skipped = [], {}
         for piece in pieces:
             try:
-                tables.append(self._piece(piece))
+                tables.append(self._piece(piece, stream.key[1]))
             except DataReadError as error:
                 if not self._skip_errors:
                     raise
@@ -166,7 +170,7 @@ class StreamReader:
         fs = self._catalog.fs
         return getattr(self._catalog.format, "streams_units", False) and (is_local(fs) or is_remote(fs))
 
-    def _piece_batches(self, piece: Piece, first: int) -> Iterator[pa.Table]:
+    def _piece_batches(self, piece: Piece, first: int, epoch: int) -> Iterator[pa.Table]:
         """The piece's rows from its row ``first`` on, in decoded batches; errors name the file and split."""
         try:
             row = piece.start + first
@@ -181,7 +185,7 @@ class StreamReader:
                 if row >= piece.stop and piece.stop < unit_rows:
                     return  # the rest of the unit is not this piece's (else: run on, to the row count check)
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
-            raise self._read_error(piece, error) from error
+            raise self._read_error(piece, error, epoch) from error
 
     def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> _Window:
         read = [t for t in tables if t is not None]
@@ -197,15 +201,24 @@ class StreamReader:
         valid_out = valid[order]
         return _Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
 
-    def _piece(self, piece: Piece) -> pa.Table:
-        try:
-            read = read_conformed if self._catalog.row_filter is None else read_filtered
-            table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
-        except Exception as error:  # noqa: BLE001 - re-raised naming file and split
-            raise self._read_error(piece, error) from error
+    def _piece(self, piece: Piece, epoch: int) -> pa.Table:
+        key = (piece.file, piece.unit)
+        table = self._units.get(key)
+        if table is None:
+            try:
+                read = read_conformed if self._catalog.row_filter is None else read_filtered
+                table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
+            except Exception as error:  # noqa: BLE001 - re-raised naming file and split
+                raise self._read_error(piece, error, epoch) from error
+            if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part
+                self._units[key] = table
+                while len(self._units) > self._unit_limit:
+                    self._units.popitem(last=False)
+        else:
+            self._units.move_to_end(key)
         return table.slice(piece.start, piece.stop - piece.start)
 
-    def _read_error(self, piece: Piece, error: Exception) -> Exception:
+    def _read_error(self, piece: Piece, error: Exception, epoch: int) -> Exception:
         """The error to raise for ``error`` while reading ``piece``: a DataReadError naming the file
         and split (``on_error="skip"`` leaves such rows out), or, for a readable value that does
         not fit the unified schema, a WideningError naming the file (never skipped)."""
@@ -214,7 +227,7 @@ class StreamReader:
         if isinstance(error, WideningError):
             return WideningError(f"{entry.url}: {error}")
         detail = " ".join(str(error).split()).rstrip(".")  # pyarrow's messages may span lines
-        message = f"cannot read {entry.url} (split {self.describe_split(piece.split)}, unit {piece.unit}): {detail}"
+        message = f"cannot read {entry.url} (split {self.describe_split(piece.split, epoch)}, unit {piece.unit}): {detail}"
         if not isinstance(error, (RemoteReadError, FileChangedError)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it"
             if not self._skip_errors:  # (with it, these rows are being left out and reported)
@@ -225,8 +238,9 @@ class StreamReader:
         reader = self._files.get(file)
         if reader is None:
             entry = self._catalog.files[file]
-            _check_unchanged(self._catalog.fs, entry)
-            reader = self._catalog.format.open(self._catalog.fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
+            fs = self._catalog.fs_of(file)
+            _check_unchanged(fs, entry)
+            reader = self._catalog.format_of(file).open(fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
             self._files[file] = reader
             while len(self._files) > _OPEN_FILES:
                 self._files.popitem(last=False)
@@ -311,12 +325,22 @@ def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
         return table.take(rows)
     bounds = np.cumsum([0] + [b.num_rows for b in batches])
     owner = np.searchsorted(bounds, rows, side="right") - 1
+    if len(batches) <= np.iinfo(np.int16).max:
+        owner = owner.astype(np.int16)  # a stable sort of 16-bit integers is a radix sort
     order = np.argsort(owner, kind="stable")
     counts = np.bincount(owner, minlength=len(batches))
     ends = np.cumsum(counts)
     local = rows[order] - bounds[owner[order]]
-    parts = [batches[b].take(pa.array(local[ends[b] - counts[b] : ends[b]])) for b in np.flatnonzero(counts)]
+    parts = [_rows_of(batches[b], local[ends[b] - counts[b] : ends[b]]) for b in np.flatnonzero(counts)]
     grouped = pa.Table.from_batches(parts, schema=table.schema)
     inverse = np.empty(len(rows), dtype=np.int64)
     inverse[order] = np.arange(len(rows))
     return grouped.take(inverse)
+
+
+def _rows_of(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
+    """``batch.take(rows)``; a slice (no copy) when the rows are one ascending run, as a
+    mixture's unshuffled window asks of each source."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and (len(rows) < 2 or bool(np.all(np.diff(rows) == 1))):
+        return batch.slice(int(rows[0]), len(rows))
+    return batch.take(pa.array(rows))

@@ -72,7 +72,8 @@ class RankDelivery:
         for split, message in skipped.items():
             if split not in self.progress.skipped:
                 self.progress.skipped[split] = message
-                log.warning("on_error='skip': leaving out unreadable rows of split %s: %s", self.reader.catalog.splits[split].describe(), message)
+                where = self.reader.catalog.splits_at(self.progress.epoch)[split].describe()
+                log.warning("on_error='skip': leaving out unreadable rows of split %s: %s", where, message)
 
     # ------------------------------------------------------------ passes
     def begin_pass(self, keep_slots: bool, warn_if_nothing_restored: bool = False) -> list[ChunkTask]:

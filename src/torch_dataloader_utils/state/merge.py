@@ -10,6 +10,7 @@ import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
+from .mixture import mixture_causes
 from .schema import (
     BATCH_TARGET,
     BATCHES_DELIVERED,
@@ -20,6 +21,7 @@ from .schema import (
     FILTERS,
     FORMAT_VERSION,
     LANES,
+    MIXTURE,
     RANKS,
     SCOPE,
     SHUFFLE_ONLY_KEYS,
@@ -93,6 +95,8 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
     summary[FILTERS] = state.get(FILTERS)
     summary[FILES_DIGEST] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
+    if state.get(MIXTURE) is not None:
+        summary[MIXTURE] = state.get(MIXTURE)
     return summary
 
 
@@ -110,6 +114,7 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
         if state.get(FILTERS) != first.get(FILTERS):
             differences.append(f"filters: rank 0 has {first.get(FILTERS)!r}, rank {rank} {state.get(FILTERS)!r}")
+        differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]
         files = _by_url(state.get(FILES))
         if files == first_files and state.get(FILES) != first.get(FILES):
             differences.append(f"rank 0 and rank {rank} list the same files in another order, or a damaged list")

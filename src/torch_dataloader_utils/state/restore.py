@@ -14,7 +14,7 @@ from .elastic import deal, remaining_units
 from .merge import check_global, merge_states, rank_part, rank_parts, topology_changed, uneven_steps
 from .progress import Progress
 from .schema import BATCH_TARGET, BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, RANKS, SKIPPED_SPLITS
-from .validate import is_count, is_integer, mismatch, validate_rank_state, validate_worker_state
+from .validate import MAX_EPOCH, is_count, is_integer, mismatch, validate_rank_state, validate_worker_state
 
 log = logging.getLogger("torch_dataloader_utils.dataset")
 
@@ -28,11 +28,18 @@ class PlanCheck:
     config: Callable[..., dict]  # config(rank=, world_size=, num_workers=) -> the CONFIG_KEYS values
     fingerprint: list[list]
     splits: Sequence[Split]
+    epoch_splits: Callable[[int], Sequence[Split]] | None = None  # a mixture's splits change with the epoch
+
+    def splits_at(self, epoch: Any) -> Sequence[Split]:
+        """The splits a state of ``epoch`` refers to (a damaged epoch is refused by the validation)."""
+        if self.epoch_splits is None:
+            return self.splits
+        return self.epoch_splits(epoch) if is_count(epoch) and epoch <= MAX_EPOCH else []
 
 
 def restore_rank(state: Mapping[str, Any], check: PlanCheck) -> Progress:
     """The progress a rank state of this topology records."""
-    progress = validate_rank_state(state, check.config(), check.fingerprint, check.plan.book, check.splits, check.plan.lane_length)
+    progress = validate_rank_state(state, check.config(), check.fingerprint, check.plan.book, check.splits_at(state.get(EPOCH)), check.plan.lane_length)
     target = _saved_target(state) if progress.dealt is not None else None
     plan = replace(check.plan, epoch=progress.epoch, dealt=progress.dealt, dealt_target=target)
     padding_rows = plan.padding_rows
@@ -49,7 +56,7 @@ def restore_rank(state: Mapping[str, Any], check: PlanCheck) -> Progress:
     counted = state.get(BATCHES_DELIVERED)
     if counted is not None and not is_count(counted):
         raise mismatch("Checkpoint state key 'batches_delivered' is damaged.", [], [f"found {counted!r:.40}: the state is damaged"])
-    skipped = _restore_skipped(state.get(SKIPPED_SPLITS), check.splits)
+    skipped = _restore_skipped(state.get(SKIPPED_SPLITS), check.splits_at(progress.epoch))
     _warn_if_other_chunk_rows(state.get(CHUNK_ROWS), plan.batching.chunk_rows, len(progress.positions))
     return replace(progress, batches_delivered=counted, skipped=skipped, dealt_target=target)
 
@@ -64,7 +71,7 @@ def restore_elastic(state: Mapping[str, Any], check: PlanCheck) -> Progress:
         saved: dict[str, Any] = dict(rank=part.get("_rank"), world_size=part.get("_world_size"), num_workers=part.get("_num_workers"))
         if not all(is_count(v) for v in saved.values()):
             raise mismatch("Checkpoint state has a damaged topology.", [], [f"rank entry says {saved}"])
-        progress = validate_rank_state(part, check.config(**saved), check.fingerprint, base.book, check.splits, base.lane_length)
+        progress = validate_rank_state(part, check.config(**saved), check.fingerprint, base.book, check.splits_at(part.get(EPOCH)), base.lane_length)
         old = Topology(int(saved["rank"]), int(saved["world_size"]), int(saved["num_workers"]))
         lanes = list(progress.dealt) if progress.dealt is not None else base.book.canonical_lanes(progress.epoch, old.rank, old.world_size, old.num_workers)
         ends = [base.lane_length(lane) for lane in lanes]
@@ -132,17 +139,22 @@ def _owed_ends(progress: Progress, ends: Sequence[int], target: int, base: Epoch
 
 def _restore_skipped(saved: Any, splits: Sequence[Split]) -> dict[int, str]:
     """The skipped-split report of a state (informational: unknown entries are ignored)."""
-    index = {split: i for i, split in enumerate(splits)}
+    index = {_entry_key(split.to_dict()): i for i, split in enumerate(splits)}
     restored = {}
     for entry in saved if isinstance(saved, list) else []:
         if not isinstance(entry, Mapping):
             continue
         path, offset, length = entry.get("path"), entry.get("row_offset"), entry.get("row_length")
         if isinstance(path, str) and all(v is None or is_integer(v) for v in (offset, length)):
-            split = Split(path, offset, length)
-            if split in index:
-                restored[index[split]] = str(entry.get("error", ""))
+            found = index.get(_entry_key({k: v for k, v in entry.items() if k != "error"}))
+            if found is not None:
+                restored[found] = str(entry.get("error", ""))
     return restored
+
+
+def _entry_key(entry: Mapping[str, Any]) -> tuple:
+    """A split's state entry as a dict key (a mixture's entries also hold source and copy)."""
+    return tuple(sorted((k, v) for k, v in entry.items() if isinstance(v, (str, int, type(None)))))
 
 
 def _warn_if_other_chunk_rows(saved: Any, chunk_rows: int, lanes: int) -> None:

@@ -76,6 +76,7 @@ OPTIONAL_CONFIG_KEYS = ("_split_rows",)  # absent from states of earlier version
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
 #: digest of the row filter (read/filtering.py), present only with a filter: positions count matching rows
 FILTERS = "_filters"
+MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
 
 
 class SplitEntry(TypedDict, total=False):

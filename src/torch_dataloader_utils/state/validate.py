@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
+from .mixture import mixture_causes
 from .progress import Progress
 from .schema import (
     COMPLETED_SHARDS,
@@ -25,6 +26,7 @@ from .schema import (
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
+    MIXTURE,
     NEXT_WORKER,
     OPTIONAL_CONFIG_KEYS,
     PADDING_DELIVERED,
@@ -133,7 +135,7 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
     if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
         causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
-    return causes
+    return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE))
 
 
 def file_causes(saved: Any, current: list[list]) -> list[str]:

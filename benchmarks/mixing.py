@@ -1,0 +1,121 @@
+"""What mixing costs: three sources mixed vs one source of the same total size, rows/s.
+
+    python benchmarks/mixing.py [--rows 2000000] [--num-workers 2] [--batch-size 1024] \
+        [--repeats 3] [--workdir DIR] [--name mixing]
+
+Writes (once, into ``--workdir``) one source of ``--rows`` rows and three sources of 50%, 30% and
+20% of them (same columns, row groups of 131,072 rows), then reads, interleaved over ``--repeats``
+rounds after a warm-up epoch, one epoch of:
+
+- the single source (create_dataloader(path));
+- the mixture, ``--rows`` rows per epoch: the first source downsampled to 40% of the total, the
+  second at 1x (30%), the third upsampled 1.5x (30%);
+
+each with shuffle off and on, and touching every value of every batch. The ratio is the
+mixture's median rows/s over the single source's (the issue's target: a cost of at most 5%).
+Prints a markdown table; writes JSON to benchmarks/results/<name>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  imported before workers fork (first use otherwise imports pandas per worker)
+import pyarrow.parquet as pq
+import torch
+
+from torch_dataloader_utils import Source, StructuredDataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GROUP_ROWS = 1 << 17
+SHARES = (0.5, 0.3, 0.2)
+
+
+def _write(path: str, first: int, rows: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    target = os.path.join(path, "part-00000.parquet")
+    if os.path.exists(target) and pq.ParquetFile(target).metadata.num_rows == rows:
+        return
+    ids = np.arange(first, first + rows, dtype=np.int64)
+    columns = {"id": ids, "label": (ids % 7).astype(np.int32)}
+    rng = np.random.default_rng(first)
+    for i in range(8):
+        columns[f"f{i}"] = rng.random(rows, dtype=np.float32)
+    pq.write_table(pa.table(columns), target, row_group_size=GROUP_ROWS)
+
+
+def _data(workdir: str, rows: int) -> tuple[str, list[str]]:
+    single = os.path.join(workdir, f"single-{rows}")
+    _write(single, 0, rows)
+    parts, first = [], 0
+    for index, share in enumerate(SHARES):
+        path = os.path.join(workdir, f"source{index}-{rows}")
+        size = int(rows * share)
+        _write(path, first, size)
+        parts.append(path)
+        first += size
+    return single, parts
+
+
+def _epoch(make) -> tuple[float, int]:
+    loader, _ = make()
+    start, rows = time.perf_counter(), 0
+    for batch in loader:
+        for value in batch.values():
+            if isinstance(value, torch.Tensor):
+                value.sum()  # touch every value
+        rows += len(batch["id"])
+    return time.perf_counter() - start, rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "tdu-mixing-bench"))
+    parser.add_argument("--name", default="mixing")
+    args = parser.parse_args()
+    single, parts = _data(args.workdir, args.rows)
+    sizes = [int(args.rows * share) for share in SHARES]
+    per_epoch = [int(args.rows * 0.4), sizes[1], args.rows - int(args.rows * 0.4) - sizes[1]]
+    common = dict(batch_size=args.batch_size, num_workers=args.num_workers)
+    runs = {}
+    for shuffle in (False, True):
+        runs[("single", shuffle)] = lambda shuffle=shuffle: StructuredDataset.create_dataloader(single, shuffle=shuffle, **common)
+        runs[("mixture", shuffle)] = lambda shuffle=shuffle: StructuredDataset.create_dataloader(
+            [Source(p, rows_per_epoch=n) for p, n in zip(parts, per_epoch)], shuffle=shuffle, **common
+        )
+    for make in runs.values():
+        _epoch(make)  # warm-up: page cache, imports
+    seconds: dict = {key: [] for key in runs}
+    for _ in range(args.repeats):
+        for key, make in runs.items():
+            took, rows = _epoch(make)
+            assert rows == args.rows, (key, rows)
+            seconds[key].append(took)
+    results = []
+    print(f"| shuffle | single rows/s | mixture rows/s | mixture / single |  ({args.rows:,} rows, {args.num_workers} workers, median of {args.repeats})")
+    print("|---|---:|---:|---:|")
+    for shuffle in (False, True):
+        single_rate = args.rows / statistics.median(seconds[("single", shuffle)])
+        mixed_rate = args.rows / statistics.median(seconds[("mixture", shuffle)])
+        results.append({"shuffle": shuffle, "single_rows_per_s": single_rate, "mixture_rows_per_s": mixed_rate, "ratio": mixed_rate / single_rate})
+        print(f"| {'on' if shuffle else 'off'} | {single_rate:,.0f} | {mixed_rate:,.0f} | {mixed_rate / single_rate:.3f} |")
+    out = os.path.join(HERE, "results")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{args.name}.json"), "w") as f:
+        json.dump({"args": vars(args), "seconds": {f"{k[0]}-{'shuffle' if k[1] else 'plain'}": v for k, v in seconds.items()}, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""Mixtures: ``Source`` (one dataset of a mixture and its share) and the catalog of several.
+
+Each source is catalogued as a dataset of its own (files, footers, its schema), then the
+catalogs are laid end to end: file ``i`` of the mixture is a file of one source, read with that
+source's filesystem and format. The output columns are the union of the sources' columns after
+``columns=`` projection, unified by the rule of catalog/schema.py.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import pyarrow as pa
+
+from ..formats import FileFormat
+from ..plan.mixing import MixtureBook, MixturePlan, SourceLayout, allocate_rows
+from ..plan.splits import MAX_ROW_COUNT, Split
+from ..plan.streams import SplitRows
+from ..storage.remote import IOOptions
+from .build import Catalog, build_catalog
+from .schema import check_missing_columns, missing_columns, unify
+from .sources import SourceOptions
+
+
+class Source:
+    """One dataset of a mixture: ``path`` (a file, directory, glob or list, as for a plain
+    dataset) and its share of every epoch.
+
+    ``rows_per_epoch=n``: exactly n rows per epoch (more than the source has: upsampled, every
+    row appearing floor or ceil of n / rows times; fewer: consecutive epochs walk through the
+    source). ``weight=w``: a share of ``epoch_rows`` proportional to w. Neither: all its rows
+    once. ``format`` (default: the dataset's) and ``storage_options`` apply to this source.
+    """
+
+    def __init__(
+        self,
+        path: str | Sequence[str],
+        *,
+        format: str | None = None,
+        rows_per_epoch: int | None = None,
+        weight: float | None = None,
+        storage_options: dict | None = None,
+    ):
+        if rows_per_epoch is not None:
+            if isinstance(rows_per_epoch, bool) or not isinstance(rows_per_epoch, numbers.Integral) or not 1 <= rows_per_epoch <= MAX_ROW_COUNT * 2**31:
+                raise ValueError(f"Source rows_per_epoch must be a positive integer, got {rows_per_epoch!r} (source {path!r})")
+            rows_per_epoch = int(rows_per_epoch)
+        if weight is not None:
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
+                raise ValueError(f"Source weight must be a positive finite number, got {weight!r} (source {path!r})")
+        if rows_per_epoch is not None and weight is not None:
+            raise ValueError(f"Source {path!r} has both rows_per_epoch and weight; pass one of them")
+        self.path = path
+        self.format = format
+        self.rows_per_epoch = rows_per_epoch
+        self.weight = weight
+        self.storage_options = storage_options
+
+    def __repr__(self) -> str:
+        shares = {k: v for k, v in (("rows_per_epoch", self.rows_per_epoch), ("weight", self.weight)) if v is not None}
+        extra = "".join(f", {k}={v!r}" for k, v in (("format", self.format), *shares.items()) if v is not None)
+        return f"Source({self.path!r}{extra})"
+
+
+def is_mixture(path: Any) -> bool:
+    """Whether ``path`` is a Source or a list of them (TypeError for a list mixing them with paths)."""
+    if isinstance(path, Source):
+        return True
+    if isinstance(path, (list, tuple)) and any(isinstance(p, Source) for p in path):
+        if not all(isinstance(p, Source) for p in path):
+            raise TypeError("pass a list of paths or a list of Source(...), not both: wrap every path of a mixture in Source(path)")
+        return True
+    return False
+
+
+@dataclass
+class MixCatalog(Catalog):
+    """The catalogs of a mixture's sources laid end to end, and the mixture's plan."""
+
+    stores: list[Any] = field(default_factory=list)  # per file: its source's filesystem
+    formats: list[FileFormat] = field(default_factory=list)  # per file: its source's format
+    sources: list[dict] = field(default_factory=list)  # per source: what a state records of it
+    plan: MixturePlan | None = None
+
+    def fs_of(self, file: int) -> Any:
+        return self.stores[file]
+
+    def format_of(self, file: int) -> FileFormat:
+        return self.formats[file]
+
+    def splits_at(self, epoch: int) -> Sequence[Split]:
+        assert self.plan is not None
+        return self.plan.epoch(epoch).splits
+
+
+def _label(index: int, source: Source) -> str:
+    return f"source {index} ({source.path if isinstance(source.path, str) else ', '.join(map(str, source.path))})"
+
+
+def _check_source_columns(index: int, source: Source, catalog: Catalog, columns: Sequence[str] | None) -> pa.Schema | None:
+    """The source's schema projected to ``columns``; ValueError naming the source and a column it lacks."""
+    schema = catalog.schema
+    if schema is None or columns is None:
+        return schema
+    lacking = [c for c in columns if c not in schema.names]
+    if lacking:
+        raise ValueError(
+            f"{_label(index, source)} has no column {lacking[0]!r} (columns=[...] asks for it); its columns are "
+            f"{schema.names}. Every source of a mixture must hold every selected column: leave it out of columns=[...] or add it to the source"
+        )
+    return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
+
+
+def check_mixture_arguments(path: Any, epoch_rows: Any, filters: Any, canonical_lanes: Any) -> int | None:
+    """``epoch_rows``; ValueError for arguments a mixture (or a plain dataset) does not take."""
+    if not is_mixture(path):
+        if epoch_rows is not None:
+            raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
+        return None
+    if filters is not None:
+        raise ValueError("filters= does not apply to a mixture of Sources yet: filter each source's files beforehand")
+    if canonical_lanes is not None:
+        raise ValueError("canonical_lanes= does not apply to a mixture of Sources: a mixture deals its own blocks")
+    return epoch_rows
+
+
+def mixture_book(catalog: Catalog) -> MixtureBook | None:
+    """The stream book of a mixture's catalog (None for any other catalog)."""
+    return MixtureBook(catalog.plan) if isinstance(catalog, MixCatalog) and catalog.plan is not None else None
+
+
+def build_mixture_catalog(
+    sources: Source | Sequence[Source],
+    defaults: tuple[str | None, dict | None, int | None, SourceOptions | None],
+    columns: Sequence[str] | None,
+    split_bytes: int,
+    io: IOOptions,
+    epoch_rows: int | None,
+    order: tuple[bool, int, int],
+) -> MixCatalog:
+    """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
+    dataset's (format, storage_options), for sources without their own, then its split_rows and
+    source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows)."""
+    sources = [sources] if isinstance(sources, Source) else list(sources)
+    if not sources:
+        raise ValueError("a mixture needs at least one Source")
+    if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, numbers.Integral) or epoch_rows < 1):
+        raise ValueError(f"epoch_rows must be a positive integer, got {epoch_rows!r}")
+    format, storage_options, split_rows, options = defaults
+    catalogs = [
+        build_catalog(
+            s.path, format if s.format is None else s.format, storage_options if s.storage_options is None else s.storage_options,
+            split_bytes, io, split_rows, options,
+        )  # fmt: skip
+        for s in sources
+    ]
+    labels = [_label(i, s) for i, s in enumerate(sources)]
+    projected = [_check_source_columns(i, s, c, columns) for i, (s, c) in enumerate(zip(sources, catalogs))]
+    known = [(schema, label) for schema, label in zip(projected, labels) if schema is not None]
+    try:
+        unified = unify([s for s, _ in known], [label for _, label in known]) if known else None
+    except ValueError as error:
+        raise ValueError(str(error).replace("files have incompatible schemas", "the mixture's sources have incompatible schemas", 1)) from None
+    sizes = [sum(layout.num_rows for layout in c.layouts) for c in catalogs]
+    if unified is not None:
+        lacks = [missing_columns(s, unified) if s is not None else tuple(unified.names) for s in projected]
+        check_missing_columns(unified, columns, lacks, list(zip(labels, sizes)))
+    rows = allocate_rows(sizes, [s.rows_per_epoch for s in sources], [s.weight for s in sources], None if epoch_rows is None else int(epoch_rows))
+    empty = [label for label, size, n in zip(labels, sizes, rows) if size == 0 and n]
+    if empty:
+        raise ValueError(f"{empty[0]} has no rows, so it cannot contribute rows to an epoch; leave it out of the mixture")
+    return _combine(sources, catalogs, unified, rows, split_bytes, order)
+
+
+def _combine(
+    sources: Sequence[Source], catalogs: Sequence[Catalog], unified: pa.Schema | None, rows: Sequence[int], split_bytes: int, order: tuple[bool, int, int]
+) -> MixCatalog:
+    """The sources' catalogs laid end to end (file indices shifted), with the mixture's plan."""
+    files: list[Any] = []
+    split_rows: list[SplitRows] = []
+    missing: list[tuple[str, ...]] = []
+    layouts, described = [], []
+    for index, (source, catalog) in enumerate(zip(sources, catalogs)):
+        own = [SplitRows(r.file + len(files), r.start, r.stop) for r in catalog.split_rows]
+        layouts.append(SourceLayout(tuple(own), tuple(s.path for s in catalog.splits), rows[index]))
+        split_rows += own
+        files += catalog.files
+        names = set() if catalog.schema is None else set(catalog.schema.names)
+        for file in range(len(catalog.files)):
+            lacking = catalog.missing_columns[file] if catalog.missing_columns else ()
+            missing.append(() if unified is None else tuple(n for n in unified.names if n in lacking or n not in names))
+        described.append(
+            {
+                "path": source.path if isinstance(source.path, str) else list(source.path),
+                "format": catalog.format.name,
+                "rows": sum(layout.num_rows for layout in catalog.layouts),
+                "rows_per_epoch": rows[index],
+                "weight": source.weight,
+            }
+        )
+    repeated: dict[str, tuple[str, int]] = {}
+    for catalog in catalogs:
+        for name, found in catalog.repeated_columns.items():
+            repeated.setdefault(name, found)
+    offsets = [o for c in catalogs for o in c.file_offsets]
+    shuffle, seed, buffer_rows = order
+    return MixCatalog(
+        catalogs[0].fs, catalogs[0].format, files, [x for c in catalogs for x in c.layouts], [x for c in catalogs for x in c.footers],
+        [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
+        stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
+        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows), max_split_rows=catalogs[0].max_split_rows,
+    )  # fmt: skip
