@@ -19,6 +19,7 @@ from .read.chunks import ChunkReader
 from .read.convert import check_batch_forms
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
+from .state.compact import cached_summary, use_compact
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
 from .state.schema import rank_state, worker_state
@@ -197,14 +198,20 @@ class StructuredDataset(IterableDataset):
         """Batches this rank delivers in the current epoch (padding included)."""
         return self._delivery.plan().total_batches()
 
-    def state_dict(self) -> dict:
-        """JSON-serializable progress: a rank state in the main process, a worker state inside a worker."""
+    def state_dict(self, form: str = "auto") -> dict:
+        """JSON-serializable progress: a rank state in the main process, a worker state inside a worker.
+
+        ``form``: "full" lists completed splits and files by content (the reference's
+        ``completed_shards``), "compact" keeps ranges and digests of a size that does not grow
+        with the epoch (docs/checkpoint-resume.md), "auto" is full up to 1,000 splits."""
         progress = self._delivery.progress
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
             return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        return rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows)
+        compact = use_compact(form, len(self._catalog.splits))
+        files = cached_summary(self._catalog) if compact else self._catalog.fingerprint
+        return rank_state(self._config(), files, progress, self._delivery.plan(), self._catalog.splits, self.chunk_rows, compact)
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
