@@ -1,13 +1,19 @@
 """The catalog: files, their footers and the split plan, built once per dataset.
 
 Footers of local files are read one after another while that is fast, the rest in parallel
-threads. The catalog is pickled to DataLoader workers together with the dataset, so workers
-never read a footer again.
+threads; with ``cache_dir`` what planning needs of them is kept in a plan cache
+(plan_cache.py). The catalog keeps per file only what the plan needs (its layout and
+fingerprint): a local file's footer is read again by the worker that opens the file (from
+the page cache, and checked to be the planned version first), so neither the main process
+nor the copy of the catalog each worker receives holds 100,000 footers. Remote files keep
+their footers (their tails were fetched at planning, and fetching them again costs a
+request per file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -27,6 +33,7 @@ from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
+from .plan_cache import cache_for
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
@@ -46,7 +53,7 @@ class Catalog:
     format: FileFormat
     files: list[FileEntry]
     layouts: list[FileLayout]
-    footers: list[Any]
+    footers: list[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
     splits: list[Split]
     split_rows: list[SplitRows]
     file_offsets: list[np.ndarray]
@@ -117,6 +124,45 @@ def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[
     return rows
 
 
+class _SharedSchemas:
+    """Gives a file's schema as the previous file's object when they are equal, so that files
+    written alike share one schema object (unify and missing_columns then work once)."""
+
+    def __init__(self) -> None:
+        self._last: pa.Schema | None = None
+
+    def __call__(self, schema: pa.Schema) -> pa.Schema:
+        if self._last is not None and schema.equals(self._last, check_metadata=True):
+            return self._last
+        self._last = schema
+        return schema
+
+
+_shared_units: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def _shared_layout(layout: FileLayout) -> FileLayout:
+    """The layout with its unit tuples shared with equal ones (files written alike have equal units)."""
+    if len(_shared_units) > 100_000:
+        _shared_units.clear()
+    rows = _shared_units.setdefault(layout.unit_rows, layout.unit_rows)
+    sizes = _shared_units.setdefault(layout.unit_bytes, layout.unit_bytes)
+    return layout if rows is layout.unit_rows and sizes is layout.unit_bytes else FileLayout(layout.path, layout.size, rows, sizes)
+
+
+def _offsets(layouts: Sequence[FileLayout]) -> list[np.ndarray]:
+    """Every file's unit offsets, one read-only array per distinct list of unit rows."""
+    arrays: dict[tuple[int, ...], np.ndarray] = {}
+    out = []
+    for layout in layouts:
+        found = arrays.get(layout.unit_rows)
+        if found is None:
+            found = arrays[layout.unit_rows] = unit_offsets(layout)
+            found.flags.writeable = False
+        out.append(found)
+    return out
+
+
 @contextlib.contextmanager
 def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
     """While planning: every remote file's tail fetched in one concurrent batch (footers live
@@ -139,22 +185,50 @@ def build_catalog(
     io_options: IOOptions | None = None,
 ) -> Catalog:
     """Discover files, read every footer once (in parallel) and plan the splits."""
+    # Planning creates a few objects per file and frees none: the cyclic collector would walk
+    # them all again and again (at 100,000 files it doubled planning time), for no garbage.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(path, format, storage_options, split_bytes, io_options)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _build(path: str | Sequence[str], format: str | None, storage_options: dict | None, split_bytes: int, io_options: IOOptions | None) -> Catalog:
     paths = as_path_list(path)
     fs = open_store(filesystem_for(paths, storage_options), io_options)
     if format is not None:
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
-    with _prefetched_tails(fs, files):
-        results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
+    local = is_local(fs)
+    cache = cache_for(io_options.cache_dir if io_options else None, paths, fmt.name, local)
+    cached = cache.lookup(files) if cache else [None] * len(files)
+    unread = [entry for entry, known in zip(files, cached) if known is None]
+    shared = _SharedSchemas()
+    with _prefetched_tails(fs, unread):
+        read = iter([
+            (_shared_layout(layout), None if local else footer, shared(schema))
+            for layout, footer, schema in progress(_footers(fmt, fs, unread), len(unread), "reading footers")
+        ])  # fmt: skip
+    results = [next(read) if known is None else (known[0], None, known[1]) for known in cached]
+    if cache and unread:
+        cache.store(files, [(layout, schema) for layout, _, schema in results])
+    log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]
     schema = unify([s for _, _, s in results], [f.url for f in files])
-    missing = [missing_columns(s, schema) for _, _, s in results]
-    repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
+    first_with: dict[int, tuple[pa.Schema, str]] = {}  # per distinct schema object: it and its first file
+    for (_, _, file_schema), entry in zip(results, files):
+        first_with.setdefault(id(file_schema), (file_schema, entry.url))
+    lacking = {key: missing_columns(s, schema) for key, (s, _) in first_with.items()}
+    missing = [lacking[id(s)] for _, _, s in results]
+    repeated = repeated_columns([s for s, _ in first_with.values()], [url for _, url in first_with.values()])
     splits = plan_splits(layouts, split_bytes)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
+        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), _offsets(layouts), split_bytes,
         schema, missing, repeated,
     )

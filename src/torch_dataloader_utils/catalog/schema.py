@@ -68,6 +68,8 @@ def _files_text(names: Sequence[str]) -> str:
 
 def unify(schemas: Sequence[pa.Schema], names: Sequence[str]) -> pa.Schema:
     """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that disagree."""
+    if schemas and all(s is schemas[0] for s in schemas):  # one shared object (the plan cache's, or equal footers')
+        return _wide_dictionaries(schemas[0])
     distinct: dict[pa.Schema, list[str]] = {}
     for schema, name in zip(schemas, names):
         distinct.setdefault(schema.remove_metadata(), []).append(name)

@@ -36,15 +36,15 @@ log = logging.getLogger(__name__)
 
 
 class _ParquetReader:
-    def __init__(self, source: Any, footer: pq.FileMetaData, use_threads: bool, buffer_size: int = READ_BUFFER_BYTES):
+    def __init__(self, source: Any, footer: pq.FileMetaData | None, use_threads: bool, buffer_size: int = READ_BUFFER_BYTES):
         self._source = source
-        self._footer = footer
         self._thrift: tuple[int, Struct] | None = None  # (unit, the footer decoded with that row group) for parquet_seek
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
         # open file (megabytes per file); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
         self._buffer_size = buffer_size
         self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
+        self._footer: pq.FileMetaData = footer if footer is not None else self._file.metadata
         self._use_threads = use_threads
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
@@ -213,6 +213,8 @@ class ParquetFormat:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
         if is_remote(fs):
             return _RemoteParquetReader(fs, path, footer, use_threads)
+        if footer is None and is_local(fs):  # the catalog keeps no footers of local files: read again here
+            footer = _local_footer(path)
         return _ParquetReader(open_input(fs, path), footer, use_threads)
 
 
