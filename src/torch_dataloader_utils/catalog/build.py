@@ -33,8 +33,8 @@ from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
-from .plan_cache import cache_for
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from .plan_cache import cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
 

@@ -18,6 +18,7 @@ import logging
 import os
 import uuid
 from collections.abc import Sequence
+
 import pyarrow as pa
 
 from ..plan.splits import FileLayout

@@ -18,7 +18,6 @@ from .schema import (
     FILES,
     FILES_DIGEST,
     FILES_SUMMARY,
-    FORMAT_VERSION,
     LANES,
     RANKS,
     SCOPE,

@@ -214,7 +214,8 @@ def validate_rank_state(
     the batch count and skipped splits, which the caller checks)."""
     epoch = _require(state, EPOCH, int, "rank")
     compact = COMPLETED_RANGES in state or FILES_SUMMARY in state  # the compact form (state/compact.py)
-    completed = _require(state, COMPLETED_RANGES if compact else COMPLETED_SHARDS, list, "rank")
+    content_key = COMPLETED_RANGES if compact else COMPLETED_SHARDS
+    completed = _require(state, content_key, list, "rank")
     for key in CONFIG_KEYS:
         if key not in state:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
@@ -249,7 +250,7 @@ def validate_rank_state(
         raise mismatch(
             "Checkpoint state does not have one entry per worker.",
             _some_shard(state),
-            [f"'rows_delivered' has {len(positions)} entries and {'completed_ranges' if compact else 'completed_shards'!r} {len(completed)}, but there are {len(lanes)} workers"],
+            [f"'rows_delivered' has {len(positions)} entries and {content_key!r} {len(completed)}, but there are {len(lanes)} workers"],
         )
     if not 0 <= next_lane < len(lanes):
         raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_lane}).", [], ["the state is damaged"])
