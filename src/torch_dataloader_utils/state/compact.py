@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import os
-from collections import OrderedDict
+import weakref
 from typing import Any, Mapping, Sequence
 
 from ..plan.lanes import Lane, StreamBook
@@ -71,20 +71,20 @@ class LaneOrder:
         self.digest = _digest([[s.path, s.row_offset, s.row_length] for s in (splits[i] for i in self.splits)])
 
 
-_lane_orders: OrderedDict[tuple[int, int, Lane], tuple[StreamBook, Sequence[Split], LaneOrder]] = OrderedDict()
+_lane_orders: weakref.WeakKeyDictionary[StreamBook, dict[Lane, tuple[Sequence[Split], LaneOrder]]] = weakref.WeakKeyDictionary()
 
 
 def lane_order(book: StreamBook, lane: Lane, splits: Sequence[Split]) -> LaneOrder:
-    """The lane's order, computed once per plan (state_dict runs after every batch)."""
-    key = (id(book), id(splits), lane)
-    found = _lane_orders.get(key)
-    if found is not None and found[0] is book and found[1] is splits:
-        _lane_orders.move_to_end(key)
-        return found[2]
+    """The lane's order, computed once per plan (state_dict runs after every batch); kept while
+    the plan's book lives."""
+    orders = _lane_orders.setdefault(book, {})
+    found = orders.get(lane)
+    if found is not None and found[0] is splits:
+        return found[1]
+    if len(orders) >= _CACHED_LANES:
+        orders.clear()
     order = LaneOrder(book, lane, splits)
-    _lane_orders[key] = (book, splits, order)  # the book and splits are held, so their ids stay theirs
-    while len(_lane_orders) > _CACHED_LANES:
-        _lane_orders.popitem(last=False)
+    orders[lane] = (splits, order)
     return order
 
 
@@ -127,14 +127,14 @@ def count_completed(entry: Any) -> int:
 
 
 # ----------------------------------------------------------------------------- files
-_summaries: list[tuple[Any, dict]] = []
+_summary: list[tuple[weakref.ref, dict]] = []  # the last owner's summary (owners are not hashable)
 
 
 def cached_summary(owner: Any) -> dict:
     """``files_summary(owner.fingerprint)``, computed once per owner (the dataset's catalog)."""
-    if not _summaries or _summaries[0][0] is not owner:
-        _summaries[:] = [(owner, files_summary(owner.fingerprint))]
-    return _summaries[0][1]
+    if not _summary or _summary[0][0]() is not owner:
+        _summary[:] = [(weakref.ref(owner), files_summary(owner.fingerprint))]
+    return _summary[0][1]
 
 
 def _mtime(tag: Any) -> float | None:
