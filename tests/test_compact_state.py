@@ -169,3 +169,37 @@ def test_summary_of_many_files_stays_small():
     assert compact.summary_causes(summary, listing) == []
     causes = compact.summary_causes(summary, listing[:-1])
     assert "1 removed" in causes[0] and "d0099/part-00" in causes[0]
+
+
+def general_and_fast(dataset) -> None:
+    """The binary search over unshuffled lanes gives what walking the lane's pieces gives, at every position."""
+    plan, splits = dataset.delivery.plan(), dataset._catalog.splits
+    for lane in plan.lanes:
+        order = compact.lane_order(plan.book, lane, splits)
+        assert order.bounds is not None
+        for position in range(0, lane.num_rows + 1, 3):
+            fast = compact.lane_progress(plan.book, lane, position, splits)
+            bounds, order.bounds = order.bounds, None
+            try:
+                assert compact.lane_progress(plan.book, lane, position, splits) == fast, position
+            finally:
+                order.bounds = bounds
+
+
+def test_the_binary_search_agrees_with_the_general_count(tmp_path):
+    for i in range(6):  # files of several row groups, cut into several splits
+        ids = np.arange(i * 90, (i + 1) * 90, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids}), tmp_path / f"part-{i}.parquet", row_group_size=20)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=8, num_workers=2, split_bytes=400)
+    assert len(dataset.splits) > 12
+    general_and_fast(dataset)
+    for step, _ in enumerate(loader):
+        if step == 9:
+            break
+    merged = merge_states([dataset.state_dict(form="compact")])
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=8, num_workers=3, split_bytes=400)
+    dataset.load_state_dict(merged, elastic=True)  # dealt lanes: segments of the old streams
+    assert any(len(lane.segments) > 1 for lane in dataset.delivery.plan().lanes)
+    general_and_fast(dataset)
+    seen = [int(i) for batch in loader for i in batch["id"]]
+    assert len(seen) == len(set(seen)) == 540 - 10 * 8

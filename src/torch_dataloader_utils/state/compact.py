@@ -54,20 +54,40 @@ def use_compact(form: str, num_splits: int) -> bool:
 
 # ----------------------------------------------------------------------------- lanes
 class LaneOrder:
-    """A lane's splits in lane order, each split's position, and the digest of their content."""
+    """A lane's splits in lane order, each split's position, and the digest of their content.
+
+    ``bounds``: for a lane of unshuffled streams whose every split is one run of lane rows, the
+    (first, end) lane rows of each split in lane order, so that ``lane_progress`` finds the
+    completed splits by a binary search (a lane of 50,000 splits: microseconds instead of
+    walking its pieces after every batch); None otherwise."""
 
     def __init__(self, book: StreamBook, lane: Lane, splits: Sequence[Split]):
         last: dict[int, None] = {}
+        runs: dict[int, list[int]] | None = {}  # split -> [first lane row, end lane row]
+        offset = 0
         for segment in lane.segments:
             if segment.num_rows <= 0:
                 continue
             stream = book.stream(segment.key)
             first, final = stream.window_of(segment.start), stream.window_of(segment.stop - 1)
-            for piece in stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])]:
+            runs = None if stream.shuffle else runs
+            for window, piece in enumerate(stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])], first):
                 last.pop(piece.split, None)  # re-inserted: ordered by the last read of each split
                 last[piece.split] = None
+                if runs is not None:  # unshuffled: one piece per window
+                    lo = offset + max(int(stream.window_rows[window]), segment.start) - segment.start
+                    hi = offset + min(int(stream.window_rows[window + 1]), segment.stop) - segment.start
+                    run = runs.get(piece.split)
+                    if run is None:
+                        runs[piece.split] = [lo, hi]
+                    elif run[1] == lo and next(reversed(runs)) == piece.split:
+                        run[1] = hi
+                    else:
+                        runs = None  # a split in two places of the lane: the general count
+            offset += segment.num_rows
         self.splits = list(last)
         self.position = {split: i for i, split in enumerate(self.splits)}
+        self.bounds = None if runs is None else ([runs[s][0] for s in self.splits], [runs[s][1] for s in self.splits])
         self.digest = _digest([[s.path, s.row_offset, s.row_length] for s in (splits[i] for i in self.splits)])
 
 
@@ -101,6 +121,11 @@ def _ranges(positions: Sequence[int]) -> list[list[int]]:
 def lane_progress(book: StreamBook, lane: Lane, position: int, splits: Sequence[Split]) -> dict:
     """A worker's compact progress content at ``position`` (without the ``worker`` key)."""
     order = lane_order(book, lane, splits)
+    if order.bounds is not None:
+        starts, ends = order.bounds
+        done = bisect.bisect_right(ends, position)
+        partial = [[done, position - starts[done]]] if done < len(starts) and starts[done] < position else []
+        return {"lane_digest": order.digest, "ranges": [[0, done]] if done else [], "in_progress": partial}
     completed, partial = [], []
     for index, (done, total) in book.rows_done(lane, position).items():
         if done >= total:
