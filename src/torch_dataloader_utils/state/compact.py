@@ -29,8 +29,11 @@ import os
 import weakref
 from typing import Any, Mapping, Sequence
 
-from ..plan.lanes import Lane, StreamBook
+import numpy as np
+
+from ..plan.lanes import Lane, Segment, StreamBook
 from ..plan.splits import Split
+from ..plan.streams import Stream
 
 #: the most file groups a summary keeps (each about 60 bytes of JSON)
 MAX_GROUPS = 1024
@@ -62,33 +65,47 @@ class LaneOrder:
     walking its pieces after every batch); None otherwise."""
 
     def __init__(self, book: StreamBook, lane: Lane, splits: Sequence[Split]):
-        last: dict[int, None] = {}
-        runs: dict[int, list[int]] | None = {}  # split -> [first lane row, end lane row]
-        offset = 0
-        for segment in lane.segments:
-            if segment.num_rows <= 0:
-                continue
-            stream = book.stream(segment.key)
-            first, final = stream.window_of(segment.start), stream.window_of(segment.stop - 1)
-            runs = None if stream.shuffle else runs
-            for window, piece in enumerate(stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])], first):
-                last.pop(piece.split, None)  # re-inserted: ordered by the last read of each split
-                last[piece.split] = None
-                if runs is not None:  # unshuffled: one piece per window
-                    lo = offset + max(int(stream.window_rows[window]), segment.start) - segment.start
-                    hi = offset + min(int(stream.window_rows[window + 1]), segment.stop) - segment.start
-                    run = runs.get(piece.split)
-                    if run is None:
-                        runs[piece.split] = [lo, hi]
-                    elif run[1] == lo and next(reversed(runs)) == piece.split:
-                        run[1] = hi
-                    else:
-                        runs = None  # a split in two places of the lane: the general count
-            offset += segment.num_rows
-        self.splits = list(last)
+        segments = [s for s in lane.segments if s.num_rows > 0]
+        streams = [book.stream(s.key) for s in segments]
+        runs = _unshuffled_runs(segments, streams) if not any(s.shuffle for s in streams) else None
+        if runs is not None:
+            self.splits = runs[0]
+            self.bounds: tuple[list[int], list[int]] | None = (runs[1], runs[2])
+        else:
+            last: dict[int, None] = {}
+            for segment, stream in zip(segments, streams):
+                first, final = stream.window_of(segment.start), stream.window_of(segment.stop - 1)
+                for piece in stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])]:
+                    last.pop(piece.split, None)  # re-inserted: ordered by the last read of each split
+                    last[piece.split] = None
+            self.splits, self.bounds = list(last), None
         self.position = {split: i for i, split in enumerate(self.splits)}
-        self.bounds = None if runs is None else ([runs[s][0] for s in self.splits], [runs[s][1] for s in self.splits])
         self.digest = _digest([[s.path, s.row_offset, s.row_length] for s in (splits[i] for i in self.splits)])
+
+
+def _unshuffled_runs(segments: Sequence[Segment], streams: Sequence[Stream]) -> tuple[list[int], list[int], list[int]] | None:
+    """For unshuffled streams (one piece per window): the splits of the lane in order with the
+    lane rows [first, end) of each, when every split is one run of rows; None otherwise."""
+    order: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    offset = 0
+    for segment, stream in zip(segments, streams):
+        first, final = stream.window_of(segment.start), stream.window_of(segment.stop - 1)
+        ids = np.fromiter((p.split for p in stream.pieces[first : final + 1]), dtype=np.int64, count=final + 1 - first)
+        rows = stream.window_rows[first : final + 2].astype(np.int64)
+        rows[0], rows[-1] = segment.start, segment.stop  # clipped to the segment
+        rows += offset - segment.start
+        change = np.flatnonzero(np.diff(ids)) + 1
+        begin = np.concatenate([[0], change])
+        order.append(ids[begin])
+        starts.append(rows[begin])
+        ends.append(rows[np.concatenate([change, [len(ids)]])])
+        offset += segment.num_rows
+    splits = np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+    if len(np.unique(splits)) != len(splits):
+        return None  # a split in two places of the lane: the general count
+    return splits.tolist(), np.concatenate(starts).tolist() if starts else [], np.concatenate(ends).tolist() if ends else []
 
 
 _lane_orders: weakref.WeakKeyDictionary[StreamBook, dict[Lane, tuple[Sequence[Split], LaneOrder]]] = weakref.WeakKeyDictionary()
