@@ -66,8 +66,10 @@ class LaneOrder:
 
     def __init__(self, book: StreamBook, lane: Lane, splits: Sequence[Split]):
         segments = [s for s in lane.segments if s.num_rows > 0]
-        streams = [book.stream(s.key) for s in segments]
-        runs = _unshuffled_runs(segments, streams) if not any(s.shuffle for s in streams) else None
+        runs = _whole_stream_runs(book, segments)
+        streams = [] if runs is not None else [book.stream(s.key) for s in segments]
+        if runs is None and not any(s.shuffle for s in streams):
+            runs = _unshuffled_runs(segments, streams)
         if runs is not None:
             self.splits = runs[0]
             self.bounds: tuple[list[int], list[int]] | None = (runs[1], runs[2])
@@ -81,6 +83,20 @@ class LaneOrder:
             self.splits, self.bounds = list(last), None
         self.position = {split: i for i, split in enumerate(self.splits)}
         self.digest = _digest([[s.path, s.row_offset, s.row_length] for s in (splits[i] for i in self.splits)])
+
+
+def _whole_stream_runs(book: StreamBook, segments: Sequence[Segment]) -> tuple[list[int], list[int], list[int]] | None:
+    """``_unshuffled_runs`` of a planned lane (one whole unshuffled stream), from its splits' row
+    counts alone: its splits are read whole, one after another, in the order they were dealt."""
+    if book.shuffled or len(segments) != 1:
+        return None
+    key = segments[0].key
+    order = book.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
+    lengths = book.split_lengths(order)
+    ends = np.cumsum(lengths)
+    if segments[0].start != 0 or segments[0].stop != (int(ends[-1]) if len(ends) else 0):
+        return None
+    return list(order), (ends - lengths).tolist(), ends.tolist()
 
 
 def _unshuffled_runs(segments: Sequence[Segment], streams: Sequence[Stream]) -> tuple[list[int], list[int], list[int]] | None:
