@@ -158,15 +158,11 @@ def _young_collected(items: Iterable[Any], every: int = 4096) -> Iterator[Any]:
             gc.collect(1)
 
 
-_shared_units: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def _shared_layout(layout: FileLayout) -> FileLayout:
-    """The layout with its unit tuples shared with equal ones (files written alike have equal units)."""
-    if len(_shared_units) > 100_000:
-        _shared_units.clear()
-    rows = _shared_units.setdefault(layout.unit_rows, layout.unit_rows)
-    sizes = _shared_units.setdefault(layout.unit_bytes, layout.unit_bytes)
+def _shared_layout(layout: FileLayout, seen: dict[tuple[int, ...], tuple[int, ...]]) -> FileLayout:
+    """The layout with its unit tuples shared with equal ones ``seen`` before (files written
+    alike have equal units)."""
+    rows = seen.setdefault(layout.unit_rows, layout.unit_rows)
+    sizes = seen.setdefault(layout.unit_bytes, layout.unit_bytes)
     return layout if rows is layout.unit_rows and sizes is layout.unit_bytes else FileLayout(layout.path, layout.size, rows, sizes)
 
 
@@ -228,9 +224,10 @@ def _build(path: str | Sequence[str], format: str | None, storage_options: dict 
     cached = cache.lookup(files) if cache else [None] * len(files)
     unread = [entry for entry, known in zip(files, cached) if known is None]
     shared = _SharedSchemas()
+    units: dict[tuple[int, ...], tuple[int, ...]] = {}
     with _prefetched_tails(fs, unread):
         read = iter([
-            (_shared_layout(layout), footer, shared(schema))
+            (_shared_layout(layout, units), footer, shared(schema))
             for layout, footer, schema in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
         ])  # fmt: skip
     results = [next(read) if known is None else (known[0], None, known[1]) for known in cached]
