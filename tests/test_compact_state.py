@@ -203,3 +203,19 @@ def test_the_binary_search_agrees_with_the_general_count(tmp_path):
     general_and_fast(dataset)
     seen = [int(i) for batch in loader for i in batch["id"]]
     assert len(seen) == len(set(seen)) == 540 - 10 * 8
+
+
+def test_tdu_inspect_explains_a_compact_state_and_lists_its_splits(data, tmp_path, capsys):
+    from torch_dataloader_utils.cli import main
+
+    state = saved_mid_epoch(data)
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "format_version 2" in text and "files      36" in text and "splits completed" in text
+    assert main(["inspect", str(path), str(data), "--splits", "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    completed = report["completed_splits"]
+    assert report["matches_data"]["matches"] and len(completed) == sum(w["splits_completed"] for w in report["workers"]) > 0
+    assert all(split["path"].startswith(str(data)) for split in completed)
