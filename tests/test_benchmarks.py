@@ -16,7 +16,7 @@ import pytest
 import torch
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
-SCRIPTS = ["run.py", "generate.py", "native_profile.py", "object_stores.py", "shuffle_quality.py", "stateful_overhead.py", "read_cost.py", "output_formats.py", "filter_counts.py", "random_access.py", "text_formats.py", "mixing.py"]
+SCRIPTS = ["run.py", "generate.py", "native_profile.py", "object_stores.py", "shuffle_quality.py", "stateful_overhead.py", "read_cost.py", "output_formats.py", "filter_counts.py", "random_access.py", "text_formats.py", "mixing.py", "many_files.py"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

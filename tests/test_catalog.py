@@ -84,8 +84,9 @@ def test_a_slow_local_footer_sends_the_rest_to_threads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(catalog, "_read_footer", recorded)
     monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 0.0)  # every read counts as slow
+    monkeypatch.setattr(catalog, "_SLOW_READS", 2)  # two in a row send the rest to the pool
     layouts = StructuredDataset(str(tmp_path), num_workers=0)._catalog.layouts
-    assert threads == [True] + [False] * (len(layout) - 1)
+    assert threads == [True, True] + [False] * (len(layout) - 2)
     assert [layout_.unit_rows for layout_ in layouts] == [tuple(groups) for groups in layout]
     assert layouts == expected
 

@@ -404,7 +404,7 @@ WORKER_DAMAGE = {
     "worker negative": lambda s: s.update(worker=-1),
     "epoch negative": lambda s: s.update(epoch=-1),
     "other files": lambda s: s.update(files_digest="0" * 16),
-    "newer format": lambda s: s.update(format_version=2),
+    "newer format": lambda s: s.update(format_version=99),
     "other seed": lambda s: s.update(_shuffle_seed=4),
 }
 

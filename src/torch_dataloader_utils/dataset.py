@@ -28,6 +28,7 @@ from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
+from .state.compact import cached_summary, use_compact
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
 from .state.schema import FILTERS, MIXTURE, rank_state, worker_state
@@ -130,6 +131,7 @@ class StructuredDataset(IterableDataset):
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
         book = self._use_catalog(catalog)
+        self._catalog = catalog = self._catalog.without_local_footers()  # checked: workers re-read them
         flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
         read_columns = self.columns if flat else nested.top_columns(self._selected)
         selected = None if flat else self._selected
@@ -138,7 +140,7 @@ class StructuredDataset(IterableDataset):
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
-        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy)
+        self._rows = RowAccess(stored.without_local_footers(), read_columns, row_cache_bytes, selected, self.policy)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -263,16 +265,25 @@ class StructuredDataset(IterableDataset):
         """Batches this rank delivers in the current epoch (padding included)."""
         return self._delivery.plan().total_batches()
 
-    def state_dict(self) -> dict:
-        """JSON-serializable progress: a rank state in the main process, a worker state inside a worker."""
+    def state_dict(self, form: str = "auto") -> dict:
+        """JSON-serializable progress: a rank state in the main process, a worker state inside a worker.
+
+        ``form``: "full" lists completed splits and files by content (the reference's
+        ``completed_shards``), "compact" keeps ranges and digests of a size that does not grow
+        with the epoch (docs/checkpoint-resume.md), "auto" is full up to 1,000 splits."""
         progress = self._delivery.progress
         info = get_worker_info()
         if info is not None:
             self._check_loader_workers(info.num_workers)
-            state = worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        else:
-            splits = self._catalog.splits_at(progress.epoch)
-            state = rank_state(self._config(), self._catalog.fingerprint, progress, self._delivery.plan(), splits, self.chunk_rows)
+            return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        splits = self._catalog.splits_at(progress.epoch)
+        compact = use_compact(form, len(splits))
+        if compact and (self.canonical_lanes is not None or isinstance(self._catalog, MixCatalog)):
+            if form == "compact":
+                raise ValueError("state_dict(form='compact') is not available with canonical_lanes or a mixture of sources; use form='full'")
+            compact = False
+        files = cached_summary(self._catalog) if compact else self._catalog.fingerprint
+        state = rank_state(self._config(), files, progress, self._delivery.plan(), splits, self.chunk_rows, compact)
         if self.canonical_lanes is not None:
             state[CANONICAL_LANES] = self.canonical_lanes
         return state
@@ -335,7 +346,7 @@ class StructuredDataset(IterableDataset):
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
         """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
         catalog_before = getattr(self, "_catalog", None)
-        self._catalog = catalog
+        self._catalog: Catalog = catalog
         try:
             self._check_columns()
         except Exception:

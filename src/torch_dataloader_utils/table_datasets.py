@@ -75,8 +75,8 @@ class _TableDataset(StructuredDataset):
                 self._switch(self._plan_table(current))
         super().set_epoch(epoch)
 
-    def state_dict(self) -> dict:
-        state = super().state_dict()
+    def state_dict(self, form: str = "auto") -> dict:
+        state = super().state_dict(form)
         state[TABLE] = self._ref.to_dict()
         return state
 

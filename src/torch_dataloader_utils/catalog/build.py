@@ -1,18 +1,24 @@
 """The catalog: files, their footers and the split plan, built once per dataset.
 
 Footers of local files are read one after another while that is fast, the rest in parallel
-threads. The catalog is pickled to DataLoader workers together with the dataset, so workers
-never read a footer again.
+threads; with ``cache_dir`` what planning needs of them is kept in a plan cache
+(plan_cache.py). The catalog keeps per file only what the plan needs (its layout and
+fingerprint): a local file's footer is read again by the worker that opens the file (from
+the page cache, and checked to be the planned version first), so neither the main process
+nor the copy of the catalog each worker receives holds 100,000 footers. Remote files keep
+their footers (their tails were fetched at planning, and fetching them again costs a
+request per file).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,6 +34,7 @@ from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from .plan_cache import PlanCache, cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
 from .sources import SourceOptions, prepare_source
@@ -39,6 +46,8 @@ _FOOTER_THREADS = 32
 #: contend for the GIL); a slow read means storage latency (a network file system), which
 #: threads overlap.
 SLOW_LOCAL_FOOTER_S = 0.002
+_SLOW_READS = 8
+_POOL_BATCH = 1024
 
 
 @dataclass
@@ -47,7 +56,7 @@ class Catalog:
     format: FileFormat
     files: list[FileEntry]
     layouts: list[FileLayout]
-    footers: list[Any]
+    footers: list[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
     splits: list[Split]
     split_rows: list[SplitRows]
     file_offsets: list[np.ndarray]
@@ -64,6 +73,25 @@ class Catalog:
     def fingerprint(self) -> list[list]:
         """(url, size, tag) of every file, in plan order: what a checkpoint is checked against."""
         return [[f.url, f.size, f.tag] for f in self.files]
+
+    def footer(self, index: int) -> Any:
+        """File ``index``'s footer: the one kept, or read again (local Parquet and ORC files keep
+        none, see ``reopens_footers``) for statistics that planning checks."""
+        footer = self.footers[index]
+        if footer is None:
+            entry = self.files[index]
+            footer = self.format_of(index).read_footer(self.fs, entry.fs_path, entry.size, entry.url)[1]
+        return footer
+
+    def without_local_footers(self) -> Catalog:
+        """The catalog keeping no footer of a local file whose reader reads it again cheaply
+        (``reopens_footers``): once planning has checked their statistics, the main process and
+        every worker's copy of the catalog need not hold them."""
+        footers = [
+            None if is_local(self.fs_of(index)) and reopens_footers(self.format_of(index)) else footer
+            for index, footer in enumerate(self.footers)
+        ]
+        return replace(self, footers=footers)
 
     @property
     def files_digest(self) -> str:
@@ -105,22 +133,28 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
 
 
 def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[tuple[FileLayout, Any, pa.Schema]]:
-    """Every file's footer, in order: local files in this thread until one is slow
-    (SLOW_LOCAL_FOOTER_S), the rest by a thread pool."""
-    done = 0
-    if is_local(fs):
+    """Every file's footer, in order: local files in this thread until reads are slow
+    (SLOW_LOCAL_FOOTER_S, several in a row: one slow read may be the machine's load), the rest
+    by a thread pool, a batch at a time (so that finished reads do not pile up)."""
+    local = is_local(fs)
+
+    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
+        return _read_footer(fmt, fs, entry)
+
+    done = slow = 0
+    if local:
         for entry in files:
             started = time.perf_counter()
-            footer = _read_footer(fmt, fs, entry)
-            slow = time.perf_counter() - started > SLOW_LOCAL_FOOTER_S
-            yield footer
+            yield read(entry)
             done += 1
-            if slow:
+            slow = slow + 1 if time.perf_counter() - started > SLOW_LOCAL_FOOTER_S else 0
+            if slow >= _SLOW_READS:
                 break
     rest = files[done:]
     if rest:
         with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(rest))) as pool:
-            yield from pool.map(lambda entry: _read_footer(fmt, fs, entry), rest)
+            for first in range(0, len(rest), _POOL_BATCH):
+                yield from pool.map(read, rest[first : first + _POOL_BATCH])
 
 
 def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[SplitRows]:
@@ -140,6 +174,51 @@ def replanned(catalog: Catalog, layouts: list[FileLayout]) -> Catalog:
     splits = plan_splits(layouts, catalog.split_bytes, catalog.max_split_rows)
     offsets = [unit_offsets(layout) for layout in layouts]
     return replace(catalog, layouts=layouts, splits=splits, split_rows=_split_rows(splits, layouts), file_offsets=offsets)
+
+
+class _SharedSchemas:
+    """Gives a file's schema as the previous file's object when they are equal, so that files
+    written alike share one schema object (unify and missing_columns then work once)."""
+
+    def __init__(self) -> None:
+        self._last: pa.Schema | None = None
+
+    def __call__(self, schema: pa.Schema) -> pa.Schema:
+        if self._last is not None and schema.equals(self._last, check_metadata=True):
+            return self._last
+        self._last = schema
+        return schema
+
+
+def _young_collected(items: Iterable[Any], every: int = 4096) -> Iterator[Any]:
+    """The items, with the collector's young generations swept every ``every`` items: with the
+    collector paused, a footer read's reference cycles (pyarrow's file objects) would otherwise
+    live until planning ends (900 MB at 100,000 files); the sweep costs only what is young."""
+    for count, item in enumerate(items, 1):
+        yield item
+        if count % every == 0:
+            gc.collect(1)
+
+
+def _shared_layout(layout: FileLayout, seen: dict[tuple[int, ...], tuple[int, ...]]) -> FileLayout:
+    """The layout with its unit tuples shared with equal ones ``seen`` before (files written
+    alike have equal units)."""
+    rows = seen.setdefault(layout.unit_rows, layout.unit_rows)
+    sizes = seen.setdefault(layout.unit_bytes, layout.unit_bytes)
+    return layout if rows is layout.unit_rows and sizes is layout.unit_bytes else FileLayout(layout.path, layout.size, rows, sizes)
+
+
+def _offsets(layouts: Sequence[FileLayout]) -> list[np.ndarray]:
+    """Every file's unit offsets, one read-only array per distinct list of unit rows."""
+    arrays: dict[tuple[int, ...], np.ndarray] = {}
+    out = []
+    for layout in layouts:
+        found = arrays.get(layout.unit_rows)
+        if found is None:
+            found = arrays[layout.unit_rows] = unit_offsets(layout)
+            found.flags.writeable = False
+        out.append(found)
+    return out
 
 
 @contextlib.contextmanager
@@ -168,20 +247,61 @@ def build_catalog(
     """Discover files, read every footer once (in parallel) and plan the splits (of at most
     ``split_bytes`` bytes and ``split_rows`` rows). ``source``: the format's options and the
     directory layout (catalog/sources.py)."""
+    # Planning creates a few objects per file and frees none: the cyclic collector would walk
+    # them all again and again (at 100,000 files it doubled planning time), for no garbage.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(path, format, storage_options, split_bytes, io_options, split_rows, source or SourceOptions())
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _build(
+    path: str | Sequence[str],
+    format: str | None,
+    storage_options: dict | None,
+    split_bytes: int,
+    io_options: IOOptions | None,
+    split_rows: int | None,
+    source: SourceOptions,
+) -> Catalog:
     paths = as_path_list(path)
     fs = open_store(filesystem_for(paths, storage_options), io_options)
     if format is not None:
         get_format(format)  # an unknown format is a usage error, not "no files found"
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
-    fmt, files = prepare_source(fmt, fs, paths, files, source or SourceOptions(), split_bytes, split_rows, io_options)
-    return catalog_of_files(fs, fmt, files, split_bytes, split_rows)
+    fmt, files = prepare_source(fmt, fs, paths, files, source, split_bytes, split_rows, io_options)
+    cache = cache_for(io_options.cache_dir if io_options else None, paths, fmt.name, is_local(fs)) if reopens_footers(fmt) else None
+    return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache)
 
 
-def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int, split_rows: int | None = None) -> Catalog:
+def reopens_footers(fmt: FileFormat) -> bool:
+    """Whether the catalog may keep no footer of a local file of this format (its reader reads
+    the footer again cheaply: Parquet and ORC as they are, not text formats, whose footer is a
+    scanned row index, nor a format wrapped with partition columns)."""
+    return fmt.name in ("parquet", "orc") and fmt is get_format(fmt.name)
+
+
+def catalog_of_files(
+    fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int, split_rows: int | None = None, cache: PlanCache | None = None
+) -> Catalog:
     """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
-    with _prefetched_tails(fs, files):
-        results = list(progress(_footers(fmt, fs, files), len(files), "reading footers"))
+    cached = cache.lookup(files) if cache else [None] * len(files)
+    unread = [entry for entry, known in zip(files, cached) if known is None]
+    shared = _SharedSchemas()
+    units: dict[tuple[int, ...], tuple[int, ...]] = {}
+    with _prefetched_tails(fs, unread):
+        read = iter([
+            (_shared_layout(layout, units), footer, shared(schema))
+            for layout, footer, schema in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
+        ])  # fmt: skip
+    results = [next(read) if known is None else (known[0], None, known[1]) for known in cached]
+    if cache and unread:
+        cache.store(files, [(layout, schema) for layout, _, schema in results])
+    log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
     layouts = [layout for layout, _, _ in results]
     footers = [footer for _, footer, _ in results]
     conflicts: dict[str, str] = {}
@@ -189,11 +309,15 @@ def catalog_of_files(fs: Any, fmt: FileFormat, files: list[FileEntry], split_byt
     advice = getattr(fmt, "schema_advice", None)  # a text format's inferred types: its options can fix them
     if advice:
         conflicts = {name: f"{why} {advice}" for name, why in conflicts.items()}
-    missing = [missing_columns(s, schema) for _, _, s in results]
-    repeated = repeated_columns([s for _, _, s in results], [f.url for f in files])
+    first_with: dict[int, tuple[pa.Schema, str]] = {}  # per distinct schema object: it and its first file
+    for (_, _, file_schema), entry in zip(results, files):
+        first_with.setdefault(id(file_schema), (file_schema, entry.url))
+    lacking = {key: missing_columns(s, schema) for key, (s, _) in first_with.items()}
+    missing = [lacking[id(s)] for _, _, s in results]
+    repeated = repeated_columns([s for s, _ in first_with.values()], [url for _, url in first_with.values()])
     splits = plan_splits(layouts, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), [unit_offsets(layout) for layout in layouts], split_bytes,
+        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), _offsets(layouts), split_bytes,
         schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows,
     )

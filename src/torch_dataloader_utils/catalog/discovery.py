@@ -107,6 +107,28 @@ def _walk(fs: Any, directory: str, format: str | None) -> Iterable[tuple[str, di
             yield path, info
 
 
+def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]]:
+    """``_walk`` for the local filesystem with os.scandir: the size and modification time come
+    with the directory entry (fsspec's find builds a dict of eleven fields per file, several
+    seconds for 100,000 files)."""
+    stack = [directory]
+    while stack:
+        with os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                if entry.name.startswith((".", "_")):
+                    continue
+                try:
+                    if entry.is_dir():
+                        stack.append(entry.path)
+                        continue
+                    if entry.name.endswith(_MARKER_SUFFIXES) or not _wanted(entry.name, format):
+                        continue
+                    stat = entry.stat()
+                except FileNotFoundError:  # removed while listing, or a dangling link
+                    continue
+                yield entry.path, {"size": stat.st_size, "mtime": stat.st_mtime}
+
+
 def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
     stripped = fs._strip_protocol(user_path)
     if any(c in user_path for c in _GLOB_CHARS):
@@ -121,7 +143,7 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
         return
     directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
     if fs.isdir(directory):
-        yield from _walk(fs, directory, format)
+        yield from _walk_local(directory, format) if is_local(fs) else _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
 
@@ -153,8 +175,10 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
                 f"listing {user_path!r} failed ({type(error).__name__}: {error}); check the endpoint, region and "
                 "credentials in storage_options, and that the store is reachable from here"
             ) from error
+        local = is_local(fs)
         for path, info in matches:
-            url = _url(fs, path)
+            url = posixpath.normpath(path) if local else _url(fs, path)
+            url = path if url == path else url  # one string object for both names (100,000 files: megabytes)
             found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
     if not found:
         raise FileNotFoundError(_nothing_found(paths, format, _other_format_found(paths, fs, format)))

@@ -9,10 +9,12 @@ from typing import Any
 from ..errors import UsageError
 from ..state.schema import (
     CHUNK_ROWS,
+    COMPLETED_RANGES,
     COMPLETED_SHARDS,
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILES_SUMMARY,
     IN_PROGRESS,
     NEXT_WORKER,
     ROWS_DELIVERED,
@@ -56,16 +58,17 @@ def describe_state(state: dict) -> dict:
     totals = state.get(ROWS_TOTAL)
     workers = []
     for index, done in enumerate(delivered):
-        completed = _entry_splits(state.get(COMPLETED_SHARDS), index)
-        partial = _entry_splits(state.get(IN_PROGRESS), index)
+        completed, partial = _worker_content(state, index)
         total = totals[index] if isinstance(totals, list) and index < len(totals) else None
         workers.append({"worker": index, "rows_delivered": done, "rows_total": total,
                         "rows_remaining": None if total is None else total - done,
-                        "splits_completed": len(completed), "in_progress": partial})
+                        "splits_completed": completed, "in_progress": partial})
     files = state.get(FILES) or []
+    summary = state.get(FILES_SUMMARY)
     info.update(
-        files=len(files),
-        files_bytes=sum(f[1] for f in files if isinstance(f, list) and len(f) > 1 and isinstance(f[1], int)),
+        files=summary["count"] if isinstance(summary, dict) else len(files),
+        files_bytes=summary.get("total_bytes") or 0 if isinstance(summary, dict) else
+        sum(f[1] for f in files if isinstance(f, list) and len(f) > 1 and isinstance(f[1], int)),
         next_worker=state.get(NEXT_WORKER),
         rows_delivered=sum(delivered),
         rows_total=sum(totals) if isinstance(totals, list) else None,
@@ -76,6 +79,18 @@ def describe_state(state: dict) -> dict:
     return info
 
 
+def _worker_content(state: dict, worker: int) -> tuple[int, list[dict]]:
+    """(splits completed, splits in progress) of a worker, from either form of a rank state; the
+    compact form names a split in progress by its position in the worker's lane order."""
+    if COMPLETED_RANGES not in state:
+        return len(_entry_splits(state.get(COMPLETED_SHARDS), worker)), _entry_splits(state.get(IN_PROGRESS), worker)
+    from ..state.compact import count_completed
+
+    entries = state[COMPLETED_RANGES]
+    entry = entries[worker] if worker < len(entries) else {}
+    return count_completed(entry), [{"lane_position": p, "rows_done": d} for p, d in entry.get("in_progress", [])]
+
+
 def _entry_splits(entries: Any, worker: int) -> list[dict]:
     if isinstance(entries, list) and worker < len(entries) and isinstance(entries[worker], dict):
         return list(entries[worker].get("splits") or [])
@@ -83,6 +98,8 @@ def _entry_splits(entries: Any, worker: int) -> list[dict]:
 
 
 def _split_text(split: dict) -> str:
+    if "path" not in split:  # a compact state's split in progress
+        return f"split {split.get('lane_position')} of the worker's lane order, {split.get('rows_done', 0):,} rows done"
     where = "full file" if split.get("row_offset") is None else f"rows [{split['row_offset']:,}, {split['row_offset'] + split['row_length']:,})"
     done = f", {split['rows_done']:,} rows done" if "rows_done" in split else ""
     return f"{split.get('path')}  {where}{done}"
@@ -179,8 +196,10 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         return True, "it fits this data: a StatefulDataLoader resumes that worker exactly with loader.load_state_dict(...)", None
     remaining = None
     if isinstance(state.get(ROWS_DELIVERED), list):  # a rank's state: what the loaded dataset has left, not what the state says
-        loaded = dataset.state_dict()
+        loaded = dataset.state_dict(form="full")  # every completed split by content, also for a compact state
         remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
+        if getattr(args, "splits", False):
+            args.completed_splits = [{**split, "worker": entry["worker"]} for entry in loaded[COMPLETED_SHARDS] for split in entry["splits"]]
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
 
 
@@ -202,6 +221,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.path:
             matches, why, remaining = check_against_data(state, args.path, args)
             info["matches_data"] = {"matches": matches, "explanation": why, "rows_remaining": remaining}
+            if getattr(args, "splits", False) and matches:
+                info["completed_splits"] = getattr(args, "completed_splits", [])
             all_match &= matches
         report.append((key, info))
     if args.json:
@@ -218,6 +239,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 if check["matches"]:
                     rest = "" if check["rows_remaining"] is None else f"; {check['rows_remaining']:,} rows remaining"
                     print(f"             {check['explanation']}{rest}")
+                    for split in info.get("completed_splits", []):
+                        print(f"  completed  worker {split['worker']}: {_split_text(split)}")
                 else:
                     print("\n".join("             " + line if line else "" for line in check["explanation"].splitlines()))
     return EXIT_OK if all_match else EXIT_FAILED

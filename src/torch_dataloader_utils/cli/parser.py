@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path", nargs="*", metavar="PATH", help="the data the state should resume on")
     inspect.add_argument("--key", help="where the state sits in the checkpoint, dotted (e.g. dataset, dataset_states.1)")
     inspect.add_argument("--json", action="store_true", help="machine-readable output")
+    inspect.add_argument("--splits", action="store_true", help="with PATH: list every completed split by content (also of a compact state)")
     _add_data_options(inspect, split_bytes=False)
     inspect.set_defaults(run=cmd_inspect)
 

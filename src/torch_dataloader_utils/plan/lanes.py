@@ -102,6 +102,15 @@ class StreamBook:
                 self._orders.popitem(last=False)
         return found
 
+    @property
+    def shuffled(self) -> bool:
+        """Whether streams shuffle their pieces (and rows)."""
+        return self._shuffle
+
+    def split_lengths(self, splits: Sequence[int]) -> np.ndarray:
+        """Rows of each of these splits."""
+        return np.fromiter((self._split_rows[s].num_rows for s in splits), dtype=np.int64, count=len(splits))
+
     def stream_rows(self, key: StreamKey) -> int:
         """Rows of a stream, without building its pieces."""
         splits = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]

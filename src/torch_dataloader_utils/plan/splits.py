@@ -16,7 +16,7 @@ import numpy as np
 DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Split:
     """A row range of one file. ``row_offset=None, row_length=None`` is the whole file."""
 
@@ -34,7 +34,7 @@ class Split:
         return f"{self.path}  rows [{self.row_offset:,}, {end:,})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileLayout:
     """What the planner needs to know of one file: identity and its units."""
 

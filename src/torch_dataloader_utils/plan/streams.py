@@ -19,7 +19,7 @@ import numpy as np
 from .splits import FileLayout, stable_permutation
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SplitRows:
     """Where a split's rows lie: file index and the absolute row range in that file."""
 
@@ -32,7 +32,7 @@ class SplitRows:
         return self.stop - self.start
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Piece:
     """Rows [start, stop) of unit ``unit`` of file ``file``, belonging to split ``split``."""
 

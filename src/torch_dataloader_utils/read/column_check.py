@@ -90,7 +90,7 @@ def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy
     found: dict[str, list[tuple[str, int]]] = {}
     budget = NULL_STATS_CHUNKS
     for entry, footer, layout in zip(catalog.files, catalog.footers, catalog.layouts):
-        if not layout.num_rows or footer is None:
+        if not layout.num_rows or footer is None:  # planned from the plan cache: checked when read
             continue
         budget -= len(layout.unit_rows) * len(names)
         if budget < 0:

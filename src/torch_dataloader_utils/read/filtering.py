@@ -48,7 +48,8 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
     check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
     layouts = catalog.layouts
     orc = orc_statistics(catalog.fs, catalog.files) if catalog.format.name == "orc" else None
-    matching = may_match(rows_filter, catalog.footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
+    footers = [catalog.footer(index) for index in range(len(catalog.files))]
+    matching = may_match(rows_filter, footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
     source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
     counts = count_matching(source, matching, io.cache_dir if io is not None else None)
     filtered = [
@@ -94,7 +95,7 @@ def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int,
     counts = []
     unit = 0
     try:
-        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footers[file], False)
+        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footer(file), False)
         for unit, known in enumerate(units):
             if known != SOME:
                 counts.append(rows[unit] if known == ALL else 0)

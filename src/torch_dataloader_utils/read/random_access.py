@@ -177,7 +177,7 @@ class RowAccess:
         fs = catalog.fs_of(file)
         if is_local(fs):  # a remote file's ranges are read from the planned version (storage/remote.py)
             check_version(fs.info(entry.fs_path), entry.size, entry.tag)
-        reader = catalog.format_of(file).open(fs, entry.fs_path, catalog.footers[file], get_worker_info() is None)
+        reader = catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None)
         self._readers[file] = reader
         while len(self._readers) > _OPEN_FILES:
             self._readers.popitem(last=False)

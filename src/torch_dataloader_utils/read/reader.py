@@ -7,6 +7,7 @@ splits that lost rows with the error, so that progress and reports stay exact.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -73,6 +74,7 @@ class StreamReader:
         self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
         self._units: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()  # decoded units read only in part
         self._unit_limit = _CACHED_UNITS
+        self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -131,12 +133,12 @@ class StreamReader:
         return Rows(table, None if exact else np.concatenate(present), skipped)
 
     def _window(self, stream: Stream, index: int) -> _Window | _StreamedPiece:
-        key = (stream.key, stream.splits, index)
+        key = (self._stream_id(stream), index)
         window = self._windows.get(key)
         if window is not None:
             self._windows.move_to_end(key)
             return window
-        for old in [k for k in self._windows if k[:2] == key[:2]]:
+        for old in [k for k in self._windows if k[0] == key[0]]:
             del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
@@ -156,6 +158,14 @@ class StreamReader:
         window = self._assemble(stream, index, pieces, tables, skipped)
         self._remember(key, window)
         return window
+
+    def _stream_id(self, stream: Stream) -> _StreamId:
+        found = self._stream_ids.get(id(stream))
+        if found is None or found[0] is not stream:
+            if len(self._stream_ids) > 64:
+                self._stream_ids.clear()
+            found = self._stream_ids[id(stream)] = (stream, _StreamId(stream))  # the stream is held: its id stays its own
+        return found[1]
 
     def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
         self._windows[key] = window
@@ -257,13 +267,38 @@ class StreamReader:
             raise ValueError(f"files with different schemas cannot be read together: {error}. Files of this stream: {names[:5]}") from error
 
 
+class _StreamId:
+    """A stream's identity in the window cache: its key and split list, hashed once (the split
+    list of a worker of 100,000 files is a tuple of 50,000 indices, costly to hash per window)."""
+
+    __slots__ = ("key", "splits", "_hash")
+
+    def __init__(self, stream: Stream):
+        self.key, self.splits = stream.key, stream.splits
+        self._hash = hash((stream.key, stream.splits))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, _StreamId) and self._hash == other._hash and self.key == other.key
+            and (self.splits is other.splits or self.splits == other.splits)
+        )  # fmt: skip
+
+
 def _check_unchanged(fs: Any, entry: Any) -> None:
-    """A local file must still be the one planned (size and mtime) when a reader opens it: the
-    footer read at planning time would otherwise be applied to other bytes. (A remote file's every
+    """A local file must still be the one planned (size and mtime) when a reader opens it: its
+    footer is read now, and the plan's row counts must describe the same bytes. (A remote file's every
     range is read from the planned version, or checked after: remote.RemoteStore.read_many.)"""
     if not is_local(fs):
         return
-    check_version(fs.info(entry.fs_path), entry.size, entry.tag)
+    try:
+        stat = os.stat(entry.fs_path)  # (fsspec's info builds eleven fields: a third of a tiny file's read)
+    except FileNotFoundError:
+        stat = None
+    info = fs.info(entry.fs_path) if stat is None else {"size": stat.st_size, "mtime": stat.st_mtime}
+    check_version(info, entry.size, entry.tag)
 
 
 class _StreamedPiece:

@@ -18,8 +18,8 @@ from .schema import (
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILES_SUMMARY,
     FILTERS,
-    FORMAT_VERSION,
     LANES,
     MIXTURE,
     RANKS,
@@ -62,14 +62,14 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
             + ". Every rank must build the dataset with the same arguments and see the same files "
             "(pass an explicit list of files, or make sure no files are added while the job starts)"
         )
-    files = states[0].get(FILES)
+    files_key = FILES_SUMMARY if FILES_SUMMARY in states[0] else FILES  # the full form's list or the compact form's summary
     return {
-        VERSION: FORMAT_VERSION,
+        VERSION: max(s.get(VERSION, 1) for s in states),
         SCOPE: "global",
         EPOCH: states[0].get(EPOCH),
         WORLD_SIZE: len(states),
-        FILES: files,
-        RANKS: [{k: v for k, v in s.items() if k != FILES} for s in states],
+        files_key: states[0].get(files_key),
+        RANKS: [{k: v for k, v in s.items() if k not in (FILES, FILES_SUMMARY)} for s in states],
     }
 
 
@@ -94,7 +94,8 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
     summary[FILTERS] = state.get(FILTERS)
-    summary[FILES_DIGEST] = hashlib.sha256(json.dumps(state.get(FILES)).encode()).hexdigest()
+    files = state[FILES_SUMMARY].get("digest") if isinstance(state.get(FILES_SUMMARY), Mapping) else state.get(FILES)
+    summary[FILES_DIGEST] = hashlib.sha256(json.dumps(files).encode()).hexdigest()
     if state.get(MIXTURE) is not None:
         summary[MIXTURE] = state.get(MIXTURE)
     return summary
@@ -115,6 +116,8 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
         if state.get(FILTERS) != first.get(FILTERS):
             differences.append(f"filters: rank 0 has {first.get(FILTERS)!r}, rank {rank} {state.get(FILTERS)!r}")
         differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]
+        if (FILES_SUMMARY in state or FILES_SUMMARY in first) and plan_summary(state)[FILES_DIGEST] != plan_summary(first)[FILES_DIGEST]:
+            differences.append(f"rank 0 and rank {rank} see different files (their states' files_summary digests differ)")
         files = _by_url(state.get(FILES))
         if files == first_files and state.get(FILES) != first.get(FILES):
             differences.append(f"rank 0 and rank {rank} list the same files in another order, or a damaged list")
@@ -151,7 +154,9 @@ def rank_part(state: Mapping[str, Any], rank: int) -> dict:
 
 
 def _with_files(state: Mapping[str, Any], part: Mapping[str, Any]) -> dict:
-    """A rank part of a global state with the shared file list put back."""
+    """A rank part of a global state with the shared file list (or compact summary) put back."""
+    if FILES_SUMMARY in state:
+        return {**part, FILES_SUMMARY: state[FILES_SUMMARY]}
     return {**part, FILES: state.get(FILES, part.get(FILES))}
 
 

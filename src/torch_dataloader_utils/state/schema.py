@@ -17,9 +17,11 @@ from typing import Any, Mapping, Sequence, TypedDict
 from ..plan.epoch import EpochPlan
 from ..plan.lanes import Lane, StreamBook
 from ..plan.splits import Split
+from .compact import lane_progress
 from .progress import Progress
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this library reads: compact rank states (older versions refuse them by this number)
+PLAIN_VERSION = 1  # states without the compact form's keys (full rank states, worker states)
 
 # ----------------------------------------------------------------- keys of every scope
 VERSION = "format_version"
@@ -39,6 +41,8 @@ ROWS_TOTAL = "rows_total"  # informational: rows per lane this epoch
 SKIPPED_SPLITS = "skipped_splits"  # informational: splits that lost rows to on_error="skip"
 BATCHES_DELIVERED = "batches_delivered"  # ranks of a global state must agree on it to resume in place
 CHUNK_ROWS = "chunk_rows"  # another value keeps every row but interleaves workers in another order
+FILES_SUMMARY = "files_summary"  # compact form: digests standing in for FILES (state/compact.py)
+COMPLETED_RANGES = "completed_ranges"  # compact form: per worker, completed splits as ranges of its lane order
 SPLITS = "splits"  # inside each completed_shards / in_progress entry
 ROWS_DONE = "rows_done"  # inside an in_progress split
 
@@ -156,21 +160,28 @@ def lanes_to_json(lanes: Sequence[Lane] | None) -> list | None:
     return None if lanes is None else [[s.to_list() for s in lane.segments] for lane in lanes]
 
 
-def rank_state(config: Mapping[str, Any], fingerprint: list[list], progress: Progress, plan: EpochPlan, splits: Sequence[Split], chunk_rows: int) -> dict:
-    """The JSON-serializable state of one rank."""
-    completed_shards, in_progress = [], []
-    for worker, (lane, position) in enumerate(zip(plan.lanes, progress.positions)):
-        completed, partial = progress_content(plan.book, lane, position, splits)
-        completed_shards.append({WORKER: worker, SPLITS: completed})
-        in_progress.append({WORKER: worker, SPLITS: partial})
+def rank_state(
+    config: Mapping[str, Any], files: Any, progress: Progress, plan: EpochPlan, splits: Sequence[Split], chunk_rows: int, compact: bool = False
+) -> dict:
+    """The JSON-serializable state of one rank. ``files`` is the fingerprint (full form) or
+    its ``files_summary`` (``compact``: state/compact.py)."""
+    content: dict[str, Any]
+    if compact:
+        ranges = [{WORKER: w, **lane_progress(plan.book, lane, p, splits)} for w, (lane, p) in enumerate(zip(plan.lanes, progress.positions))]
+        content = {FILES_SUMMARY: files, COMPLETED_RANGES: ranges}
+    else:
+        completed_shards, in_progress = [], []
+        for worker, (lane, position) in enumerate(zip(plan.lanes, progress.positions)):
+            completed, partial = progress_content(plan.book, lane, position, splits)
+            completed_shards.append({WORKER: worker, SPLITS: completed})
+            in_progress.append({WORKER: worker, SPLITS: partial})
+        content = {FILES: files, COMPLETED_SHARDS: completed_shards, IN_PROGRESS: in_progress}
     state = {
-        VERSION: FORMAT_VERSION,
+        VERSION: FORMAT_VERSION if compact else PLAIN_VERSION,
         SCOPE: "rank",
         EPOCH: progress.epoch,
         **config,
-        FILES: fingerprint,
-        COMPLETED_SHARDS: completed_shards,
-        IN_PROGRESS: in_progress,
+        **content,
         ROWS_DELIVERED: list(progress.positions),
         NEXT_WORKER: progress.next_lane,
         PADDING_DELIVERED: progress.padding_delivered,
@@ -188,7 +199,7 @@ def worker_state(config: Mapping[str, Any], files_digest: str, epoch: int, worke
     """The small state of one worker's stream (what StatefulDataLoader saves per worker).
     ``deal`` identifies the lanes an elastic resume re-dealt (None: the planned lanes)."""
     return {
-        VERSION: FORMAT_VERSION,
+        VERSION: PLAIN_VERSION,
         SCOPE: "worker",
         EPOCH: epoch,
         WORKER: worker,

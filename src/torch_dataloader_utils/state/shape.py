@@ -12,7 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .schema import BATCHES_DELIVERED, COMPLETED_SHARDS, EPOCH, FILES, IN_PROGRESS, NEXT_WORKER, ROWS_DELIVERED, ROWS_TOTAL, SCOPE, SKIPPED_SPLITS
+from .schema import (
+    BATCHES_DELIVERED,
+    COMPLETED_RANGES,
+    COMPLETED_SHARDS,
+    EPOCH,
+    FILES,
+    FILES_SUMMARY,
+    IN_PROGRESS,
+    NEXT_WORKER,
+    ROWS_DELIVERED,
+    ROWS_TOTAL,
+    SCOPE,
+    SKIPPED_SPLITS,
+)
 from .validate import is_count
 
 
@@ -53,6 +66,17 @@ def _are_worker_splits(value: Any) -> bool:
     )
 
 
+def _are_pairs(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 and all(map(is_count, p)) for p in value)
+
+
+def _are_range_entries(value: Any) -> bool:
+    """'completed_ranges': per worker, a dict of [start, stop] ranges and [position, rows_done] pairs."""
+    return isinstance(value, list) and all(
+        isinstance(entry, dict) and _are_pairs(entry.get("ranges")) and _are_pairs(entry.get("in_progress")) for entry in value
+    )
+
+
 def _optional(check: _Check) -> _Check:
     return lambda value: value is _MISSING or value is None or check(value)
 
@@ -77,6 +101,8 @@ _RANK_FIELDS: dict[str, _Field] = {
     FILES: (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
     COMPLETED_SHARDS: (_optional(_are_worker_splits), _WORKER_SPLITS),
     IN_PROGRESS: (_optional(_are_worker_splits), _WORKER_SPLITS),
+    COMPLETED_RANGES: (_optional(_are_range_entries), "a list of {'worker': N, 'ranges': [[start, stop], ...], 'in_progress': [[position, rows_done], ...]}"),
+    FILES_SUMMARY: (_optional(lambda v: isinstance(v, dict) and is_count(v.get("count"))), "a dict with the file count and digests"),
     SKIPPED_SPLITS: (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
     **_TOPOLOGY_FIELDS,
 }

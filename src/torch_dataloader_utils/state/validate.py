@@ -13,15 +13,18 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
+from .compact import lane_progress, summary_causes
 from .mixture import mixture_causes
 from .progress import Progress
 from .schema import (
+    COMPLETED_RANGES,
     COMPLETED_SHARDS,
     CONFIG_KEYS,
     DEAL,
     EPOCH,
     FILES,
     FILES_DIGEST,
+    FILES_SUMMARY,
     FILTERS,
     FORMAT_VERSION,
     IN_PROGRESS,
@@ -219,11 +222,13 @@ def validate_rank_state(
     """Check a rank state against the plan ``config`` describes; return its progress (without
     the batch count and skipped splits, which the caller checks)."""
     epoch = _require(state, EPOCH, int, "rank")
-    completed = _require(state, COMPLETED_SHARDS, list, "rank")
+    compact = COMPLETED_RANGES in state or FILES_SUMMARY in state  # the compact form (state/compact.py)
+    content_key = COMPLETED_RANGES if compact else COMPLETED_SHARDS
+    completed = _require(state, content_key, list, "rank")
     for key in CONFIG_KEYS:
         if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
-    changed_files = file_causes(state.get(FILES), fingerprint)
+    changed_files = summary_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config) + changed_files
     if causes:
         advice = None
@@ -254,7 +259,7 @@ def validate_rank_state(
         raise mismatch(
             "Checkpoint state does not have one entry per worker.",
             _some_shard(state),
-            [f"'rows_delivered' has {len(positions)} entries and 'completed_shards' {len(completed)}, but there are {len(lanes)} workers"],
+            [f"'rows_delivered' has {len(positions)} entries and {content_key!r} {len(completed)}, but there are {len(lanes)} workers"],
         )
     if not 0 <= next_lane < len(lanes):
         raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_lane}).", [], ["the state is damaged"])
@@ -273,6 +278,9 @@ def validate_rank_state(
                 entry.get(SPLITS, []),
                 [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
             )
+        if compact:
+            _check_compact_entry(entry, worker, lane_progress(book, lane, position, splits), position)
+            continue
         expected, partial = progress_content(book, lane, position, splits)
         in_progress = state.get(IN_PROGRESS)
         saved_partial = None
@@ -289,6 +297,20 @@ def validate_rank_state(
                 ],
             )
     return Progress(epoch, [int(p) for p in positions], next_lane, padding, dealt=None if saved_lanes is None else tuple(saved_lanes))
+
+
+def _check_compact_entry(saved: Mapping[str, Any], worker: int, expected: Mapping[str, Any], position: int) -> None:
+    """A compact worker entry must equal what the plan gives at its position (state/compact.py)."""
+    if saved.get("lane_digest") != expected["lane_digest"]:
+        cause = (
+            f"worker {worker}'s splits are not the ones the checkpoint's plan gave it (key 'lane_digest': checkpoint="
+            f"{saved.get('lane_digest')!r:.40}, current={expected['lane_digest']!r}): another split plan or order of the same files"
+        )
+    elif saved.get("ranges") != expected["ranges"] or saved.get("in_progress") != expected["in_progress"]:
+        cause = f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered (the state is damaged)"
+    else:
+        return
+    raise mismatch("Checkpoint shard does not match any current split.", [], [cause])
 
 
 def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], files_digest: str, num_workers: int, deal: str | None) -> tuple[int, int, int]:

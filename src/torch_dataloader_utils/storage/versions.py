@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..errors import FileChangedError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     """One data file: the path its filesystem uses, its full path or URL, size and content tag."""
 
