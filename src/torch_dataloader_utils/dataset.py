@@ -9,9 +9,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from . import dataset_state
 from .catalog.build import Catalog, build_catalog
-from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
-from .catalog.schema import check_repeated_columns
+from .catalog.mixture import build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
@@ -27,12 +27,10 @@ from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
 from .read.rows_dataset import RowsDataset
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
-from .state.canonical import CANONICAL_LANES, check_lanes_key, restore_canonical, saved_lanes
-from .state.compact import cached_summary, use_compact
+from .state.canonical import check_lanes_key, restore_canonical, saved_lanes
 from .state.progress import Progress
 from .state.restore import PlanCheck, check_worker_state, restore_progress
-from .state.schema import FILTERS, MIXTURE, rank_state, worker_state
-from .state.validate import MAX_EPOCH, check_header, mismatch
+from .state.validate import MAX_EPOCH, check_header
 from .storage.remote import IOOptions
 
 log = logging.getLogger(__name__)
@@ -131,7 +129,6 @@ class StructuredDataset(IterableDataset):
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog = filter_catalog(stored, filters, io) if filters is not None else stored
         book = self._use_catalog(catalog)
-        self._catalog = catalog = self._catalog.without_local_footers()  # checked: workers re-read them
         flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
         read_columns = self.columns if flat else nested.top_columns(self._selected)
         selected = None if flat else self._selected
@@ -271,22 +268,7 @@ class StructuredDataset(IterableDataset):
         ``form``: "full" lists completed splits and files by content (the reference's
         ``completed_shards``), "compact" keeps ranges and digests of a size that does not grow
         with the epoch (docs/checkpoint-resume.md), "auto" is full up to 1,000 splits."""
-        progress = self._delivery.progress
-        info = get_worker_info()
-        if info is not None:
-            self._check_loader_workers(info.num_workers)
-            return worker_state(self._config(), self._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
-        splits = self._catalog.splits_at(progress.epoch)
-        compact = use_compact(form, len(splits))
-        if compact and (self.canonical_lanes is not None or isinstance(self._catalog, MixCatalog)):
-            if form == "compact":
-                raise ValueError("state_dict(form='compact') is not available with canonical_lanes or a mixture of sources; use form='full'")
-            compact = False
-        files = cached_summary(self._catalog) if compact else self._catalog.fingerprint
-        state = rank_state(self._config(), files, progress, self._delivery.plan(), splits, self.chunk_rows, compact)
-        if self.canonical_lanes is not None:
-            state[CANONICAL_LANES] = self.canonical_lanes
-        return state
+        return dataset_state.checkpoint(self, form)
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -346,13 +328,14 @@ class StructuredDataset(IterableDataset):
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
         """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
         catalog_before = getattr(self, "_catalog", None)
-        self._catalog: Catalog = catalog
+        self._catalog = catalog
         try:
             self._check_columns()
         except Exception:
             if catalog_before is not None:
                 self._catalog = catalog_before
             raise
+        catalog = self._catalog = catalog.without_local_footers()  # checked: workers read them again
         book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         lanes = self.canonical_lanes
         book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)
@@ -388,50 +371,15 @@ class StructuredDataset(IterableDataset):
         return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits, self._catalog.splits_at)
 
     def _check_columns(self) -> None:
-        catalog = self._catalog
-        if catalog.schema is None:
-            return
-        self._selected = nested.select(catalog.schema, self.columns)
-        if not any(layout.num_rows for layout in catalog.layouts):
-            return  # nothing will be converted (files without rows may type a column as null)
-        tops = nested.top_columns(self._selected)
-        column_check.check_conflicts(catalog, self._selected)
-        check_repeated_columns(catalog.schema, tops, catalog.repeated_columns)
-        if self.output_format == "torch":  # the other forms hold every type, and nulls
-            column_check.check_forms(catalog, self._selected, nested.batch_columns(catalog.schema))
-            column_check.check_mask_names(self._selected, self.policy)
-            column_check.check_missing(catalog, self._selected, self.policy)
-            if catalog.row_filter is None:  # statistics count the nulls of rows a filter may leave out
-                column_check.check_statistics_nulls(catalog, self._selected, self.policy)
+        selected = column_check.checked_selection(self._catalog, self.columns, self.output_format == "torch", self.policy)
+        if selected is not None:
+            self._selected = selected
 
     def _load_worker_state(self, state: Mapping[str, Any]) -> None:
-        info = get_worker_info()
-        if info is None:
-            raise mismatch(
-                "Checkpoint state is one DataLoader worker's state, not a rank's.",
-                [],
-                [f"it holds only worker {state.get('worker')}'s progress: loaded here, the other workers' rows would be delivered again"],
-                "Resume a StatefulDataLoader with loader.load_state_dict(...) of its own loader.state_dict(), which hands "
-                "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
-            )
-        check_lanes_key(state, self.canonical_lanes)
-        epoch, worker, position = check_worker_state(state, self._plan_check(), self._digest(), self._delivery.progress)
-        self._check_loader_workers(info.num_workers)
-        if worker != info.id:
-            raise mismatch(
-                f"Checkpoint state of worker {worker} was handed to DataLoader worker {info.id}.",
-                [],
-                ["each worker resumes only from its own state"],
-                "Load the loader's state as loader.state_dict() saved it, without moving worker entries.",
-            )
-        self._worker.load(epoch, worker, position)
+        dataset_state.load_worker_state(self, state)
 
     def _check_loader_workers(self, num_workers: int) -> None:
-        if num_workers != self.logical_workers:
-            raise ValueError(
-                f"this dataset was planned for num_workers={self.num_workers} but runs in a DataLoader with "
-                f"{num_workers} workers; create it with num_workers={num_workers}"
-            )
+        dataset_state.check_loader_workers(self, num_workers)
 
     def _digest(self) -> str:
         """The file-list digest, computed once per catalog (state_dict runs after every batch)."""
@@ -441,19 +389,4 @@ class StructuredDataset(IterableDataset):
 
     def _config(self, **topology: int) -> dict:
         """The settings as states record them (CONFIG_KEYS), with another topology where given."""
-        return {
-            "_num_workers": topology.get("num_workers", self.num_workers),
-            "_shuffle": self.shuffle,
-            "_shuffle_seed": self.shuffle_seed,
-            "_world_size": topology.get("world_size", self.world_size),
-            "_rank": topology.get("rank", self.rank),
-            "_split_bytes": self._catalog.split_bytes,
-            "_split_rows": self._catalog.max_split_rows,
-            "_drop_last": self.drop_last,
-            "_equalize": self.equalize,
-            "_batch_size": topology.get("batch_size", self.batch_size),
-            "_on_error": self.on_error,
-            "_shuffle_buffer_rows": self.shuffle_buffer_rows,
-            **({FILTERS: self._catalog.row_filter.digest} if self._catalog.row_filter is not None else {}),
-            **({MIXTURE: self._catalog.sources} if isinstance(self._catalog, MixCatalog) else {}),
-        }
+        return dataset_state.config(self, **topology)

@@ -9,6 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..catalog.schema import check_repeated_columns
+from . import nested
 from .forms import batch_form, batch_form_problem, holds_mask
 from .nested import BatchColumn
 from .nulls import MASK_SUFFIX, ColumnPolicy
@@ -123,3 +125,24 @@ def check_mask_names(selected: Sequence[BatchColumn], policy: ColumnPolicy) -> N
             f"nulls='mask' would name the masks of {clashes} like existing columns ('<column>{MASK_SUFFIX}'); "
             "leave one of them out with columns=[...]"
         )
+
+
+def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, policy: ColumnPolicy) -> list[BatchColumn] | None:
+    """The batch columns ``columns`` select from ``catalog`` (None: the catalog has no schema),
+    after every check planning can make: types that do not unify, repeated columns, and, for
+    batches of tensors (``tensors``), columns without a batch form, mask names, missing columns
+    and nulls the statistics show."""
+    if catalog.schema is None:
+        return None
+    selected = nested.select(catalog.schema, columns)
+    if not any(layout.num_rows for layout in catalog.layouts):
+        return selected  # nothing will be converted (files without rows may type a column as null)
+    check_conflicts(catalog, selected)
+    check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)
+    if tensors:  # the other forms hold every type, and nulls
+        check_forms(catalog, selected, nested.batch_columns(catalog.schema))
+        check_mask_names(selected, policy)
+        check_missing(catalog, selected, policy)
+        if catalog.row_filter is None:  # statistics count the nulls of rows a filter may leave out
+            check_statistics_nulls(catalog, selected, policy)
+    return selected
