@@ -137,7 +137,7 @@ class StructuredDataset(IterableDataset):
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
-        self._rows = RowAccess(stored.without_local_footers(), read_columns, row_cache_bytes, selected, self.policy)
+        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy)
 
     # ----------------------------------------------------------- public API
     @classmethod
@@ -335,7 +335,6 @@ class StructuredDataset(IterableDataset):
             if catalog_before is not None:
                 self._catalog = catalog_before
             raise
-        catalog = self._catalog = catalog.without_local_footers()  # checked: workers read them again
         book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         lanes = self.canonical_lanes
         book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)

@@ -68,6 +68,8 @@ class Catalog:
     source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
     max_split_rows: int | None = None  # split_rows: the most rows of a split (None: no limit)
     conflicts: dict[str, str] = field(default_factory=dict)  # column -> why its files' types do not unify (raised if selected)
+    # per file whose footer is not kept: the columns its statistics say hold nulls (None: unknown, or the footer is kept)
+    nulls: list[dict[str, int] | None] | None = None
 
     @property
     def fingerprint(self) -> list[list]:
@@ -82,16 +84,6 @@ class Catalog:
             entry = self.files[index]
             footer = self.format_of(index).read_footer(self.fs, entry.fs_path, entry.size, entry.url)[1]
         return footer
-
-    def without_local_footers(self) -> Catalog:
-        """The catalog keeping no footer of a local file whose reader reads it again cheaply
-        (``reopens_footers``): once planning has checked their statistics, the main process and
-        every worker's copy of the catalog need not hold them."""
-        footers = [
-            None if is_local(self.fs_of(index)) and reopens_footers(self.format_of(index)) else footer
-            for index, footer in enumerate(self.footers)
-        ]
-        return replace(self, footers=footers)
 
     @property
     def files_digest(self) -> str:
@@ -132,14 +124,20 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
         raise ValueError(f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. {advice}") from error
 
 
-def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[tuple[FileLayout, Any, pa.Schema]]:
+def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]]:
     """Every file's footer, in order: local files in this thread until reads are slow
     (SLOW_LOCAL_FOOTER_S, several in a row: one slow read may be the machine's load), the rest
-    by a thread pool, a batch at a time (so that finished reads do not pile up)."""
+    by a thread pool, a batch at a time (so that finished reads do not pile up). The footers of
+    local files whose reader reads them again (``reopens_footers``) are dropped once read, their
+    statistics' null counts kept instead (None: the footer is kept)."""
     local = is_local(fs)
+    drop = local and reopens_footers(fmt)
 
-    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
-        return _read_footer(fmt, fs, entry)
+    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]:
+        layout, footer, schema = _read_footer(fmt, fs, entry)
+        if not drop:
+            return layout, footer, schema, None
+        return layout, None, schema, _nulls_in(fmt, footer)
 
     done = slow = 0
     if local:
@@ -278,6 +276,17 @@ def _build(
     return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache)
 
 
+_NO_NULLS: dict[str, int] = {}
+
+
+def _nulls_in(fmt: FileFormat, footer: Any) -> dict[str, int]:
+    """The columns the footer's statistics say hold nulls, with their counts (files written
+    alike, without nulls, share one empty dict)."""
+    counts_of = getattr(fmt, "nulls_by_column", None)
+    found = {name: count for name, count in counts_of(footer).items() if count} if counts_of is not None else {}
+    return found or _NO_NULLS
+
+
 def reopens_footers(fmt: FileFormat) -> bool:
     """Whether the catalog may keep no footer of a local file of this format (its reader reads
     the footer again cheaply: Parquet and ORC as they are, not text formats, whose footer is a
@@ -295,10 +304,12 @@ def catalog_of_files(
     units: dict[tuple[int, ...], tuple[int, ...]] = {}
     with _prefetched_tails(fs, unread):
         read = iter([
-            (_shared_layout(layout, units), footer, shared(schema))
-            for layout, footer, schema in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
+            (_shared_layout(layout, units), footer, shared(schema), nulls)
+            for layout, footer, schema, nulls in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
         ])  # fmt: skip
-    results = [next(read) if known is None else (known[0], None, known[1]) for known in cached]
+    found = [next(read) if known is None else (known[0], None, known[1], None) for known in cached]
+    nulls = [file_nulls for _, _, _, file_nulls in found]
+    results = [(layout, footer, schema) for layout, footer, schema, _ in found]
     if cache and unread:
         cache.store(files, [(layout, schema) for layout, _, schema in results])
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
@@ -319,5 +330,5 @@ def catalog_of_files(
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
         fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), _offsets(layouts), split_bytes,
-        schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows,
+        schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows, nulls=nulls,
     )

@@ -212,4 +212,5 @@ def _combine(
         [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
         stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
         sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows), max_split_rows=catalogs[0].max_split_rows,
+        nulls=[x for c in catalogs for x in (c.nulls or [None] * len(c.files))],
     )  # fmt: skip

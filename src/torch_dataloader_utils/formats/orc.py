@@ -122,6 +122,10 @@ class OrcFormat:
         counts = footer.layout.null_counts if isinstance(footer, RemoteOrcFooter) else footer.null_counts
         return {name: counts[name] for name in names if name in counts}
 
+    def nulls_by_column(self, footer: Any) -> dict[str, int]:
+        """``null_counts`` of every top-level column (kept at planning when the footer is not)."""
+        return dict(footer.layout.null_counts if isinstance(footer, RemoteOrcFooter) else footer.null_counts)
+
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _OrcReader | _RemoteOrcReader:
         """A reader of the file's stripes (fetching only the projected streams, for a remote file)."""
         if is_remote(fs):

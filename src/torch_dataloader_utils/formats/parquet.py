@@ -265,6 +265,10 @@ class ParquetFormat:
                     counts[name] += stats.null_count
         return counts
 
+    def nulls_by_column(self, footer: Any) -> dict[str, int]:
+        """``null_counts`` of every leaf column (kept at planning when the footer is not)."""
+        return self.null_counts(footer, [footer.schema.column(i).path for i in range(footer.num_columns)])
+
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
         if is_remote(fs):

@@ -91,13 +91,18 @@ def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy
         return
     found: dict[str, list[tuple[str, int]]] = {}
     budget = NULL_STATS_CHUNKS
-    for entry, footer, layout in zip(catalog.files, catalog.footers, catalog.layouts):
-        if not layout.num_rows or footer is None:  # planned from the plan cache: checked when read
+    kept_nulls = catalog.nulls or [None] * len(catalog.files)
+    for entry, footer, layout, file_nulls in zip(catalog.files, catalog.footers, catalog.layouts, kept_nulls):
+        if not layout.num_rows:
             continue
-        budget -= len(layout.unit_rows) * len(names)
-        if budget < 0:
-            break
-        for name, count in counts_of(footer, names).items():
+        if footer is None:  # the counts kept at planning; none for a file planned from the plan cache (checked when read)
+            counts = {name: file_nulls[name] for name in names if name in file_nulls} if file_nulls is not None else {}
+        else:
+            budget -= len(layout.unit_rows) * len(names)
+            if budget < 0:
+                break
+            counts = counts_of(footer, names)
+        for name, count in counts.items():
             if count:
                 found.setdefault(name, []).append((entry.url, count))
     if not found:
