@@ -3,6 +3,7 @@ Delta tables written with deltalake; rows carry ``id`` and ``x = id / 2`` so a b
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from typing import Any
@@ -22,6 +23,16 @@ def batch_key(batch: dict) -> tuple:
     if "x" in batch:
         assert torch.equal(batch["x"], batch["id"].double() * 0.5), "x out of step with id"
     return tuple(ids)
+
+
+def run_epoch(loader, dataset, states: list | None = None) -> list[tuple]:
+    """All batches of one pass (as ``batch_key``s); with ``states`` also the JSON state after every batch."""
+    batches = []
+    for batch in loader:
+        batches.append(batch_key(batch))
+        if states is not None:
+            states.append(json.loads(json.dumps(dataset.state_dict())))
+    return batches
 
 
 def ids_of(batches: list[tuple]) -> list[int]:

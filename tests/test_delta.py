@@ -3,8 +3,6 @@ the version pinned in the state, time travel, partition columns, row filters and
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -13,7 +11,7 @@ pytest.importorskip("deltalake")
 
 from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
 from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
-from table_helpers import batch_key, ids_of, rows  # noqa: E402
+from table_helpers import batch_key, ids_of, rows, run_epoch  # noqa: E402
 
 from torch_dataloader_utils import CheckpointMismatchError, DeltaDataset  # noqa: E402
 from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
@@ -38,15 +36,6 @@ def _make(path, **kwargs):
     return lambda: DeltaDataset.create_dataloader(path=path, **{**CONFIG, **kwargs})
 
 
-def _run(loader, dataset, states=None):
-    batches = []
-    for batch in loader:
-        batches.append(batch_key(batch))
-        if states is not None:
-            states.append(json.loads(json.dumps(dataset.state_dict())))
-    return batches
-
-
 def test_exactly_once_and_resume_with_two_workers(table):
     """Partition values (not stored in the files) come back as a column; resumes are exact."""
     reference = assert_resumes_exactly(_make(table), epochs=2, points=[(0, 7), (1, -2)], batch_key=batch_key)
@@ -60,16 +49,16 @@ def test_exactly_once_and_resume_with_two_workers(table):
 def test_resume_after_an_append_reads_the_checkpoint_version(table):
     loader, dataset = _make(table)()
     states: list = []
-    full = _run(loader, dataset, states)
+    full = run_epoch(loader, dataset, states)
     assert states[3]["table"]["snapshot"] == 1 and states[3]["table"]["format"] == "delta"
     write_deltalake(table, _part(800, 900), mode="append", partition_by=["part"])
     loader, dataset = _make(table)()
     assert dataset.snapshot == 2
     dataset.load_state_dict(states[3])
     assert dataset.snapshot == 1
-    assert _run(loader, dataset) == full[4:]
+    assert run_epoch(loader, dataset) == full[4:]
     dataset.set_epoch(1)
-    assert dataset.snapshot == 2 and sorted(ids_of(_run(loader, dataset))) == list(range(900))
+    assert dataset.snapshot == 2 and sorted(ids_of(run_epoch(loader, dataset))) == list(range(900))
     loader, pinned = _make(table, pin_version=True)()
     pinned.load_state_dict(states[3])
     pinned.set_epoch(1)
@@ -78,7 +67,7 @@ def test_resume_after_an_append_reads_the_checkpoint_version(table):
 
 def test_time_travel_by_version(table):
     loader, dataset = _make(table, version=0)()
-    assert sorted(ids_of(_run(loader, dataset))) == list(range(500))
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(500))
     dataset.set_epoch(1)
     assert dataset.snapshot == 0
 

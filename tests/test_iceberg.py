@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("pyiceberg")
 
 from servers import BUCKET, s3, store_registry  # noqa: E402, F401 - fixtures
-from table_helpers import add_equality_deletes, add_position_deletes, batch_key, data_files, iceberg_config, iceberg_table, ids_of, rows  # noqa: E402
+from table_helpers import add_equality_deletes, add_position_deletes, batch_key, data_files, iceberg_config, iceberg_table, ids_of, rows, run_epoch  # noqa: E402
 
 from torch_dataloader_utils import CheckpointMismatchError, IcebergDataset  # noqa: E402
 from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
@@ -33,15 +33,6 @@ def table(tmp_path):
 
 def _make(config, **kwargs):
     return lambda: IcebergDataset.create_dataloader(table="db.t", catalog_config=config, **{**CONFIG, **kwargs})
-
-
-def _run(loader, dataset, states=None):
-    batches = []
-    for batch in loader:
-        batches.append(batch_key(batch))
-        if states is not None:
-            states.append(json.loads(json.dumps(dataset.state_dict())))
-    return batches
 
 
 def test_deletes_exactly_once_and_resume_inside_units_with_deletes(table):
@@ -74,7 +65,7 @@ def test_resume_after_an_append_reads_the_checkpoint_snapshot(table):
     config, ice = table
     loader, dataset = _make(config)()
     states: list = []
-    full = _run(loader, dataset, states)
+    full = run_epoch(loader, dataset, states)
     old = dataset.snapshot
     assert states[5]["table"] == {"format": "iceberg", "name": "db.t", "snapshot": old, "uuid": str(ice.metadata.table_uuid)}
     ice.append(rows(1000, 1200))
@@ -82,22 +73,22 @@ def test_resume_after_an_append_reads_the_checkpoint_snapshot(table):
     assert dataset.snapshot != old and len(dataset) == 1200
     dataset.load_state_dict(states[5])
     assert dataset.snapshot == old
-    assert _run(loader, dataset) == full[6:]
+    assert run_epoch(loader, dataset) == full[6:]
     dataset.set_epoch(1)
     assert dataset.snapshot != old
-    assert sorted(ids_of(_run(loader, dataset))) == list(range(1200))
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(1200))
     loader, pinned = _make(config, pin_snapshot=True)()
     pinned.load_state_dict(states[5])
-    _run(loader, pinned)
+    run_epoch(loader, pinned)
     pinned.set_epoch(1)
-    assert pinned.snapshot == old and sorted(ids_of(_run(loader, pinned))) == list(range(1000))
+    assert pinned.snapshot == old and sorted(ids_of(run_epoch(loader, pinned))) == list(range(1000))
 
 
 def test_time_travel_by_snapshot_id(table):
     config, ice = table
     first = ice.snapshots()[0].snapshot_id
     loader, dataset = _make(config, snapshot_id=first)()
-    assert sorted(ids_of(_run(loader, dataset))) == list(range(400))
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(400))
     ice.append(rows(1000, 1100))
     dataset.set_epoch(1)  # a given snapshot is pinned
     assert dataset.snapshot == first and len(dataset) == 400
@@ -219,10 +210,10 @@ def test_a_live_loader_follows_a_new_snapshot(table, options):
     snapshot, the same loader reads the new one."""
     config, ice = table
     loader, dataset = _make(config, **options)()
-    assert len(ids_of(_run(loader, dataset))) == 1000
+    assert len(ids_of(run_epoch(loader, dataset))) == 1000
     ice.append(rows(1000, 1100))
     dataset.set_epoch(1)
-    assert sorted(ids_of(_run(loader, dataset))) == list(range(1100))
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(1100))
 
 
 def test_dataset_pickles_for_stateful_dataloader(table):
@@ -264,7 +255,7 @@ def test_global_state_of_two_ranks_resumes_the_snapshot(table):
     full, states = [], []
     for loader, dataset in ranks:
         batches, saved = [], []
-        batches = _run(loader, dataset, saved)
+        batches = run_epoch(loader, dataset, saved)
         full.append(batches)
         states.append(saved[2])
     merged = merge_states(states)
@@ -272,7 +263,7 @@ def test_global_state_of_two_ranks_resumes_the_snapshot(table):
     for rank in range(2):
         loader, dataset = _make(config, num_workers=0, rank=rank, world_size=2)()
         dataset.load_state_dict(merged)
-        assert _run(loader, dataset) == full[rank][3:]
+        assert run_epoch(loader, dataset) == full[rank][3:]
     damaged = json.loads(json.dumps(merged))
     damaged["ranks"][1]["table"]["snapshot"] = 1
     with pytest.raises(CheckpointMismatchError, match="different table snapshots"):
