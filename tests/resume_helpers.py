@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -22,11 +22,11 @@ def make(path: str, **kwargs: Any):
     return StructuredDataset.create_dataloader(path, **kwargs)
 
 
-def run_epoch(loader, dataset, states: list | None = None) -> list[tuple]:
-    """All batches of one pass; with ``states`` also the JSON state after every batch."""
+def run_epoch(loader, dataset, states: list | None = None, key: Callable[[dict], tuple] = batch_key) -> list[tuple]:
+    """All batches of one pass (as ``key``s); with ``states`` also the JSON state after every batch."""
     batches = []
     for batch in loader:
-        batches.append(batch_key(batch))
+        batches.append(key(batch))
         if states is not None:
             states.append(json.loads(json.dumps(dataset.state_dict())))
     return batches

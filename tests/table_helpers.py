@@ -3,13 +3,13 @@ Delta tables written with deltalake; rows carry ``id`` and ``x = id / 2`` so a b
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import resume_helpers
 import torch
 
 
@@ -27,12 +27,7 @@ def batch_key(batch: dict) -> tuple:
 
 def run_epoch(loader, dataset, states: list | None = None) -> list[tuple]:
     """All batches of one pass (as ``batch_key``s); with ``states`` also the JSON state after every batch."""
-    batches = []
-    for batch in loader:
-        batches.append(batch_key(batch))
-        if states is not None:
-            states.append(json.loads(json.dumps(dataset.state_dict())))
-    return batches
+    return resume_helpers.run_epoch(loader, dataset, states, key=batch_key)
 
 
 def ids_of(batches: list[tuple]) -> list[int]:
