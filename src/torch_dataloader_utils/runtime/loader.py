@@ -21,6 +21,7 @@ from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
 from . import transfer
 from .device_feed import DeviceFeed, check_device
+from .host_feed import HostFeed
 from .stats import LoaderStats
 from .thread_reader import ThreadedChunks
 
@@ -153,6 +154,8 @@ class StructuredDataLoader:
         self.device = check_device(device)
         """Where batches arrive: None for host memory, else the CUDA device they are copied to."""
         self._feed = DeviceFeed(self.device) if self.device is not None else None
+        self._ahead = HostFeed() if self.device is None and dataset.num_workers else None
+        """Takes chunks in and cuts them into batches in a thread of this process (host_feed.py); None: the loop's thread does."""
         self.dataset = dataset
         """The StructuredDataset this loader reads (state_dict, load_state_dict and set_epoch are its)."""
         self.stats = LoaderStats()
@@ -216,6 +219,8 @@ class StructuredDataLoader:
         chunks = self._chunks() if self._threads is None else self._threads.chunks(tasks)
         if self._feed is not None:
             chunks = self._feed.chunks(chunks, len(tasks))
+        elif self._ahead is not None:
+            chunks = self._ahead.chunks(chunks, len(tasks), delivery.plan().batching.batch_size)
         return delivery.deliver(tasks, chunks, self.stats)
 
     def _follow_replan(self) -> None:

@@ -18,6 +18,12 @@ import torch
 from ..read.convert import replace_leaves, tensor_nbytes
 from .transfer_files import Inherited, InheritedFiles
 
+# madvise(MADV_POPULATE_READ) (Linux 5.14+): the page-table entries of the bytes a chunk came in
+# are filled when it is received (in the thread that takes chunks in, host_feed.py), at once, not
+# one fault at a time as the training loop first reads each batch. Only the written part: a read
+# fault on an unwritten page of shared memory would allocate it.
+MADV_POPULATE_READ = 22
+
 Handle = Any  # how the main process maps a buffer: Inherited, a multiprocessing DupFd, or None (mapped already)
 
 
@@ -63,6 +69,8 @@ class ReleaseBoard:
         self._lock = threading.Lock()
         self._pending: dict[Release, int] = {}  # release -> tasks it still rides on
         self._mappings: dict[tuple[str, int], mmap.mmap] = {}  # (pool, buffer) -> this process's mapping
+        self._populated: dict[tuple[str, int], int] = {}  # (pool, buffer) -> bytes whose page-table entries are filled
+        self._can_populate = hasattr(mmap.mmap, "madvise")
         self.received = 0  # chunks received through shared buffers
         self.recycled = 0  # ... of which in a buffer used before
         self.mapped = {"inherited": 0, "sent": 0}  # buffers mapped, by how their file came
@@ -102,24 +110,42 @@ class ReleaseBoard:
         """Drop the mappings of buffers of workers that are gone (mapped chunks keep their own)."""
         with self._lock:
             self._mappings.clear()
+            self._populated.clear()
 
-    def mapping(self, release: Release, handle: Handle, capacity: int, retired: tuple[int, ...]) -> mmap.mmap:
-        """The buffer of ``release``, mapped when its first chunk comes (once per buffer), then kept."""
+    def mapping(self, release: Release, handle: Handle, capacity: int, retired: tuple[int, ...], size: int = 0) -> mmap.mmap:
+        """The buffer of ``release``, mapped when its first chunk comes (once per buffer), then kept;
+        its first ``size`` bytes have their page-table entries filled."""
         with self._lock:
             for number in retired:
                 self._mappings.pop((release.pool, number), None)
+                self._populated.pop((release.pool, number), None)
             key = (release.pool, release.buffer)
             if handle is not None:
                 descriptor = _descriptor(handle)
                 self.mapped["inherited" if isinstance(handle, Inherited) else "sent"] += 1
                 try:
                     self._mappings[key] = mmap.mmap(descriptor, capacity)
+                    self._populated[key] = 0
                 finally:
                     os.close(descriptor)
             memory = self._mappings.get(key)
+            if memory is not None and size > self._populated.get(key, 0):
+                self._populate(memory, key, size)
         if memory is None:
             raise RuntimeError(f"internal error: a chunk came in buffer {key} of a worker, which this process has not mapped")
         return memory
+
+    def _populate(self, memory: mmap.mmap, key: tuple[str, int], size: int) -> None:
+        """Fill the page-table entries of ``memory``'s bytes up to ``size`` not filled before."""
+        if not self._can_populate:
+            return
+        start = self._populated.get(key, 0) // mmap.PAGESIZE * mmap.PAGESIZE
+        try:
+            memory.madvise(MADV_POPULATE_READ, start, min(len(memory), size) - start)
+        except OSError:  # a kernel before 5.14: pages fault in as they are read
+            self._can_populate = False
+            return
+        self._populated[key] = size
 
 
 def _descriptor(handle: Handle) -> int:
@@ -144,7 +170,7 @@ def receive(
         # Its pass has ended (the files go with it), but a traceback kept torch's iterator, whose
         # pin-memory thread still takes chunks off the queue: nothing will read this one.
         return {}
-    view = memoryview(owner.mapping(release, handle, capacity, retired))[:size]
+    view = memoryview(owner.mapping(release, handle, capacity, retired, size))[:size]
     owner.received += 1
     owner.recycled += release.use > 1
     # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.

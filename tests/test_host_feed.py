@@ -1,0 +1,104 @@
+"""host_feed.py: chunks taken in and cut into batches in a thread of the loop's process (the
+default with workers), with the same batches, counts and resumes as when the loop's thread does it."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from datagen import write_dataset
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.read.chunks import Chunk
+from torch_dataloader_utils.runtime.host_feed import HostFeed, prepare
+from torch_dataloader_utils.testing import assert_resumes_exactly
+
+
+def rows(batch) -> tuple:
+    return (tuple(batch["id"].tolist()), tuple(map(tuple, batch["vec"].tolist())), tuple(batch["text"]))
+
+
+def feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "tdu-host-feed"]
+
+
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_batches_through_the_feed_equal_those_cut_by_the_loop(tmp_path, mode):
+    write_dataset(tmp_path, [[30, 25], [40], [9]])
+    config = dict(batch_size=7, num_workers=2, chunk_rows=14, shuffle=True, shuffle_seed=2, worker_mode=mode)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), **config)
+    assert isinstance(loader._ahead, HostFeed)
+    fed = [rows(b) for b in loader]
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), **config)
+    loader._ahead = None
+    assert fed == [rows(b) for b in loader]
+
+
+def test_no_feed_without_workers(tmp_path):
+    write_dataset(tmp_path, [[10]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=0)
+    assert loader._ahead is None
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_equivalence_through_the_feed(tmp_path, persistent):
+    write_dataset(tmp_path, [[20, 13], [17]])
+    assert_resumes_exactly(
+        lambda: StructuredDataset.create_dataloader(
+            str(tmp_path), batch_size=6, num_workers=2, chunk_rows=12, shuffle=True, shuffle_seed=1, persistent_workers=persistent
+        ),
+        epochs=2,
+        stride=3,
+    )
+
+
+def test_an_abandoned_pass_stops_its_thread_and_counts_only_what_the_loop_got(tmp_path):
+    write_dataset(tmp_path, [[40], [40]])
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=2, chunk_rows=10)
+    seen = []
+    for i, batch in enumerate(loader):
+        seen += batch["id"].tolist()
+        if i == 5:
+            break
+    assert dataset.state_dict()["batches_delivered"] == 6  # chunks cut ahead are not counted
+    seen += [i for batch in loader for i in batch["id"].tolist()]
+    assert sorted(seen) == list(range(80))
+    loader._ahead.close()
+    assert loader._ahead._thread is None and not feed_threads()
+
+
+def test_an_error_in_a_worker_reaches_the_loop(tmp_path):
+    write_dataset(tmp_path, [[20], [20], [20]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=2, chunk_rows=10)
+    (tmp_path / "part-00002.parquet").write_bytes(b"PAR1" + b"\0" * 100 + b"PAR1")
+    with pytest.raises(Exception, match="part-00002"):
+        list(loader)
+
+
+def test_prepare_cuts_batches_and_leaves_chunks_it_cannot_cut_ahead():
+    chunk = Chunk(0, 0, 10, {"x": torch.arange(10)})
+    prepared = prepare(chunk, 4)
+    assert [b["x"].tolist() for b in prepared.prepared] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert [end for _, end in prepared.batches(4)] == [4, 8, 10]
+    skipped = Chunk(0, 0, 10, {"x": torch.arange(8)}, present=np.arange(8))
+    assert prepare(skipped, 4) is skipped  # a batch's end depends on the rows skipped
+    assert prepare(prepared, 4) is prepared
+
+
+def test_a_string_that_is_not_utf8_fails_at_its_batch_not_ahead(tmp_path):
+    """The chunk that holds it goes to the loop uncut: the batches before it are delivered."""
+    import pyarrow.parquet as pq
+
+    strings = pa.Array.from_buffers(pa.string(), 4, [None, pa.py_buffer(np.array([0, 1, 2, 3, 6], np.int32)), pa.py_buffer(b"abc\xff\xfeA")])
+    (tmp_path / "d").mkdir()
+    pq.write_table(pa.table({"s": strings, "id": np.arange(4)}), tmp_path / "d" / "a.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), batch_size=1, num_workers=2, chunk_rows=4)
+    received = []
+    with pytest.raises(ValueError, match="not valid UTF-8"):
+        for batch in loader:
+            received.append(batch["s"])
+    assert received == [["a"], ["b"], ["c"]]
+    assert dataset.state_dict()["batches_delivered"] == 3
