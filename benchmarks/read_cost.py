@@ -3,11 +3,15 @@
     python benchmarks/read_cost.py [--size-gb 0.25] [--columns numeric|text] [--batch-size 1024] \
         [--num-workers 2] [--rounds 2]
 
-For (d) and for the ideal feeder (batches decoded beforehand, in ordinary memory), on run.py's
-files, each batch's main-thread CPU (``time.thread_time``) and page faults are split into the
-delivery (the loader's ``next()``), the first read of the batch (``consume.read_batch``) and a
-second read of it (the same bytes, now in cache). The first batch (worker start-up) is left out.
-run.py's "main-thread CPU µs/batch" is delivery + first read, over the whole loop.
+For (d), for (d) with its chunks taken in and cut by the loop's own thread (no host feed,
+``runtime/host_feed.py``) and for the ideal feeder (batches decoded beforehand, in ordinary
+memory), on run.py's files, each batch's main-thread CPU (``time.thread_time``) and page faults
+are split into the delivery (the loader's ``next()``), the first read of the batch
+(``consume.read_batch``) and a second read of it (the same bytes, now in cache). The first batch
+(worker start-up: forking the workers and their first chunk) is left out; "first batch ms" gives
+it. Interleaved rounds; the last lines give each one's delivery + first read over the ideal
+feeder's of the same round (medians), with the load average. run.py's "main-thread CPU µs/batch"
+is delivery + first read over the whole loop, the first batch included.
 """
 
 from __future__ import annotations
@@ -54,7 +58,9 @@ def split(batches: Iterable[Any]) -> dict[str, np.ndarray]:
         t3 = time.thread_time()
         for key, value in (("delivery", t1 - t0), ("read", t2 - t1), ("second_read", t3 - t2), ("delivery_faults", f1 - f0), ("read_faults", f2 - f1)):
             out[key].append(value)
-    return {key: np.array(values[1:]) for key, values in out.items()}  # without the first batch (start-up)
+    parts = {key: np.array(values[1:]) for key, values in out.items()}  # without the first batch (start-up)
+    parts["first"] = np.array(out["delivery"][:1] + out["read"][:1])
+    return parts
 
 
 def row(name: str, parts: dict[str, np.ndarray]) -> str:
@@ -62,8 +68,19 @@ def row(name: str, parts: dict[str, np.ndarray]) -> str:
     return (
         f"| {name} | {len(parts['read'])} | {np.median(us['delivery']):,.0f} / {us['delivery'].mean():,.0f} | "
         f"{parts['delivery_faults'].mean():.1f} | {np.median(us['read']):,.0f} / {us['read'].mean():,.0f} | {parts['read_faults'].mean():.1f} | "
-        f"{np.median(us['second_read']):,.0f} | {(us['delivery'] + us['read']).mean():,.0f} |"
+        f"{np.median(us['second_read']):,.0f} | {(us['delivery'] + us['read']).mean():,.0f} | {1e3 * parts['first'].sum():.1f} |"
     )
+
+
+def both(parts: dict[str, np.ndarray]) -> float:
+    """Delivery + first read, µs per batch (mean over the batches after the first)."""
+    return float(1e6 * (parts["delivery"] + parts["read"]).mean())
+
+
+def without_host_feed(cfg: Config) -> Any:
+    loader, _state = start_ours(cfg)
+    loader._ahead = None  # the loop's thread takes chunks in and cuts them, as before the host feed
+    return loader
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,13 +99,25 @@ def main(argv: list[str] | None = None) -> None:
     files = ensure_dataset(os.path.join(args.data_dir, f"rows{rows}-rg{args.row_group_rows}"), FILES, rows, args.row_group_rows)
     cfg = Config(files, COLUMN_SETS[args.columns], args.batch_size, args.num_workers)
     print(f"{args.columns}, {FILES} files x {rows} rows, batch {args.batch_size}, {args.num_workers} workers; µs of the main thread's CPU per batch")
-    print("| contender | batches | delivery µs median / mean | delivery faults | first read µs median / mean | read faults | second read µs | both µs |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| contender | batches | delivery µs median / mean | delivery faults | first read µs median / mean | read faults | second read µs | both µs | first batch ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"(d) torch_dataloader_utils": [], "(d) without the host feed": []}
     for _ in range(args.rounds):
         _read_once(files)
         loader, _state = start_ours(cfg)
-        print(row("(d) torch_dataloader_utils", split(loader)), flush=True)
-        print(row("ideal feeder", split(start_ideal(cfg, prepared=prepare_ideal(cfg))[0])), flush=True)
+        ours = split(loader)
+        del loader
+        print(row("(d) torch_dataloader_utils", ours), flush=True)
+        plain = split(without_host_feed(cfg))
+        print(row("(d) without the host feed", plain), flush=True)
+        ideal = split(start_ideal(cfg, prepared=prepare_ideal(cfg))[0])
+        print(row("ideal feeder", ideal), flush=True)
+        ratios["(d) torch_dataloader_utils"].append(both(ours) / both(ideal))
+        ratios["(d) without the host feed"].append(both(plain) / both(ideal))
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    for name, values in ratios.items():
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        print(f"{name}: delivery + first read {np.median(values):.2f}x the ideal feeder's (rounds: {shown}); load average {load}")
 
 
 if __name__ == "__main__":
