@@ -11,7 +11,10 @@ are split into the delivery (the loader's ``next()``), the first read of the bat
 (worker start-up: forking the workers and their first chunk) is left out; "first batch ms" gives
 it. Interleaved rounds; the last lines give each one's delivery + first read over the ideal
 feeder's of the same round (medians), with the load average. run.py's "main-thread CPU µs/batch"
-is delivery + first read over the whole loop, the first batch included.
+is delivery + first read over the whole loop, the first batch included. Then, for one loader
+read for 3 passes with and without ``persistent_workers``, the main-thread CPU each later pass
+spends before its first batch (``iter()``: unmapping the last pass's buffers; the first ``next()``:
+starting workers, the first chunk).
 """
 
 from __future__ import annotations
@@ -83,6 +86,23 @@ def without_host_feed(cfg: Config) -> Any:
     return loader
 
 
+def pass_costs(cfg: Config, persistent: bool, passes: int = 3) -> list[tuple[float, float]]:
+    """(iter() ms, first next() ms) of the main thread's CPU, for passes after the first."""
+    loader, _state = start_ours(cfg, persistent_workers=persistent)
+    out = []
+    for epoch in range(passes):
+        loader.dataset.set_epoch(epoch)
+        t0 = time.thread_time()
+        it = iter(loader)
+        t1 = time.thread_time()
+        next(it)
+        t2 = time.thread_time()
+        for _batch in it:
+            pass
+        out.append((1e3 * (t1 - t0), 1e3 * (t2 - t1)))
+    return out[1:]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.25)
@@ -118,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     for name, values in ratios.items():
         shown = ", ".join(f"{v:.2f}" for v in values)
         print(f"{name}: delivery + first read {np.median(values):.2f}x the ideal feeder's (rounds: {shown}); load average {load}")
+    for persistent in (False, True):
+        costs = pass_costs(cfg, persistent)
+        shown = ", ".join(f"{a:.1f} + {b:.1f}" for a, b in costs)
+        print(f"persistent_workers={persistent}: main-thread CPU before a later pass's first batch, iter() + first next(): {shown} ms")
 
 
 if __name__ == "__main__":
