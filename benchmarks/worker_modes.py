@@ -1,6 +1,7 @@
 """Worker processes against reader threads (``worker_mode``), with a consumer that reads every
-byte of every batch and one that does not, against a ceiling of raw pyarrow decoding in as many
-processes that each read what they decode. Interleaved rounds; medians.
+byte of every batch and one that does not (and, reading, with the loop's own thread taking chunks
+in and cutting them: "no feed", ``runtime/host_feed.py`` off), against a ceiling of raw pyarrow
+decoding in as many processes that each read what they decode. Interleaved rounds; medians.
 
     python benchmarks/worker_modes.py DATA_DIR [--workers 2] [--columns numeric|text] \
         [--batch-size 1024] [--rounds 3] [--torch-threads 1]
@@ -32,8 +33,10 @@ from torch_dataloader_utils import StructuredDataset  # noqa: E402
 COLUMNS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
 
 
-def ours(paths: list[str], columns: list[str], batch_size: int, workers: int, mode: str, touch: bool) -> dict[str, float]:
+def ours(paths: list[str], columns: list[str], batch_size: int, workers: int, mode: str, touch: bool, feed: bool = True) -> dict[str, float]:
     loader, _ = StructuredDataset.create_dataloader(paths, batch_size=batch_size, num_workers=workers, columns=columns, worker_mode=mode)
+    if not feed:
+        loader._ahead = None  # the loop's thread takes chunks in and cuts them (runtime/host_feed.py off)
     rows = batches = 0
     start, cpu = time.perf_counter(), time.thread_time()
     for batch in loader:
@@ -86,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         "ceiling, not read": lambda: ceiling(paths, columns, args.batch_size, args.workers, False, threads),
         "processes, read": lambda: ours(paths, columns, args.batch_size, args.workers, "process", True),
         "processes, not read": lambda: ours(paths, columns, args.batch_size, args.workers, "process", False),
+        "processes, read, no feed": lambda: ours(paths, columns, args.batch_size, args.workers, "process", True, feed=False),
         "threads, read": lambda: ours(paths, columns, args.batch_size, args.workers, "thread", True),
         "threads, not read": lambda: ours(paths, columns, args.batch_size, args.workers, "thread", False),
     }
