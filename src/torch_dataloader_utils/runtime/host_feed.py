@@ -59,8 +59,8 @@ class HostFeed:
             return
         first = next(source)  # in this thread: where the workers fork
         stop = self._stop = threading.Event()
-        ready: queue.Queue = queue.Queue()
-        returned: queue.Queue = queue.Queue()  # one item per chunk the loop took: a chunk it is done with, or None
+        ready: queue.SimpleQueue = queue.SimpleQueue()
+        returned: queue.SimpleQueue = queue.SimpleQueue()  # one item per chunk the loop took: a chunk it is done with, or None
         for _ in range(self.depth):
             returned.put(None)
         self._thread = threading.Thread(target=_run, args=(source, count - 1, size, ready, returned, stop), name="tdu-host-feed", daemon=True)
@@ -92,7 +92,7 @@ class HostFeed:
             self._thread = None
 
 
-def _run(source: Iterator[Chunk], count: int, size: int, ready: queue.Queue, returned: queue.Queue, stop: threading.Event) -> None:
+def _run(source: Iterator[Chunk], count: int, size: int, ready: queue.SimpleQueue, returned: queue.SimpleQueue, stop: threading.Event) -> None:
     try:
         for _ in range(count):
             while True:  # a chunk the loop is done with (dropped here), or None, for every chunk it took
