@@ -102,3 +102,16 @@ def test_a_string_that_is_not_utf8_fails_at_its_batch_not_ahead(tmp_path):
             received.append(batch["s"])
     assert received == [["a"], ["b"], ["c"]]
     assert dataset.state_dict()["batches_delivered"] == 3
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_finished_pass_unmaps_its_workers_buffers_in_the_feeds_thread(tmp_path, persistent):
+    """Not at the next iter(), in the loop's thread; persistent workers keep theirs."""
+    write_dataset(tmp_path, [[40], [40]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=5, num_workers=2, chunk_rows=10, persistent_workers=persistent)
+    if loader._board is None:
+        pytest.skip("no shared buffers on this platform")
+    batches = list(loader)
+    loader._ahead.close()
+    assert bool(loader._board._mappings) == persistent
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(80))  # the batches keep their memory

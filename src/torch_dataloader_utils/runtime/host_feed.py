@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..read.chunks import Chunk
 from .background import track
@@ -49,9 +49,10 @@ class HostFeed:
         self._thread: threading.Thread | None = None
         track(self)
 
-    def chunks(self, source: Iterable[Chunk], count: int, size: int) -> Iterator[Chunk]:
+    def chunks(self, source: Iterable[Chunk], count: int, size: int, at_end: Callable[[], None] | None = None) -> Iterator[Chunk]:
         """The first ``count`` chunks of ``source``, cut into batches of ``size`` rows, in order; then
-        ``source`` is run to its end in the thread (as the delivery does without the feed)."""
+        ``source`` is run to its end in the thread (as the delivery does without the feed), closed,
+        and ``at_end`` called there (not when the pass is abandoned or fails)."""
         self.close()
         source = iter(source)
         if count <= 0:
@@ -63,7 +64,7 @@ class HostFeed:
         returned: queue.SimpleQueue = queue.SimpleQueue()  # one item per chunk the loop took: a chunk it is done with, or None
         for _ in range(self.depth):
             returned.put(None)
-        self._thread = threading.Thread(target=_run, args=(source, count - 1, size, ready, returned, stop), name="tdu-host-feed", daemon=True)
+        self._thread = threading.Thread(target=_run, args=(source, count - 1, size, ready, returned, stop, at_end), name="tdu-host-feed", daemon=True)
         self._thread.start()
         done: collections.deque[Chunk] = collections.deque([first])
         del first
@@ -92,7 +93,15 @@ class HostFeed:
             self._thread = None
 
 
-def _run(source: Iterator[Chunk], count: int, size: int, ready: queue.SimpleQueue, returned: queue.SimpleQueue, stop: threading.Event) -> None:
+def _run(
+    source: Iterator[Chunk],
+    count: int,
+    size: int,
+    ready: queue.SimpleQueue,
+    returned: queue.SimpleQueue,
+    stop: threading.Event,
+    at_end: Callable[[], None] | None,
+) -> None:
     try:
         for _ in range(count):
             while True:  # a chunk the loop is done with (dropped here), or None, for every chunk it took
@@ -107,10 +116,17 @@ def _run(source: Iterator[Chunk], count: int, size: int, ready: queue.SimpleQueu
             ready.put(prepare(next(source), size))
         for _ in source:
             pass
+        _close(source)
+        if at_end is not None:
+            at_end()
         ready.put(_END)
     except BaseException as error:  # noqa: BLE001 - handed to the loop, which raises it
         ready.put(error)
     finally:
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()
+        _close(source)
+
+
+def _close(source: Iterator[Chunk]) -> None:
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()

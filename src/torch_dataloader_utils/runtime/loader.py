@@ -220,7 +220,9 @@ class StructuredDataLoader:
         if self._feed is not None:
             chunks = self._feed.chunks(chunks, len(tasks))
         elif self._ahead is not None:
-            chunks = self._ahead.chunks(chunks, len(tasks), delivery.plan().batching.batch_size)
+            # a finished pass's workers are gone: their buffers are unmapped in the feed's thread, not at the next iter()
+            unmap = self._board.forget_mappings if self._board is not None and not self._loader_kwargs["persistent_workers"] else None
+            chunks = self._ahead.chunks(chunks, len(tasks), delivery.plan().batching.batch_size, at_end=unmap)
         return delivery.deliver(tasks, chunks, self.stats)
 
     def _follow_replan(self) -> None:
