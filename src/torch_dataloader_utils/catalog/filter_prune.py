@@ -151,13 +151,13 @@ def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], un
             continue
         nulls = stats.null_count if stats.has_null_count else None
         bounds = (stats.min, stats.max) if stats.has_min_max else None
-        term = _term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
+        term = column_term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
         if term is not None:
             terms.append(term)
     return _all(terms)
 
 
-def _term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
+def column_term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
     """What every row satisfies in one column with values in ``bounds`` (of type ``kind``, read as
     ``target``) and ``nulls`` null values (None: unknown) of ``rows``; None: nothing known."""
     field = pc.field(name)
@@ -186,7 +186,7 @@ def _orc_guarantee(stripe: dict[str, Any], schema: pa.Schema, columns: Sequence[
             continue
         nulls = None if stats.values is None or stats.has_null is None else rows - stats.values
         bounds = None if stats.minimum is None else (stats.minimum, stats.maximum)
-        term = _term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
+        term = column_term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
         if term is not None:
             terms.append(term)
     return _all(terms)
@@ -230,10 +230,8 @@ def may_match(
     matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
     SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
     unit_counts = [len(rows) for rows in unit_rows]
-    fragments: list[Any] = []
+    guarantees_of: list[pc.Expression] = []
     where: list[tuple[int, int]] = []
-    file_format = ds.ParquetFileFormat()
-    nowhere = pafs.LocalFileSystem()
     result = [[SOME] * count for count in unit_counts]
     for file, (footer, count) in enumerate(zip(footers, unit_counts)):
         lacking = missing[file] if missing else ()
@@ -244,14 +242,24 @@ def may_match(
             guarantees = [_orc_guarantee(orc[file][unit], unified, rows_filter.columns, unified, lacking, unit_rows[file][unit]) for unit in range(count)]
         else:
             continue
-        for unit, guarantee in enumerate(guarantees):
-            # a fragment is only a holder of its guarantee here: nothing is opened at its path
-            fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
-            where.append((file, unit))
-    if fragments:
-        dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
-        some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
-        other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
-        for index, (file, unit) in enumerate(where):
-            result[file][unit] = NONE if index not in some else SOME if index in other else ALL
+        guarantees_of.extend(guarantees)
+        where.extend((file, unit) for unit in range(count))
+    for index, state in enumerate(classify(rows_filter, guarantees_of, unified)):
+        file, unit = where[index]
+        result[file][unit] = state
     return result
+
+
+def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unified: pa.Schema) -> list[int]:
+    """NONE, SOME or ALL for each guarantee (what every row of some rows satisfies): whether the
+    filter cannot hold, may hold, or must hold (its negation cannot) under it."""
+    if not guarantees:
+        return []
+    file_format = ds.ParquetFileFormat()
+    nowhere = pafs.LocalFileSystem()
+    # a fragment is only a holder of its guarantee here: nothing is opened at its path
+    fragments = [file_format.make_fragment(f"unit/{index}", nowhere, partition_expression=g) for index, g in enumerate(guarantees)]
+    dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
+    some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
+    other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+    return [NONE if index not in some else SOME if index in other else ALL for index in range(len(guarantees))]

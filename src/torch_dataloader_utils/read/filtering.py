@@ -9,6 +9,12 @@ wholly match the filter (catalog/filter_prune.py: Parquet row groups and ORC str
 filter's columns, keeps the matching rows and slices them by their index among the matching
 rows; a resume inside a unit decodes it from its start and skips that many matching rows.
 
+Where a Parquet row group has a page index, the filter's columns' page bounds narrow both the
+count and the reads to the row ranges whose pages may match (read/page_ranges.py): the pages
+between them are not decoded (a range that starts inside the row group is read from the pages
+holding its first row, as a resume seeks), and a range where every row matches is counted by its
+length and skipped by it on resume.
+
 The count and the reader apply the filter to the same conformed columns (conform.py), so they
 agree row for row; a unit whose count differs when read raises FileChangedError.
 """
@@ -33,7 +39,8 @@ from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
-from .conform import iter_conformed, read_conformed
+from .conform import UnitRows, iter_conformed, read_conformed
+from .page_ranges import Range, candidate_ranges, range_rows
 
 log = logging.getLogger(__name__)
 _COUNT_THREADS = 8
@@ -100,14 +107,31 @@ def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int,
             if known != SOME:
                 counts.append(rows[unit] if known == ALL else 0)
                 continue
-            table = read_conformed(reader, unit, list(rows_filter.columns), source, file)
-            counts.append(table.filter(rows_filter.expression).num_rows)
+            counts.append(_count_unit(reader, unit, catalog, file, source))
     except Exception as error:  # noqa: BLE001 - re-raised naming the file
         if isinstance(error, (RemoteReadError, DataReadError)):
             raise
         detail = " ".join(str(error).split()).rstrip(".")
         raise DataReadError(f"cannot count the rows of {entry.url} (unit {unit}) that match filters={rows_filter.text}: {detail}") from error
     return tuple(counts)
+
+
+def _count_unit(reader: Any, unit: int, catalog: Catalog, file: int, source: _Source) -> int:
+    """The unit's matching rows: of its pages the page index leaves (read/page_ranges.py) where
+    there is one, else of the whole unit, reading only the filter's columns."""
+    rows_filter: RowFilter = catalog.row_filter
+    columns = list(rows_filter.columns)
+    ranges = candidate_ranges(reader, unit, catalog, file)
+    if ranges is None:
+        return int(read_conformed(reader, unit, columns, source, file).filter(rows_filter.expression).num_rows)
+    count = range_rows(tuple(r for r in ranges if r[2] == ALL))
+    some = [(start, stop) for start, stop, state in ranges if state == SOME]
+    if some:
+        rows = UnitRows(reader, unit, columns, source, file, max(stop - start for start, stop in some))
+        for start, stop in some:
+            for table in rows.take(start, stop):
+                count += table.filter(rows_filter.expression).num_rows
+    return count
 
 
 def _count_key(catalog: Catalog, file: int) -> str:
@@ -179,6 +203,10 @@ def _changed(unit: int, seen: int, planned: int) -> FileChangedError:
 def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int) -> pa.Table:
     """The unit's rows that match ``catalog.row_filter``, projected to ``columns`` and conformed."""
     rows_filter: RowFilter = catalog.row_filter
+    ranges = _pruning(reader, unit, catalog, file)
+    if ranges is not None:
+        tables = list(iter_filtered(reader, unit, columns, catalog, file, max(1, range_rows(ranges))))
+        return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
     table = read_conformed(reader, unit, _with_filter_columns(columns, rows_filter), _Source(catalog), file)
     kept = table.filter(rows_filter.expression)
     planned = catalog.layouts[file].unit_rows[unit]
@@ -190,20 +218,40 @@ def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog
 def iter_filtered(
     reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int, batch_rows: int, first_row: int = 0
 ) -> Iterator[pa.Table]:
-    """``read_filtered``'s rows from matching row ``first_row`` on, decoded batch by batch (the unit
-    is decoded from its start: a matching row's place in the file is known only by counting)."""
+    """``read_filtered``'s rows from matching row ``first_row`` on, decoded batch by batch (from the
+    unit's start, or its first candidate range's: a matching row's place in the file is known
+    only by counting)."""
     rows_filter: RowFilter = catalog.row_filter
     wanted = _with_filter_columns(columns, rows_filter)
+    ranges = _pruning(reader, unit, catalog, file)
+    source = _Source(catalog)
     skip, seen = first_row, 0
-    for table in iter_conformed(reader, unit, wanted, _Source(catalog), file, batch_rows):
-        kept = table.filter(rows_filter.expression)
-        seen += kept.num_rows
-        if skip >= kept.num_rows:
-            skip -= kept.num_rows
-            continue
-        if skip:
-            kept, skip = kept.slice(skip), 0
-        yield _projected(kept, columns)
+    rows = None if ranges is None else UnitRows(reader, unit, wanted, source, file, batch_rows)
+    for start, stop, state in ranges if ranges is not None else [(0, 0, SOME)]:
+        if state == ALL:  # every row matches: the matching rows to skip are rows, skipped undecoded
+            jump = min(skip, stop - start)
+            start, skip, seen = start + jump, skip - jump, seen + jump
+            if start == stop:
+                continue
+        batches = iter_conformed(reader, unit, wanted, source, file, batch_rows) if rows is None else rows.take(start, stop)
+        for table in batches:
+            kept = table.filter(rows_filter.expression)
+            seen += kept.num_rows
+            if skip >= kept.num_rows:
+                skip -= kept.num_rows
+                continue
+            if skip:
+                kept, skip = kept.slice(skip), 0
+            yield _projected(kept, columns)
     planned = catalog.layouts[file].unit_rows[unit]
     if seen != planned:
         raise _changed(unit, seen, planned)
+
+
+def _pruning(reader: Any, unit: int, catalog: Catalog, file: int) -> tuple[Range, ...] | None:
+    """The unit's candidate row ranges when its page index leaves some rows unread, else None."""
+    ranges = candidate_ranges(reader, unit, catalog, file)
+    if ranges is None:
+        return None
+    unit_rows = (catalog.source_layouts or catalog.layouts)[file].unit_rows[unit]
+    return ranges if 0 < range_rows(ranges) < unit_rows else None

@@ -1,0 +1,89 @@
+"""The row ranges of a Parquet row group that a row filter may match, from the page index of
+the filter's columns: pages whose min / max (or only nulls) rule the filter out are never decoded,
+by the count at planning nor by the readers.
+
+Each filter column's pages cut the row group at their first rows; between two cuts every column
+is within one page, whose bounds make a guarantee for those rows as a row group's statistics do
+for the whole group (catalog/filter_prune.py), and the same simplification says NONE, SOME or ALL.
+The ranges depend only on the file's version, the unit and the filter, so every process computes
+the same ones (kept per process); a file without a page index reads whole units as before.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, classify, column_term
+
+log = logging.getLogger(__name__)
+Range = tuple[int, int, int]  # rows [start, stop) of a unit, and SOME or ALL
+_MEMO: OrderedDict[tuple, tuple[Range, ...] | None] = OrderedDict()
+_MEMO_SIZE = 1024
+
+
+def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int) -> tuple[Range, ...] | None:
+    """The row ranges of ``unit`` where ``catalog.row_filter`` may match (SOME) or matches every row
+    (ALL), in row order; None when the page index rules nothing in or out (or there is none, or
+    the reader cannot read one): the unit is then read whole."""
+    pages_of = getattr(reader, "column_pages", None)
+    rows_filter: RowFilter = catalog.row_filter
+    if pages_of is None or catalog.schema is None:
+        return None
+    entry = catalog.files[file]
+    key = (entry.url, entry.size, entry.tag, unit, rows_filter.digest, rows_filter.text)
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    layouts = catalog.source_layouts if catalog.source_layouts is not None else catalog.layouts
+    rows = layouts[file].unit_rows[unit]
+    lacking = set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns)
+    try:
+        pages = pages_of(unit, [name for name in rows_filter.columns if name not in lacking])
+    except (ValueError, OSError, pa.ArrowException) as error:  # (ThriftError is a ValueError) no pruning, still exact
+        log.debug("no page index pruning in %s unit %d: %s", entry.url, unit, error)
+        pages = {}
+    ranges = _ranges(pages, sorted(lacking), rows, rows_filter, catalog.schema) if pages else None
+    _MEMO[key] = ranges
+    while len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return ranges
+
+
+def _ranges(pages: dict[str, tuple[pa.DataType, list[Any]]], lacking: list[str], rows: int, rows_filter: RowFilter, unified: pa.Schema) -> tuple[Range, ...] | None:
+    cuts = sorted({0, rows, *(page.first_row for _, column in pages.values() for page in column if page.first_row < rows)})
+    starts = {name: [page.first_row for page in column] for name, (_, column) in pages.items()}
+    guarantees = []
+    for start in cuts[:-1]:
+        guarantee = pc.scalar(True)
+        for name in lacking:
+            guarantee = guarantee & pc.field(name).is_null()
+        for name, (kind, column) in pages.items():
+            page = column[bisect.bisect_right(starts[name], start) - 1]  # (of pages starting at one row, the last: the others are empty)
+            nulls = page.rows if page.only_nulls else page.nulls
+            term = column_term(name, page.bounds, kind, unified.field(name).type, nulls, page.rows)
+            if term is not None:
+                guarantee = guarantee & term
+        guarantees.append(guarantee)
+    ranges: list[Range] = []
+    for start, stop, state in zip(cuts, cuts[1:], classify(rows_filter, guarantees, unified)):
+        if state == NONE:
+            continue
+        if ranges and ranges[-1][2] == state and ranges[-1][1] == start:
+            ranges[-1] = (ranges[-1][0], stop, state)
+        else:
+            ranges.append((start, stop, state))
+    return None if ranges == [(0, rows, SOME)] else tuple(ranges)
+
+
+def range_rows(ranges: tuple[Range, ...]) -> int:
+    """The rows the ranges hold."""
+    return sum(stop - start for start, stop, _ in ranges)
+
+
+__all__ = ["ALL", "SOME", "Range", "candidate_ranges", "range_rows"]
