@@ -1,0 +1,167 @@
+"""filters= with a Parquet page index: pages whose bounds rule the filter out are neither counted
+nor read, and every promise holds as without one (read/page_ranges.py, formats/_parquet_page_index.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.formats import _parquet_seek, parquet
+from torch_dataloader_utils.read import filtering, page_ranges
+from torch_dataloader_utils.testing import assert_resumes_exactly
+
+ROWS = 1200  # per file; two files of two row groups, pages of 50 rows
+
+
+def table(first: int) -> pa.Table:
+    ids = np.arange(first, first + ROWS)
+    return pa.table(
+        {
+            "id": ids,  # sorted: pages hold narrow ranges of it
+            "label": (ids % 5).astype("int32"),
+            "name": [f"n{i:05d}" for i in ids],
+            "score": pa.array([None if i % 9 == 0 or 400 <= i % ROWS < 520 else int(i) for i in ids], type=pa.int64()),  # a page of only nulls
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[bool, str]:
+    """The same rows with and without a page index."""
+    paths = {}
+    for index in (True, False):
+        root = tmp_path_factory.mktemp(f"pages-{index}")
+        for part in range(2):
+            pq.write_table(
+                table(part * ROWS), root / f"p{part}.parquet", row_group_size=600, write_page_index=index, data_page_size=256, write_batch_size=50
+            )
+        paths[index] = str(root)
+    return paths
+
+
+ALL = pa.concat_tables([table(0), table(ROWS)])
+FILTERS = {
+    "range": [("id", ">=", 130), ("id", "<", 1810)],
+    "tail": pc.field("id") > 2000,
+    "and-label": (pc.field("id") < 700) & (pc.field("label") == 3),
+    "dnf": [[("id", "<", 60)], [("id", ">", 1700), ("label", "in", [1, 2])]],
+    "string": pc.field("name") >= "n02300",
+    "nulls": pc.field("score").is_null(),
+    "not-null": (pc.field("score") > 1000) & (pc.field("id") < 1600),
+    "none": [("id", ">", 10**9)],
+}
+
+
+def ids(path: str, workers: int = 0, **kwargs) -> tuple[list[int], StructuredDataset]:
+    loader, dataset = StructuredDataset.create_dataloader(path, batch_size=32, num_workers=workers, columns=["id", "name"], **kwargs)
+    return [int(i) for batch in loader for i in batch["id"]], dataset
+
+
+@pytest.mark.parametrize("name", list(FILTERS))
+def test_results_equal_pyarrows_filter(files, name):
+    filters = FILTERS[name]
+    expression = filters if isinstance(filters, pc.Expression) else pq.filters_to_expression(filters)
+    want = ALL.filter(expression)["id"].to_pylist()
+    for shuffle in (False, True):  # streamed row groups (iter_filtered) and whole ones (read_filtered)
+        got, dataset = ids(files[True], filters=filters, shuffle=shuffle)
+        assert sorted(got) == want, (name, shuffle)
+        assert len(dataset) == len(want)
+
+
+def test_ranges_follow_the_pages(files):
+    """A sorted column's pages cut a row group into what cannot match, what may, and what must."""
+    _, dataset = ids(files[True], filters=[("id", ">=", 130), ("id", "<", 1810)])
+    catalog = dataset._catalog
+    reader = catalog.format.open(catalog.fs, catalog.files[0].fs_path, None, False)
+    assert page_ranges.candidate_ranges(reader, 0, catalog, 0) == ((100, 150, page_ranges.SOME), (150, 600, page_ranges.ALL))
+    nulls = StructuredDataset(files[True], filters=pc.field("score").is_null())._catalog
+    pages = catalog.format.open(nulls.fs, nulls.files[0].fs_path, None, False).column_pages(0, ["score"])["score"][1]
+    assert [page.only_nulls for page in pages[7:11]] == [False, True, True, False]  # rows 400..520 hold only nulls
+    without = StructuredDataset(files[False], filters=[("id", ">=", 130)])._catalog
+    assert page_ranges.candidate_ranges(catalog.format.open(without.fs, without.files[0].fs_path, None, False), 0, without, 0) is None
+
+
+class _Counting:
+    """A local file whose reads are counted (pyarrow reads it through pa.PythonFile)."""
+
+    read_bytes = 0
+
+    def __init__(self, path: str):
+        self._file = open(path, "rb")
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(size)
+        _Counting.read_bytes += len(data)
+        return data
+
+    def seek(self, *args) -> int:
+        return self._file.seek(*args)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("filters", [[("id", ">=", 50_000)], [[("id", "<", 1_000)], [("id", ">", 55_000)]], [("id", "<", 5_000)]], ids=["tail", "ends", "head"])
+def test_pages_that_cannot_match_are_not_read(tmp_path, monkeypatch, filters):
+    """Bytes read by the count and by the reads, with and without a page index: with one, only
+    the pages that may match (and the page indexes) are read. The seek's cost model is set to
+    seek at any size here; with real files it seeks where the skipped bytes outweigh its Python."""
+    monkeypatch.setattr(_parquet_seek, "THRIFT_BYTE_COST", 1)
+    monkeypatch.setattr(_parquet_seek, "THRIFT_SKIP_BYTE_COST", 1)
+    monkeypatch.setattr(_parquet_seek, "HEADER_COST", 16)
+    monkeypatch.setattr(parquet, "open_input", lambda fs, path: pa.PythonFile(_Counting(path), mode="r"))
+    numbers = np.arange(60_000)
+    data = pa.table({"id": numbers, "noise": np.random.default_rng(0).random(len(numbers))})
+    expression = pq.filters_to_expression(filters)
+    read = {}
+    for index in (True, False):
+        (tmp_path / str(index)).mkdir()
+        pq.write_table(data, tmp_path / str(index) / "p.parquet", row_group_size=60_000, write_page_index=index, data_page_size=16 * 1024, use_dictionary=False)
+        filtering._MEMO.clear()
+        _Counting.read_bytes = 0
+        dataset = StructuredDataset(str(tmp_path / str(index)), batch_size=256, num_workers=0, filters=filters)
+        counted = _Counting.read_bytes
+        got = [int(i) for batch in dataset for i in batch["id"]]
+        assert got == data.filter(expression)["id"].to_pylist()
+        read[index] = (counted, _Counting.read_bytes - counted)
+    (count_pages, read_pages), (count_whole, read_whole) = read[True], read[False]
+    assert count_pages < 0.7 * count_whole, read
+    assert read_pages < 0.5 * read_whole, read
+
+
+BETWEEN = (pc.field("id") >= 130) & (pc.field("id") < 1810)  # ranges where every row matches: skipped by their rows on resume
+
+
+@pytest.mark.parametrize(
+    ("workers", "shuffle", "filters"),
+    [(0, False, BETWEEN), (0, False, BETWEEN & (pc.field("label") != 2)), (0, True, BETWEEN & (pc.field("label") != 2)), (2, False, BETWEEN)],
+    ids=["ranges", "label", "shuffled", "workers"],
+)
+def test_resume_is_exact_with_pruned_pages(files, workers, shuffle, filters):
+
+    def make():
+        return StructuredDataset.create_dataloader(files[True], num_workers=workers, shuffle=shuffle, filters=filters, columns=["id", "label"], batch_size=16, chunk_rows=32, split_bytes=4000)
+
+    reference = assert_resumes_exactly(make, epochs=1, deep_stride=8 if workers else 4, batch_key=lambda batch: tuple(batch["id"].tolist()))
+    want = ALL.filter(filters)["id"].to_pylist()
+    assert sorted(i for batch in reference.batches[0] for i in batch) == want
