@@ -55,7 +55,9 @@ def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int) -> tuple[R
     return ranges
 
 
-def _ranges(pages: dict[str, tuple[pa.DataType, list[Any]]], lacking: list[str], rows: int, rows_filter: RowFilter, unified: pa.Schema) -> tuple[Range, ...] | None:
+def _ranges(
+    pages: dict[str, tuple[pa.DataType, list[Any]]], lacking: list[str], rows: int, rows_filter: RowFilter, unified: pa.Schema
+) -> tuple[Range, ...] | None:
     cuts = sorted({0, rows, *(page.first_row for _, column in pages.values() for page in column if page.first_row < rows)})
     starts = {name: [page.first_row for page in column] for name, (_, column) in pages.items()}
     guarantees = []
