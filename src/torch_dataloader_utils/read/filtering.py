@@ -48,8 +48,9 @@ _COUNTS_DIR = "filter_counts"  # under cache_dir (the range cache sweeps only it
 _MEMO: dict[str, tuple[int, ...]] = {}  # count key -> matching rows per unit, for this process
 
 
-def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) -> Catalog:
-    """``catalog`` planned over the rows ``filters`` matches: pruned by statistics, then counted."""
+def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None, skip_errors: bool = False) -> Catalog:
+    """``catalog`` planned over the rows ``filters`` matches: pruned by statistics, then counted
+    (``skip_errors``: on_error="skip", see ``count_matching``)."""
     rows_filter = row_filter(filters, catalog.schema)
     assert catalog.schema is not None  # row_filter refuses a catalog without columns
     check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
@@ -58,7 +59,7 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
     footers = [catalog.footer(index) for index in range(len(catalog.files))]
     matching = may_match(rows_filter, footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
     source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
-    counts = count_matching(source, matching, io.cache_dir if io is not None else None)
+    counts = count_matching(source, matching, io.cache_dir if io is not None else None, skip_errors)
     filtered = [
         FileLayout(layout.path, layout.size, tuple(rows), tuple(size if n else 0 for size, n in zip(layout.unit_bytes, rows)))
         for layout, rows in zip(layouts, counts)
@@ -70,50 +71,65 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
 
 
 # ------------------------------------------------------------------ counting at planning
-def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None) -> list[tuple[int, ...]]:
+def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None, skip_errors: bool = False) -> list[tuple[int, ...]]:
     """Per file, per unit: the rows ``catalog.row_filter`` matches; read only where ``matching``
-    (filter_prune.may_match) says SOME."""
+    (filter_prune.may_match) says SOME. ``skip_errors`` (on_error="skip"): a unit that cannot be
+    counted is planned with all its rows, uncached; its reads then fail or miscount, and the
+    readers leave it out and report it as any unreadable split (a warning names it here too)."""
     keys = [_count_key(catalog, file) for file in range(len(catalog.files))]
     results: list[tuple[int, ...] | None] = [_MEMO.get(key) or _load(cache_dir, key, len(units)) for key, units in zip(keys, matching)]
     todo = [file for file, found in enumerate(results) if found is None]
+    uncounted = set()
 
-    def count(file: int) -> tuple[int, ...]:
-        return _count_file(catalog, file, matching[file])
+    def count(file: int) -> tuple[tuple[int, ...], bool]:
+        return _count_file(catalog, file, matching[file], skip_errors)
 
     if todo:
         with ThreadPoolExecutor(max_workers=min(_COUNT_THREADS, len(todo))) as pool:
-            for file, counted in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
+            for file, (counted, complete) in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
                 results[file] = counted
-                _store(cache_dir, keys[file], counted)
+                if complete:
+                    _store(cache_dir, keys[file], counted)
+                else:
+                    uncounted.add(file)
     done = [counts for counts in results if counts is not None]
     assert len(done) == len(results), "every file was counted"
-    _MEMO.update(zip(keys, done))
+    _MEMO.update((key, counts) for file, (key, counts) in enumerate(zip(keys, done)) if file not in uncounted)
     return done
 
 
-def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int, ...]:
-    """Matching rows per unit of one file; ``units``: what statistics say of each (filter_prune)."""
+def _count_file(catalog: Catalog, file: int, units: Sequence[int], skip_errors: bool = False) -> tuple[tuple[int, ...], bool]:
+    """Matching rows per unit of one file, and whether every unit was counted; ``units``: what
+    statistics say of each (filter_prune)."""
     rows = catalog.source_layouts[file].unit_rows if catalog.source_layouts is not None else catalog.layouts[file].unit_rows
+    counts = [rows[unit] if known == ALL else 0 for unit, known in enumerate(units)]
     if SOME not in units:
-        return tuple(rows[unit] if known == ALL else 0 for unit, known in enumerate(units))
-    rows_filter: RowFilter = catalog.row_filter
+        return tuple(counts), True
     entry = catalog.files[file]
     source = _Source(catalog)
-    counts = []
-    unit = 0
-    try:
-        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footer(file), False)
-        for unit, known in enumerate(units):
-            if known != SOME:
-                counts.append(rows[unit] if known == ALL else 0)
-                continue
-            counts.append(_count_unit(reader, unit, catalog, file, source))
-    except Exception as error:  # noqa: BLE001 - re-raised naming the file
-        if isinstance(error, (RemoteReadError, DataReadError)):
-            raise
-        detail = " ".join(str(error).split()).rstrip(".")
-        raise DataReadError(f"cannot count the rows of {entry.url} (unit {unit}) that match filters={rows_filter.text}: {detail}") from error
-    return tuple(counts)
+    reader: Any = None
+    complete = True
+    for unit, known in enumerate(units):
+        if known != SOME:
+            continue
+        try:
+            if reader is None:
+                reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footer(file), False)
+            counts[unit] = _count_unit(reader, unit, catalog, file, source)
+        except Exception as error:  # noqa: BLE001 - re-raised naming the file
+            failure = _count_error(catalog, file, unit, error)
+            if not skip_errors:
+                raise failure from error
+            log.warning("on_error='skip': %s; planned with its %d rows, which the readers leave out when they cannot read them", failure, rows[unit])
+            counts[unit], complete = rows[unit], False
+    return tuple(counts), complete
+
+
+def _count_error(catalog: Catalog, file: int, unit: int, error: Exception) -> Exception:
+    if isinstance(error, (RemoteReadError, DataReadError)):
+        return error
+    detail = " ".join(str(error).split()).rstrip(".")
+    return DataReadError(f"cannot count the rows of {catalog.files[file].url} (unit {unit}) that match filters={catalog.row_filter.text}: {detail}")
 
 
 def _count_unit(reader: Any, unit: int, catalog: Catalog, file: int, source: _Source) -> int:
