@@ -17,6 +17,16 @@ from torch_dataloader_utils.testing import assert_resumes_exactly
 ROWS = 1200  # per file; two files of two row groups, pages of 50 rows
 
 
+@pytest.fixture(autouse=True)
+def cheap_page_indexes(monkeypatch):
+    """Small files: the cost model that weighs decoding a page index (and seeking) in Python
+    against the column bytes it saves is set to use them at any size (forked workers inherit it).
+    With real files it decides by their sizes (test_the_cost_model_leaves_small_row_groups_alone)."""
+    monkeypatch.setattr(_parquet_seek, "THRIFT_BYTE_COST", 1)
+    monkeypatch.setattr(_parquet_seek, "THRIFT_SKIP_BYTE_COST", 1)
+    monkeypatch.setattr(_parquet_seek, "HEADER_COST", 16)
+
+
 def table(first: int) -> pa.Table:
     ids = np.arange(first, first + ROWS)
     return pa.table(
@@ -77,12 +87,23 @@ def test_ranges_follow_the_pages(files):
     _, dataset = ids(files[True], filters=[("id", ">=", 130), ("id", "<", 1810)])
     catalog = dataset._catalog
     reader = catalog.format.open(catalog.fs, catalog.files[0].fs_path, None, False)
-    assert page_ranges.candidate_ranges(reader, 0, catalog, 0) == ((100, 150, page_ranges.SOME), (150, 600, page_ranges.ALL))
+    assert page_ranges.candidate_ranges(reader, 0, catalog, 0, None) == ((100, 150, page_ranges.SOME), (150, 600, page_ranges.ALL))
     nulls = StructuredDataset(files[True], filters=pc.field("score").is_null())._catalog
     pages = catalog.format.open(nulls.fs, nulls.files[0].fs_path, None, False).column_pages(0, ["score"])["score"][1]
     assert [page.only_nulls for page in pages[7:11]] == [False, True, True, False]  # rows 400..520 hold only nulls
     without = StructuredDataset(files[False], filters=[("id", ">=", 130)])._catalog
-    assert page_ranges.candidate_ranges(catalog.format.open(without.fs, without.files[0].fs_path, None, False), 0, without, 0) is None
+    assert page_ranges.candidate_ranges(catalog.format.open(without.fs, without.files[0].fs_path, None, False), 0, without, 0, None) is None
+
+
+def test_the_cost_model_leaves_small_row_groups_alone(files, monkeypatch):
+    """Decoding a footer and page indexes in Python costs more than decoding a small row group:
+    with the real cost model these files are read whole (and filtered the same)."""
+    monkeypatch.undo()
+    page_ranges._MEMO.clear()
+    _, dataset = ids(files[True], filters=[("id", ">=", 130), ("id", "<", 1810)])
+    catalog = dataset._catalog
+    reader = catalog.format.open(catalog.fs, catalog.files[0].fs_path, None, False)
+    assert page_ranges.candidate_ranges(reader, 0, catalog, 0, None) is None
 
 
 class _Counting:
@@ -124,11 +145,7 @@ class _Counting:
 @pytest.mark.parametrize("filters", [[("id", ">=", 50_000)], [[("id", "<", 1_000)], [("id", ">", 55_000)]], [("id", "<", 5_000)]], ids=["tail", "ends", "head"])
 def test_pages_that_cannot_match_are_not_read(tmp_path, monkeypatch, filters):
     """Bytes read by the count and by the reads, with and without a page index: with one, only
-    the pages that may match (and the page indexes) are read. The seek's cost model is set to
-    seek at any size here; with real files it seeks where the skipped bytes outweigh its Python."""
-    monkeypatch.setattr(_parquet_seek, "THRIFT_BYTE_COST", 1)
-    monkeypatch.setattr(_parquet_seek, "THRIFT_SKIP_BYTE_COST", 1)
-    monkeypatch.setattr(_parquet_seek, "HEADER_COST", 16)
+    the pages that may match (and the page indexes) are read."""
     monkeypatch.setattr(parquet, "open_input", lambda fs, path: pa.PythonFile(_Counting(path), mode="r"))
     numbers = np.arange(60_000)
     data = pa.table({"id": numbers, "noise": np.random.default_rng(0).random(len(numbers))})

@@ -37,6 +37,7 @@ class RowFilter:
     expression: pc.Expression
     columns: tuple[str, ...]
     digest: str
+    dnf: Any = None  # the DNF list form it was given in (read/filter_eval.py evaluates it directly), else None
 
     @property
     def text(self) -> str:
@@ -51,7 +52,31 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
     digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
-    return RowFilter(expression, columns, digest)
+    return RowFilter(expression, columns, digest, dnf_form(filters))
+
+
+#: the operators of pyarrow's DNF list form (pyarrow.parquet.filters_to_expression)
+DNF_OPERATORS = ("=", "==", "!=", "<", ">", "<=", ">=", "in", "not in")
+
+
+def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | None:
+    """``filters`` as conjunctions of (column, op, value) on top-level columns, any one of which
+    must hold; None when it is not in that form (an Expression) or uses anything else."""
+    if not isinstance(filters, (list, tuple)) or not filters:
+        return None
+    groups = filters if all(isinstance(item, (list, tuple)) and item and isinstance(item[0], (list, tuple)) for item in filters) else [filters]
+    form = []
+    for group in groups:
+        conjunction = []
+        for condition in group:
+            if not (isinstance(condition, (list, tuple)) and len(condition) == 3 and isinstance(condition[0], str)):
+                return None
+            column, op, value = condition
+            if op not in DNF_OPERATORS:
+                return None
+            conjunction.append((column, op, value))
+        form.append(tuple(conjunction))
+    return tuple(form)
 
 
 def _expression(filters: Any) -> pc.Expression:

@@ -16,9 +16,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import _parquet_seek
 from ._parquet_footer import CHUNK_CRYPTO, CHUNK_ENCRYPTED_META, CHUNK_INDEXES, FILE_ENCRYPTION_ALGORITHM, GROUP_COLUMNS, read_exact, row_group
 from ._parquet_pages import page_locations
-from ._parquet_seek import leaf_columns
+from ._parquet_seek import PAGE_LOCATION_BYTES, footer_cost, leaf_columns
 from ._thrift_compact import Struct, ThriftError, ThriftList, decode_struct
 
 # ColumnIndex's field ids (parquet.thrift)
@@ -36,6 +37,30 @@ class PageBounds:
     only_nulls: bool
     nulls: int | None
     bounds: tuple[Any, Any] | None
+
+
+#: bytes of a page's entries in the column index beyond its offset index entry (about: a flag,
+#: two short values and a null count)
+_COLUMN_INDEX_BYTES = 24
+#: pages assumed per column chunk byte, for the estimate (writers' default pages are 1 MiB; this
+#: assumes smaller ones, so a doubtful case is left to the plain read)
+_PAGE_BYTES = 64 * 1024
+
+
+def worth_reading(footer: pq.FileMetaData, unit: int, names: list[str], read: list[str] | None) -> bool:
+    """Whether reading the page indexes of ``names`` in row group ``unit`` may save more than it
+    costs: decoding the footer and the indexes in Python, in compressed column bytes that pyarrow
+    decodes in the same time (the seek's cost model, _parquet_seek), against the bytes of the
+    ``read`` columns (None: all), the most that pruning pages can leave undecoded."""
+    leaves = leaf_columns(footer, names)
+    group = footer.row_group(unit)
+    if not leaves or not any(group.column(leaf).has_column_index for leaf in leaves.values()):
+        return False
+    pages = sum(1 + group.column(leaf).total_compressed_size // _PAGE_BYTES for leaf in leaves.values())
+    cost = footer_cost(footer) + pages * (PAGE_LOCATION_BYTES + _COLUMN_INDEX_BYTES) * _parquet_seek.THRIFT_BYTE_COST
+    chunks = (group.column(index) for index in range(group.num_columns))
+    saved = sum(c.total_compressed_size for c in chunks if read is None or any(c.path_in_schema == n or c.path_in_schema.startswith(n + ".") for n in read))
+    return cost <= saved
 
 
 def column_pages(source: Any, footer: pq.FileMetaData, thrift: Struct, unit: int, names: list[str]) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:

@@ -16,7 +16,7 @@ from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
 from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
-from ._parquet_page_index import PageBounds, column_pages, index_locations
+from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
@@ -105,11 +105,12 @@ class _ParquetReader:
             log.debug("decoding row group %d from its first row, not seeking to row %d: %s", unit, first_row, error)
             return None
 
-    def column_pages(self, unit: int, names: list[str]) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
+    def column_pages(self, unit: int, names: list[str], read: list[str] | None = None) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
         """The page index of the columns ``names`` (those that have one) in row group ``unit``:
         each page's rows and bounds, for pruning pages by a row filter (read/page_ranges.py);
-        none from a file that cannot be read at an offset (an fsspec file: nor can it seek)."""
-        if not hasattr(self._source, "read_at"):
+        none where reading it costs more than decoding the ``read`` columns (None: all) could
+        save, or from a file that cannot be read at an offset (an fsspec file: nor can it seek)."""
+        if not hasattr(self._source, "read_at") or not worth_reading(self._footer, unit, names, read):
             return {}
         return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names)
 
@@ -191,8 +192,10 @@ class _RemoteParquetReader(_ParquetReader):
         """None: the row group's chunks are fetched whole (``iter_unit``) and decoded on."""
         return None
 
-    def column_pages(self, unit: int, names: list[str]) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
+    def column_pages(self, unit: int, names: list[str], read: list[str] | None = None) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
         """As a local file's, with the columns' page indexes fetched first in one round."""
+        if not worth_reading(self._footer, unit, names, read):
+            return {}
         try:
             thrift = self._footer_thrift(unit)
         except ThriftError:
@@ -200,7 +203,7 @@ class _RemoteParquetReader(_ParquetReader):
         wanted = [(start, start + length) for start, length in index_locations(thrift, self._footer, unit, names)]
         fetched = self._source.fetch(coalesce(wanted))
         try:
-            return super().column_pages(unit, names)
+            return super().column_pages(unit, names, read)
         finally:
             self._source.forget(fetched)
 

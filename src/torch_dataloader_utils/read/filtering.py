@@ -40,6 +40,7 @@ from ..errors import DataReadError, FileChangedError, RemoteReadError
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
 from .conform import UnitRows, iter_conformed, read_conformed
+from .filter_eval import matching_count, matching_rows
 from .page_ranges import Range, candidate_ranges, range_rows
 
 log = logging.getLogger(__name__)
@@ -137,16 +138,16 @@ def _count_unit(reader: Any, unit: int, catalog: Catalog, file: int, source: _So
     there is one, else of the whole unit, reading only the filter's columns."""
     rows_filter: RowFilter = catalog.row_filter
     columns = list(rows_filter.columns)
-    ranges = candidate_ranges(reader, unit, catalog, file)
+    ranges = candidate_ranges(reader, unit, catalog, file, columns)
     if ranges is None:
-        return int(read_conformed(reader, unit, columns, source, file).filter(rows_filter.expression).num_rows)
+        return matching_count(rows_filter, read_conformed(reader, unit, columns, source, file))
     count = range_rows(tuple(r for r in ranges if r[2] == ALL))
     some = [(start, stop) for start, stop, state in ranges if state == SOME]
     if some:
         rows = UnitRows(reader, unit, columns, source, file, max(stop - start for start, stop in some))
         for start, stop in some:
             for table in rows.take(start, stop):
-                count += table.filter(rows_filter.expression).num_rows
+                count += matching_count(rows_filter, table)
     return count
 
 
@@ -219,12 +220,12 @@ def _changed(unit: int, seen: int, planned: int) -> FileChangedError:
 def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int) -> pa.Table:
     """The unit's rows that match ``catalog.row_filter``, projected to ``columns`` and conformed."""
     rows_filter: RowFilter = catalog.row_filter
-    ranges = _pruning(reader, unit, catalog, file)
+    ranges = _pruning(reader, unit, catalog, file, _with_filter_columns(columns, rows_filter))
     if ranges is not None:
         tables = list(iter_filtered(reader, unit, columns, catalog, file, max(1, range_rows(ranges))))
         return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
     table = read_conformed(reader, unit, _with_filter_columns(columns, rows_filter), _Source(catalog), file)
-    kept = table.filter(rows_filter.expression)
+    kept = matching_rows(rows_filter, table)
     planned = catalog.layouts[file].unit_rows[unit]
     if kept.num_rows != planned:
         raise _changed(unit, kept.num_rows, planned)
@@ -239,7 +240,7 @@ def iter_filtered(
     only by counting)."""
     rows_filter: RowFilter = catalog.row_filter
     wanted = _with_filter_columns(columns, rows_filter)
-    ranges = _pruning(reader, unit, catalog, file)
+    ranges = _pruning(reader, unit, catalog, file, wanted)
     source = _Source(catalog)
     skip, seen = first_row, 0
     rows = None if ranges is None else UnitRows(reader, unit, wanted, source, file, batch_rows)
@@ -251,7 +252,7 @@ def iter_filtered(
                 continue
         batches = iter_conformed(reader, unit, wanted, source, file, batch_rows) if rows is None else rows.take(start, stop)
         for table in batches:
-            kept = table.filter(rows_filter.expression)
+            kept = matching_rows(rows_filter, table)
             seen += kept.num_rows
             if skip >= kept.num_rows:
                 skip -= kept.num_rows
@@ -264,9 +265,9 @@ def iter_filtered(
         raise _changed(unit, seen, planned)
 
 
-def _pruning(reader: Any, unit: int, catalog: Catalog, file: int) -> tuple[Range, ...] | None:
+def _pruning(reader: Any, unit: int, catalog: Catalog, file: int, columns: list[str] | None) -> tuple[Range, ...] | None:
     """The unit's candidate row ranges when its page index leaves some rows unread, else None."""
-    ranges = candidate_ranges(reader, unit, catalog, file)
+    ranges = candidate_ranges(reader, unit, catalog, file, columns)
     if ranges is None:
         return None
     unit_rows = (catalog.source_layouts or catalog.layouts)[file].unit_rows[unit]

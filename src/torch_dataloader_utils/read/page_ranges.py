@@ -27,10 +27,11 @@ _MEMO: OrderedDict[tuple, tuple[Range, ...] | None] = OrderedDict()
 _MEMO_SIZE = 1024
 
 
-def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int) -> tuple[Range, ...] | None:
+def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int, read: list[str] | None) -> tuple[Range, ...] | None:
     """The row ranges of ``unit`` where ``catalog.row_filter`` may match (SOME) or matches every row
-    (ALL), in row order; None when the page index rules nothing in or out (or there is none, or
-    the reader cannot read one): the unit is then read whole."""
+    (ALL), in row order; None when the page index rules nothing in or out (or there is none, the
+    reader cannot read one, or reading it would cost more than decoding the ``read`` columns
+    could save): the unit is then read whole."""
     pages_of = getattr(reader, "column_pages", None)
     rows_filter: RowFilter = catalog.row_filter
     if pages_of is None or catalog.schema is None:
@@ -44,11 +45,13 @@ def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int) -> tuple[R
     rows = layouts[file].unit_rows[unit]
     lacking = set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns)
     try:
-        pages = pages_of(unit, [name for name in rows_filter.columns if name not in lacking])
+        pages = pages_of(unit, [name for name in rows_filter.columns if name not in lacking], read)
     except (ValueError, OSError, pa.ArrowException) as error:  # (ThriftError is a ValueError) no pruning, still exact
         log.debug("no page index pruning in %s unit %d: %s", entry.url, unit, error)
         pages = {}
-    ranges = _ranges(pages, sorted(lacking), rows, rows_filter, catalog.schema) if pages else None
+    if not pages:
+        return None  # (not kept: whether the index is worth reading depends on ``read``)
+    ranges = _ranges(pages, sorted(lacking), rows, rows_filter, catalog.schema)
     _MEMO[key] = ranges
     while len(_MEMO) > _MEMO_SIZE:
         _MEMO.popitem(last=False)
