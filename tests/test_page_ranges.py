@@ -63,6 +63,10 @@ FILTERS = {
     "nulls": pc.field("score").is_null(),
     "not-null": (pc.field("score") > 1000) & (pc.field("id") < 1600),
     "none": [("id", ">", 10**9)],
+    "not-in-nulls": [("score", "not in", [3, 4, 1000])],  # ~is_in keeps the null rows
+    "in": [("score", "in", [100, 1500, 2301])],
+    "not-equal": [("name", "!=", "n00005"), ("id", "<=", 700)],
+    "equal-or": [[("id", "==", 455)], [("score", "=", 2000)]],
 }
 
 
