@@ -8,6 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.formats import _parquet_seek, parquet
@@ -186,3 +187,13 @@ def test_resume_is_exact_with_pruned_pages(files, workers, shuffle, filters):
     reference = assert_resumes_exactly(make, epochs=1, deep_stride=8 if workers else 4, batch_key=lambda batch: tuple(batch["id"].tolist()))
     want = ALL.filter(filters)["id"].to_pylist()
     assert sorted(i for batch in reference.batches[0] for i in batch) == want
+
+
+def test_an_object_stores_files_use_their_page_index(files, s3):
+    """S3 (moto): the page indexes are fetched in one round and the results are pyarrow's."""
+    urls = s3.upload(files[True], "page-ranges")
+    filters = [("id", ">=", 130), ("id", "<", 1810), ("label", "!=", 2)]
+    page_ranges._MEMO.clear()
+    got, dataset = ids(urls, storage_options=s3.options, filters=filters, shuffle=True)
+    assert sorted(got) == ALL.filter(pq.filters_to_expression(filters))["id"].to_pylist() == sorted(ids(files[True], filters=filters)[0])
+    assert any(ranges is not None for ranges in page_ranges._MEMO.values())
