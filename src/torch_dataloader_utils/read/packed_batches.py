@@ -58,10 +58,12 @@ def pack_batches(batches: list[Any], output_format: str) -> tuple[dict[str, Join
         return key
 
     packed = []
+    schema = None  # one object for the chunk's batches: pickled once with the chunk
     for batch in batches:
         if output_format == "arrow":
             message = batch.serialize()
-            packed.append(Packed("arrow", (carry(np.frombuffer(message, dtype=np.uint8)), batch.schema)))
+            schema = schema if schema is not None and schema.equals(batch.schema, check_metadata=True) else batch.schema
+            packed.append(Packed("arrow", (carry(np.frombuffer(message, dtype=np.uint8)), schema)))
             continue
         parts: dict[str, Any] = {}
         for name, array in batch.items():
