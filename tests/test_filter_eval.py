@@ -47,3 +47,9 @@ def test_an_expression_is_evaluated_by_pyarrow():
     expression = (pc.field("id") < 10) | pc.field("ok")
     rows_filter = row_filter(expression, table.schema)
     assert rows_filter.dnf is None and matching_count(rows_filter, table) == table.filter(expression).num_rows == 20
+
+
+def test_values_the_kernels_do_not_take_are_left_to_pyarrow():
+    table = pa.Table.from_batches(TABLE)
+    as_set = row_filter([("score", "in", {1, 2})], table.schema)  # a set: not the list form read here
+    assert as_set.dnf is None and matching_count(as_set, table) == table.filter(pq.filters_to_expression([("score", "in", {1, 2})])).num_rows

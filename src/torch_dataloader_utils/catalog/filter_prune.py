@@ -72,7 +72,7 @@ def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | Non
             if not (isinstance(condition, (list, tuple)) and len(condition) == 3 and isinstance(condition[0], str)):
                 return None
             column, op, value = condition
-            if op not in DNF_OPERATORS:
+            if op not in DNF_OPERATORS or (op in ("in", "not in") and not isinstance(value, (list, tuple))):
                 return None
             conjunction.append((column, op, value))
         form.append(tuple(conjunction))

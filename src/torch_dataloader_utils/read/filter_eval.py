@@ -24,16 +24,27 @@ _SETS = ("in", "not in")  # (every op here is one filter_prune.DNF_OPERATORS nam
 
 def matching_count(rows_filter: Any, table: pa.Table) -> int:
     """The rows of ``table`` that ``rows_filter`` keeps."""
-    if rows_filter.dnf is None:
+    mask = _direct_mask(rows_filter, table)
+    if mask is None:
         return int(table.filter(rows_filter.expression).num_rows)
-    return int(pc.sum(_mask(rows_filter.dnf, table)).as_py() or 0)
+    return int(pc.sum(mask).as_py() or 0)
 
 
 def matching_rows(rows_filter: Any, table: pa.Table) -> pa.Table:
     """The rows of ``table`` that ``rows_filter`` keeps, in their order."""
+    mask = _direct_mask(rows_filter, table)
+    return table.filter(rows_filter.expression) if mask is None else table.filter(mask)
+
+
+def _direct_mask(rows_filter: Any, table: pa.Table) -> Any:
+    """The filter's mask by the kernels, or None: not in the DNF form, or a value the kernels take
+    otherwise than the expression would (pyarrow's expression engine then decides, and raises)."""
     if rows_filter.dnf is None:
-        return table.filter(rows_filter.expression)
-    return table.filter(_mask(rows_filter.dnf, table))
+        return None
+    try:
+        return _mask(rows_filter.dnf, table)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid, TypeError, ValueError):
+        return None
 
 
 def _mask(dnf: tuple, table: pa.Table) -> Any:
