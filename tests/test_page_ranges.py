@@ -197,3 +197,31 @@ def test_an_object_stores_files_use_their_page_index(files, s3):
     got, dataset = ids(urls, storage_options=s3.options, filters=filters, shuffle=True)
     assert sorted(got) == ALL.filter(pq.filters_to_expression(filters))["id"].to_pylist() == sorted(ids(files[True], filters=filters)[0])
     assert any(ranges is not None for ranges in page_ranges._MEMO.values())
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_elastic_resume_with_pruned_pages_delivers_every_matching_row_once(files, shuffle):
+    """Two ranks stopped at different batches, resumed elastically by three: every matching row once."""
+    import collections
+    import json
+
+    from torch_dataloader_utils.distributed import merge_states
+
+    config = dict(batch_size=16, split_bytes=4000, chunk_rows=32, shuffle=shuffle, filters=BETWEEN & (pc.field("label") != 2), columns=["id", "label"])
+    seen: collections.Counter = collections.Counter()
+
+    def run(rank, world, state=None, stop=None):
+        loader, dataset = StructuredDataset.create_dataloader(files[True], rank=rank, world_size=world, num_workers=0, **config)
+        if state is not None:
+            dataset.load_state_dict(json.loads(json.dumps(state)), elastic=True)
+        for index, batch in enumerate(loader):
+            if not dataset.last_batch_is_padding:
+                seen.update(batch["id"].tolist())
+            if stop is not None and index + 1 == stop:
+                break
+        return dataset.state_dict()
+
+    merged = merge_states([run(rank, 2, stop=3 + 4 * rank) for rank in range(2)])
+    for rank in range(3):
+        run(rank, 3, merged)
+    assert max(seen.values()) == 1 and sorted(seen) == ALL.filter(config["filters"])["id"].to_pylist()
