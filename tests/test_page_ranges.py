@@ -193,10 +193,11 @@ def test_an_object_stores_files_use_their_page_index(files, s3):
     """S3 (moto): the page indexes are fetched in one round and the results are pyarrow's."""
     urls = s3.upload(files[True], "page-ranges")
     filters = [("id", ">=", 130), ("id", "<", 1810), ("label", "!=", 2)]
-    page_ranges._MEMO.clear()
-    got, dataset = ids(urls, storage_options=s3.options, filters=filters, shuffle=True)
-    assert sorted(got) == ALL.filter(pq.filters_to_expression(filters))["id"].to_pylist() == sorted(ids(files[True], filters=filters)[0])
-    assert any(ranges is not None for ranges in page_ranges._MEMO.values())
+    for shuffle in (False, True):  # streamed row groups, and whole ones
+        page_ranges._MEMO.clear()
+        got, _ = ids(urls, storage_options=s3.options, filters=filters, shuffle=shuffle)
+        assert sorted(got) == ALL.filter(pq.filters_to_expression(filters))["id"].to_pylist() == sorted(ids(files[True], filters=filters)[0])
+        assert any(ranges is not None for ranges in page_ranges._MEMO.values())
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
