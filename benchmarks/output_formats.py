@@ -1,13 +1,14 @@
 """Rows per second of each output_format (and of a transform), every byte of every batch read.
 
     python benchmarks/output_formats.py [--size-gb 0.1] [--columns numeric|text] [--batch-size 1024] \
-        [--num-workers 2] [--rounds 2]
+        [--num-workers 2] [--rounds 2] [--compare-pickle]
 
 One epoch of generate.py's files per format, rounds interleaved after one warm-up epoch; the consumer reads every value of
 every batch in the main process (``consume.read_batch`` for torch and numpy numbers; every
 Python value of a list; every buffer of an Arrow batch), so a format that crosses cheaply but
 leaves work to the loop does not look faster than it is. Ratios are to output_format="torch"
-of the same round.
+of the same round. ``--compare-pickle`` adds numpy and arrow batches crossing in the workers'
+pickle instead of their shared buffers (read/packed_batches.py), in the same rounds.
 """
 
 from __future__ import annotations
@@ -87,17 +88,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data-formats"))
+    parser.add_argument("--compare-pickle", action="store_true", help="also numpy and arrow batches crossing pickled, as before packed_batches.py")
     args = parser.parse_args(argv)
+    from torch_dataloader_utils.read import chunks
+
     torch.set_num_threads(1)  # as run.py: the loop's reads on its own thread, like numpy's
     files = ensure_dataset(args.data_dir, args.files, rows_for(args.size_gb, args.files), 65536)
     columns = COLUMN_SETS[args.columns]
-    runs = [(fmt, None) for fmt in FORMATS] + [("torch", first_text_lengths)]
+    runs: list[tuple[str, Any, bool]] = [(fmt, None, True) for fmt in FORMATS] + [("torch", first_text_lengths, True)]
+    if args.compare_pickle:
+        runs += [("numpy", None, False), ("arrow", None, False)]
+    packed = chunks.PACKED_FORMATS
     seconds: dict[str, list[float]] = {}
     epoch(files, columns, "torch", args.batch_size, args.num_workers)  # warm-up: page cache, imports
     rows = 0
     for _ in range(args.rounds):
-        for fmt, transform in runs:
-            name = fmt if transform is None else f"{fmt} + transform"
+        for fmt, transform, shared in runs:
+            name = (fmt if transform is None else f"{fmt} + transform") + ("" if shared else " (pickled)")
+            chunks.PACKED_FORMATS = packed if shared else ()  # (read when a worker packs a chunk: forked workers see it)
             took, rows = epoch(files, columns, fmt, args.batch_size, args.num_workers, transform)
             seconds.setdefault(name, []).append(took)
     base = float(np.median(seconds["torch"]))

@@ -81,3 +81,20 @@ def test_skip_keeps_the_batches_of_a_whole_first_chunk(tmp_path, workers):
     make = lambda: StructuredDataset.create_dataloader(root, num_workers=workers, **config)  # noqa: E731
     full = assert_resumes_exactly(make, epochs=1, batch_key=lambda batch: batch["id"].tolist()).batches[0]
     assert full == reference
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_also_covers_the_count_of_filtered_rows(tmp_path, workers, caplog):
+    """A file that cannot be read when filters= counts its rows at planning: "raise" names it; "skip"
+    plans it with its rows, the readers leave them out and report the file as any unreadable split."""
+    write_dataset(tmp_path, LAYOUT)
+    lost = os.path.join(str(tmp_path), "part-00002.parquet")
+    corrupt_data_pages(lost)
+    filters = [("label", "!=", 1)]
+    with pytest.raises(DataReadError, match=rf"cannot count the rows of {lost}"):
+        StructuredDataset(str(tmp_path), filters=filters, **CONFIG)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), num_workers=workers, on_error="skip", filters=filters, **CONFIG)
+    assert f"cannot count the rows of {lost}" in caplog.text
+    got = sorted(i for batch in loader for i in batch_key(batch))
+    assert got == [i for i in range(140) if i % 7 != 1 and not 70 <= i < 115]  # label = id % 7; part-00002 holds 70..114
+    assert dataset.skipped_splits and {split.path for split, _ in dataset.skipped_splits} == {lost}

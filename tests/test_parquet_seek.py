@@ -213,7 +213,7 @@ def test_the_footer_cost_charges_one_row_group_decoded_and_the_others_skipped(tm
     size = footer.serialized_size
     monkeypatch.setattr(parquet_seek, "THRIFT_BYTE_COST", 100)
     monkeypatch.setattr(parquet_seek, "THRIFT_SKIP_BYTE_COST", 10)
-    assert parquet_seek._footer_cost(footer) == size * 10 + size // 10 * 100
+    assert parquet_seek.footer_cost(footer) == size * 10 + size // 10 * 100
 
 
 def _shift_page_30(locations: list[Struct]) -> None:

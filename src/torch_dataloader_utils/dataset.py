@@ -127,7 +127,7 @@ class StructuredDataset(IterableDataset):
         self._selected: list[nested.BatchColumn] = []
         self._epoch_rows = check_mixture_arguments(path, epoch_rows, filters, canonical_lanes)
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
-        catalog = filter_catalog(stored, filters, io) if filters is not None else stored
+        catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
         book = self._use_catalog(catalog)
         flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
         read_columns = self.columns if flat else nested.top_columns(self._selected)

@@ -37,6 +37,7 @@ class RowFilter:
     expression: pc.Expression
     columns: tuple[str, ...]
     digest: str
+    dnf: Any = None  # the DNF list form it was given in (read/filter_eval.py evaluates it directly), else None
 
     @property
     def text(self) -> str:
@@ -51,7 +52,31 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
     digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
-    return RowFilter(expression, columns, digest)
+    return RowFilter(expression, columns, digest, dnf_form(filters))
+
+
+#: the operators of pyarrow's DNF list form (pyarrow.parquet.filters_to_expression)
+DNF_OPERATORS = ("=", "==", "!=", "<", ">", "<=", ">=", "in", "not in")
+
+
+def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | None:
+    """``filters`` as conjunctions of (column, op, value) on top-level columns, any one of which
+    must hold; None when it is not in that form (an Expression) or uses anything else."""
+    if not isinstance(filters, (list, tuple)) or not filters:
+        return None
+    groups = filters if all(isinstance(item, (list, tuple)) and item and isinstance(item[0], (list, tuple)) for item in filters) else [filters]
+    form = []
+    for group in groups:
+        conjunction = []
+        for condition in group:
+            if not (isinstance(condition, (list, tuple)) and len(condition) == 3 and isinstance(condition[0], str)):
+                return None
+            column, op, value = condition
+            if op not in DNF_OPERATORS or (op in ("in", "not in") and not isinstance(value, (list, tuple))):
+                return None
+            conjunction.append((column, op, value))
+        form.append(tuple(conjunction))
+    return tuple(form)
 
 
 def _expression(filters: Any) -> pc.Expression:
@@ -151,13 +176,13 @@ def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], un
             continue
         nulls = stats.null_count if stats.has_null_count else None
         bounds = (stats.min, stats.max) if stats.has_min_max else None
-        term = _term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
+        term = column_term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
         if term is not None:
             terms.append(term)
     return _all(terms)
 
 
-def _term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
+def column_term(name: str, bounds: tuple[Any, Any] | None, kind: pa.DataType, target: pa.DataType, nulls: int | None, rows: int) -> pc.Expression | None:
     """What every row satisfies in one column with values in ``bounds`` (of type ``kind``, read as
     ``target``) and ``nulls`` null values (None: unknown) of ``rows``; None: nothing known."""
     field = pc.field(name)
@@ -186,7 +211,7 @@ def _orc_guarantee(stripe: dict[str, Any], schema: pa.Schema, columns: Sequence[
             continue
         nulls = None if stats.values is None or stats.has_null is None else rows - stats.values
         bounds = None if stats.minimum is None else (stats.minimum, stats.maximum)
-        term = _term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
+        term = column_term(name, bounds, schema.field(name).type, unified.field(name).type, nulls, rows)
         if term is not None:
             terms.append(term)
     return _all(terms)
@@ -230,10 +255,8 @@ def may_match(
     matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
     SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
     unit_counts = [len(rows) for rows in unit_rows]
-    fragments: list[Any] = []
+    guarantees_of: list[pc.Expression] = []
     where: list[tuple[int, int]] = []
-    file_format = ds.ParquetFileFormat()
-    nowhere = pafs.LocalFileSystem()
     result = [[SOME] * count for count in unit_counts]
     for file, (footer, count) in enumerate(zip(footers, unit_counts)):
         lacking = missing[file] if missing else ()
@@ -244,14 +267,24 @@ def may_match(
             guarantees = [_orc_guarantee(orc[file][unit], unified, rows_filter.columns, unified, lacking, unit_rows[file][unit]) for unit in range(count)]
         else:
             continue
-        for unit, guarantee in enumerate(guarantees):
-            # a fragment is only a holder of its guarantee here: nothing is opened at its path
-            fragments.append(file_format.make_fragment(f"unit/{len(where)}", nowhere, partition_expression=guarantee))
-            where.append((file, unit))
-    if fragments:
-        dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
-        some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
-        other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
-        for index, (file, unit) in enumerate(where):
-            result[file][unit] = NONE if index not in some else SOME if index in other else ALL
+        guarantees_of.extend(guarantees)
+        where.extend((file, unit) for unit in range(count))
+    for index, state in enumerate(classify(rows_filter, guarantees_of, unified)):
+        file, unit = where[index]
+        result[file][unit] = state
     return result
+
+
+def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unified: pa.Schema) -> list[int]:
+    """NONE, SOME or ALL for each guarantee (what every row of some rows satisfies): whether the
+    filter cannot hold, may hold, or must hold (its negation cannot) under it."""
+    if not guarantees:
+        return []
+    file_format = ds.ParquetFileFormat()
+    nowhere = pafs.LocalFileSystem()
+    # a fragment is only a holder of its guarantee here: nothing is opened at its path
+    fragments = [file_format.make_fragment(f"unit/{index}", nowhere, partition_expression=g) for index, g in enumerate(guarantees)]
+    dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
+    some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
+    other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+    return [NONE if index not in some else SOME if index in other else ALL for index in range(len(guarantees))]

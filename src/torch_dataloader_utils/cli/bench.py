@@ -22,6 +22,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         config["columns"] = [c.strip() for c in args.columns.split(",") if c.strip()]
     if args.chunk_rows:
         config["chunk_rows"] = args.chunk_rows
+    if args.filters is not None:
+        config["filters"] = args.filters
     started = time.perf_counter()
     loader, dataset = StructuredDataset.create_dataloader(list(args.path), **config)
     constructed = time.perf_counter() - started

@@ -180,6 +180,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     if state.get(CANONICAL_LANES) is not None:  # (a damaged value is named by the dataset's check)
         options["canonical_lanes"] = state[CANONICAL_LANES]
     options.update(format=args.format, storage_options=storage_options(args))
+    if args.filters is not None:
+        options["filters"] = args.filters
     try:
         dataset = _dataset_for_state(list(path), **options)
     except (TypeError, ValueError) as error:

@@ -59,3 +59,50 @@ def storage_option(text: str) -> tuple[str, Any]:
 def storage_options(args: argparse.Namespace) -> dict | None:
     """The repeated ``--storage-option`` values as the library's ``storage_options``."""
     return dict(args.storage_option) if args.storage_option else None
+
+
+_OPERATORS = ("not in", "in", "==", "!=", "<=", ">=", "=", "<", ">")
+
+
+def parse_filters(text: str) -> list:
+    """An argparse type: ``--filters`` as pyarrow's DNF list form. JSON (``[["label", "<", 10]]``,
+    or a list of such lists: any one holds), or ``"COL OP VALUE"`` conditions joined by `` and ``
+    (``"label < 10 and name = abc"``; OP one of = == != < <= > >= in, not in; VALUE JSON where it
+    parses (``[1, 2]``, ``3``, ``"3"``), else the text)."""
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            value = json.loads(stripped)
+        except json.JSONDecodeError as error:
+            raise argparse.ArgumentTypeError(f"--filters is not valid JSON: {error} (example: '[[\"label\", \"<\", 10]]')") from None
+        return _dnf(value, text)
+    conditions = [part.strip() for part in stripped.split(" and ")]
+    return [_condition(part, text) for part in conditions]
+
+
+def _dnf(value: Any, text: str) -> list:
+    def condition(item: Any) -> tuple:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[1], str)):
+            raise argparse.ArgumentTypeError(f"--filters {text!r}: each condition is [column, op, value], got {json.dumps(item)}")
+        return (item[0], item[1], item[2])
+
+    if not isinstance(value, list) or not value:
+        raise argparse.ArgumentTypeError(f"--filters {text!r}: expected a non-empty list of [column, op, value] conditions")
+    if all(isinstance(item, list) and item and isinstance(item[0], list) for item in value):
+        return [[condition(item) for item in group] for group in value]  # any one group holds
+    return [condition(item) for item in value]
+
+
+def _condition(part: str, text: str) -> tuple:
+    for op in _OPERATORS:
+        column, sep, value = part.partition(f" {op} ")
+        if sep and column.strip():
+            try:
+                parsed = json.loads(value.strip())
+            except json.JSONDecodeError:
+                parsed = value.strip()
+            return (column.strip(), op, parsed)
+    raise argparse.ArgumentTypeError(
+        f"--filters {text!r}: {part!r} is not 'COLUMN OP VALUE' with OP one of {', '.join(_OPERATORS)} (spaces around OP), "
+        "nor JSON such as '[[\"label\", \"<\", 10]]'"
+    )

@@ -12,14 +12,18 @@ from ..plan.splits import MAX_SEED_WORD
 from .bench import cmd_bench
 from .demo import cmd_demo
 from .inspect import cmd_inspect
-from .options import int_at_least, non_negative_int, parse_size, positive_int, storage_option
+from .options import int_at_least, non_negative_int, parse_filters, parse_size, positive_int, storage_option
 from .plan import cmd_plan
 from .rows import cmd_rows, parse_rows
 
 
-def _add_data_options(parser: argparse.ArgumentParser, split_bytes: bool = True) -> None:
+def _add_data_options(parser: argparse.ArgumentParser, split_bytes: bool = True, filters: bool = True) -> None:
     parser.add_argument("--format", choices=[*FORMATS, *ALIASES], default=None,
                         help="file format (default: inferred from the file extensions)")
+    if filters:
+        parser.add_argument("--filters", type=parse_filters, default=None, metavar="FILTER",
+                            help="only the rows that match, as filters= (e.g. 'label < 10 and name = abc', "
+                                 "or DNF JSON '[[[\"a\", \"=\", 1]], [[\"b\", \"in\", [2, 3]]]]')")
     if split_bytes:
         parser.add_argument("--split-bytes", type=parse_size, default=128 * 1024 * 1024, metavar="SIZE",
                             help="largest split, compressed (e.g. 64MiB; default 128MiB)")
@@ -101,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     rows.add_argument("--width", type=non_negative_int, default=80, metavar="N", help="cut longer text to N characters (0: never; default 80)")
     rows.add_argument("--limit", type=positive_int, default=1000, metavar="N", help="refuse a range of more rows (default 1000)")
     rows.add_argument("--json", action="store_true", help="machine-readable output (text never cut)")
-    _add_data_options(rows, split_bytes=False)
+    _add_data_options(rows, split_bytes=False, filters=False)
     rows.set_defaults(run=cmd_rows)
 
     demo = commands.add_parser("demo", parents=[common], help="train, checkpoint, crash, resume, and check every row was seen once",
@@ -125,6 +129,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo" and not 0 < args.checkpoint_at < 1:
         parser.error("demo --checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
+    if args.command == "plan" and args.filters is not None and (args.rows_per_epoch or args.weight or args.epoch_rows):
+        parser.error("plan --filters applies to one dataset, not a mixture (--rows-per-epoch, --weight, --epoch-rows)")
     if args.command == "bench" and not (math.isfinite(args.seconds) and args.seconds > 0):
         parser.error(f"bench --seconds must be a positive number of seconds, got {args.seconds}")
     return args

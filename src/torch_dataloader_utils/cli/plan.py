@@ -156,6 +156,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan = mixture_plan(args, compute_plan)
     else:
         catalog = build_catalog(args.path, args.format, storage_options(args), args.split_bytes)
+        if args.filters is not None:
+            from ..read.filtering import filter_catalog
+
+            catalog = filter_catalog(catalog, args.filters)
         plan = compute_plan(
             catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize
         )

@@ -61,6 +61,7 @@ __all__ = [
     "decode_batch_rows",
     "decode_struct",
     "footer_bytes",
+    "footer_cost",
     "footer_struct",
     "iter_from_row",
     "leaf_columns",
@@ -93,10 +94,10 @@ def worth_seeking(footer: pq.FileMetaData, unit: int, columns: list[str] | None,
     group = footer.row_group(unit)
     chunks = [group.column(leaf) for leaf in leaves.values()]
     before_row = sum(chunk.total_compressed_size for chunk in chunks) * row // max(1, group.num_rows)
-    return _footer_cost(footer) <= before_row and all(chunk.has_offset_index for chunk in chunks)
+    return footer_cost(footer) <= before_row and all(chunk.has_offset_index for chunk in chunks)
 
 
-def _footer_cost(footer: pq.FileMetaData) -> int:
+def footer_cost(footer: pq.FileMetaData) -> int:
     """``footer_struct``'s cost, in column bytes: one row group decoded, the others skipped."""
     size = footer.serialized_size
     return size * THRIFT_SKIP_BYTE_COST + size // max(1, footer.num_row_groups) * THRIFT_BYTE_COST

@@ -16,6 +16,7 @@ from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
 from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
+from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
@@ -81,6 +82,14 @@ class _ParquetReader:
                 table = pa.Table.from_batches([batch])
                 yield table if row - batch.num_rows >= first_row else table.slice(first_row - (row - batch.num_rows))
 
+    def seek_from(self, unit: int, columns: list[str] | None, batch_rows: int, row: int, skipped: int) -> Iterator[pa.Table] | None:
+        """Rows ``row``.. decoded from the pages holding ``row``, when seeking there is worth more
+        than decoding the ``skipped`` rows before it (estimated as for a read from row
+        ``skipped``); else None, and the caller decodes on through them."""
+        if not worth_seeking(self._footer, unit, columns, skipped):
+            return None
+        return self._seek(unit, columns, batch_rows, row)
+
     def _wants_seek(self, unit: int, columns: list[str] | None, first_row: int) -> bool:
         return first_row > 0 and worth_seeking(self._footer, unit, columns, first_row)
 
@@ -95,6 +104,15 @@ class _ParquetReader:
             # any damage that matters to the rows read
             log.debug("decoding row group %d from its first row, not seeking to row %d: %s", unit, first_row, error)
             return None
+
+    def column_pages(self, unit: int, names: list[str], read: list[str] | None = None) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
+        """The page index of the columns ``names`` (those that have one) in row group ``unit``:
+        each page's rows and bounds, for pruning pages by a row filter (read/page_ranges.py);
+        none where reading it costs more than decoding the ``read`` columns (None: all) could
+        save, or from a file that cannot be read at an offset (an fsspec file: nor can it seek)."""
+        if not hasattr(self._source, "read_at") or not worth_reading(self._footer, unit, names, read):
+            return {}
+        return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names)
 
     def _footer_thrift(self, unit: int) -> Struct:
         thrift = self._thrift.get(unit)
@@ -167,6 +185,25 @@ class _RemoteParquetReader(_ParquetReader):
             else:
                 fetch(chunks)
             yield from self._batches_from(unit, columns, batch_rows, first_row)
+        finally:
+            self._source.forget(fetched)
+
+    def seek_from(self, unit: int, columns: list[str] | None, batch_rows: int, row: int, skipped: int) -> Iterator[pa.Table] | None:
+        """None: the row group's chunks are fetched whole (``iter_unit``) and decoded on."""
+        return None
+
+    def column_pages(self, unit: int, names: list[str], read: list[str] | None = None) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
+        """As a local file's, with the columns' page indexes fetched first in one round."""
+        if not worth_reading(self._footer, unit, names, read):
+            return {}
+        try:
+            thrift = self._footer_thrift(unit)
+        except ThriftError:
+            return {}
+        wanted = [(start, start + length) for start, length in index_locations(thrift, self._footer, unit, names)]
+        fetched = self._source.fetch(coalesce(wanted))
+        try:
+            return super().column_pages(unit, names, read)
         finally:
             self._source.forget(fetched)
 

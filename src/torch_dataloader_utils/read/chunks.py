@@ -21,6 +21,7 @@ from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .nested import BatchColumn, flatten
 from .nulls import DEFAULT_POLICY, ColumnPolicy
 from .output_formats import BatchOutput, batch_bounds, prepare_batches
+from .packed_batches import PACKED_FORMATS, Packed, pack_batches, unpack
 from .reader import StreamReader
 from .slicing import BatchSlicer
 
@@ -54,6 +55,10 @@ class Chunk:
         columns = {name: replace_leaves(value, torch.Tensor, torch.Tensor.pin_memory) for name, value in self.columns.items()}
         return Chunk(self.lane, self.start, self.stop, columns, self.present, self.skipped, prepared=self.prepared)
 
+    def _prepared(self, index: int) -> Any:
+        batch = self.prepared[index]  # type: ignore[index]
+        return unpack(batch, self.columns) if isinstance(batch, Packed) else batch
+
     def batches(self, size: int, where: Where | None = None) -> Iterator[tuple[dict[str, Any], int]]:
         """(batch, lane row after it); the last batch also passes any skipped rows at the end.
         ``where`` describes the chunk's rows for an error message."""
@@ -64,7 +69,7 @@ class Chunk:
                 end = self.stop
             else:
                 end = self.start + (stop if self.present is None else int(self.present[stop - 1]) + 1)
-            yield (slicer.batch(index, stop - offset) if slicer is not None else self.prepared[index]), end  # type: ignore[index]
+            yield (slicer.batch(index, stop - offset) if slicer is not None else self._prepared(index)), end
 
 
 #: a chunk of more Arrow chunks than this, averaging fewer rows than SMALL_PIECE_ROWS, is combined first
@@ -139,8 +144,12 @@ class ChunkReader:
         table = table if self.selected is None else flatten(table, self.selected)
         if self.output is not None and self.output.prepared:
             batch_of = lambda start, stop: self._describe_batch(task, rows.present, start, stop)  # noqa: E731 - for an error message
-            prepared = prepare_batches(table, self.output, where, in_main, batch_of)
-            return Chunk(task.lane, task.start, task.stop, {}, rows.present, rows.skipped, prepared=prepared)
+            shared = joined and self.output.transform is None and self.output.format in PACKED_FORMATS
+            prepared = prepare_batches(table, self.output, where, in_main or shared, batch_of)
+            carried: dict[str, Any] = {}
+            if shared:  # the batches' bytes travel in the worker's shared buffers (packed_batches.py)
+                carried, prepared = pack_batches(prepared, self.output.format)
+            return Chunk(task.lane, task.start, task.stop, carried, rows.present, rows.skipped, prepared=prepared)
         if joined:
             columns = table_to_joined(table, where, self.policy)
         else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway

@@ -126,6 +126,59 @@ def iter_conformed(
         raise _miscount(reader, unit, plan.wanted, str(seen), plan.rows)
 
 
+class UnitRows:
+    """Row ranges of one unit, in increasing order, conformed: ``take(start, stop)`` yields the
+    rows [start, stop) in tables of about ``batch_rows`` rows. The unit is decoded in one stream
+    from the first range's start (seeking there where the reader can), and the rows between
+    ranges are decoded and dropped unless the reader can seek past them (``seek_from``); nothing
+    after the last range taken is decoded but the rest of its batch, so the unit's row count is
+    not checked."""
+
+    def __init__(self, reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, batch_rows: int) -> None:
+        self._reader, self._unit, self._batch_rows = reader, unit, batch_rows
+        self._plan = _unit_read(unit, columns, catalog, file)
+        self._batches: Iterator[pa.Table] | None = None
+        self._held: pa.Table | None = None  # decoded rows from ``_row`` on, not yet taken
+        self._row = 0
+
+    def take(self, start: int, stop: int) -> Iterator[pa.Table]:
+        plan = self._plan
+        if plan.nulls is not None:
+            yield plan.nulls.slice(start, stop - start)
+            return
+        self._start_at(start, stop)
+        while self._row < stop:
+            table = self._held if self._held is not None else next(self._batches, None)  # type: ignore[arg-type]
+            self._held = None
+            if table is None:
+                raise _changed(self._unit, f"{self._row} (fewer than {stop})", plan.rows)
+            if self._row + table.num_rows <= start:
+                self._row += table.num_rows
+                continue
+            if self._row < start:
+                table, self._row = table.slice(start - self._row), start
+            if self._row + table.num_rows > stop:
+                table, self._held = table.slice(0, stop - self._row), table.slice(stop - self._row)
+            self._row += table.num_rows
+            _check_columns_read(table, plan.wanted, self._unit)
+            yield table if plan.target is None else conform(table, plan.target)
+
+    def _decode_rows(self, start: int, stop: int) -> int:
+        """Rows per decoded batch of a stream that starts at ``start`` for a range to ``stop``:
+        the reader decodes whole batches, so the first one does not reach past the range (which
+        may be followed by rows to skip)."""
+        return max(1, min(self._batch_rows, stop - start))
+
+    def _start_at(self, start: int, stop: int) -> None:
+        if self._batches is None:
+            self._batches, self._row = self._reader.iter_unit(self._unit, self._plan.wanted, self._decode_rows(start, stop), start), start
+        elif start > self._row + (self._held.num_rows if self._held is not None else 0):
+            seek = getattr(self._reader, "seek_from", None)
+            jumped = seek(self._unit, self._plan.wanted, self._decode_rows(start, stop), start, start - self._row) if seek is not None else None
+            if jumped is not None:
+                self._batches, self._row, self._held = jumped, start, None
+
+
 def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> pa.Table:
     """Read one unit of ``catalog`` file ``file`` and conform it to the unified schema (projected).
 

@@ -9,6 +9,12 @@ wholly match the filter (catalog/filter_prune.py: Parquet row groups and ORC str
 filter's columns, keeps the matching rows and slices them by their index among the matching
 rows; a resume inside a unit decodes it from its start and skips that many matching rows.
 
+Where a Parquet row group has a page index, the filter's columns' page bounds narrow both the
+count and the reads to the row ranges whose pages may match (read/page_ranges.py): the pages
+between them are not decoded (a range that starts inside the row group is read from the pages
+holding its first row, as a resume seeks), and a range where every row matches is counted by its
+length and skipped by it on resume.
+
 The count and the reader apply the filter to the same conformed columns (conform.py), so they
 agree row for row; a unit whose count differs when read raises FileChangedError.
 """
@@ -33,7 +39,9 @@ from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
-from .conform import iter_conformed, read_conformed
+from .conform import UnitRows, iter_conformed, read_conformed
+from .filter_eval import matching_count, matching_rows
+from .page_ranges import Range, candidate_ranges, range_rows
 
 log = logging.getLogger(__name__)
 _COUNT_THREADS = 8
@@ -41,8 +49,9 @@ _COUNTS_DIR = "filter_counts"  # under cache_dir (the range cache sweeps only it
 _MEMO: dict[str, tuple[int, ...]] = {}  # count key -> matching rows per unit, for this process
 
 
-def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) -> Catalog:
-    """``catalog`` planned over the rows ``filters`` matches: pruned by statistics, then counted."""
+def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None, skip_errors: bool = False) -> Catalog:
+    """``catalog`` planned over the rows ``filters`` matches: pruned by statistics, then counted
+    (``skip_errors``: on_error="skip", see ``count_matching``)."""
     rows_filter = row_filter(filters, catalog.schema)
     assert catalog.schema is not None  # row_filter refuses a catalog without columns
     check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
@@ -51,7 +60,7 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
     footers = [catalog.footer(index) for index in range(len(catalog.files))]
     matching = may_match(rows_filter, footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
     source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
-    counts = count_matching(source, matching, io.cache_dir if io is not None else None)
+    counts = count_matching(source, matching, io.cache_dir if io is not None else None, skip_errors)
     filtered = [
         FileLayout(layout.path, layout.size, tuple(rows), tuple(size if n else 0 for size, n in zip(layout.unit_bytes, rows)))
         for layout, rows in zip(layouts, counts)
@@ -63,51 +72,83 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None) 
 
 
 # ------------------------------------------------------------------ counting at planning
-def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None) -> list[tuple[int, ...]]:
+def count_matching(catalog: Catalog, matching: Sequence[Sequence[int]], cache_dir: str | None = None, skip_errors: bool = False) -> list[tuple[int, ...]]:
     """Per file, per unit: the rows ``catalog.row_filter`` matches; read only where ``matching``
-    (filter_prune.may_match) says SOME."""
+    (filter_prune.may_match) says SOME. ``skip_errors`` (on_error="skip"): a unit that cannot be
+    counted is planned with all its rows, uncached; its reads then fail or miscount, and the
+    readers leave it out and report it as any unreadable split (a warning names it here too)."""
     keys = [_count_key(catalog, file) for file in range(len(catalog.files))]
     results: list[tuple[int, ...] | None] = [_MEMO.get(key) or _load(cache_dir, key, len(units)) for key, units in zip(keys, matching)]
     todo = [file for file, found in enumerate(results) if found is None]
+    uncounted = set()
 
-    def count(file: int) -> tuple[int, ...]:
-        return _count_file(catalog, file, matching[file])
+    def count(file: int) -> tuple[tuple[int, ...], bool]:
+        return _count_file(catalog, file, matching[file], skip_errors)
 
     if todo:
         with ThreadPoolExecutor(max_workers=min(_COUNT_THREADS, len(todo))) as pool:
-            for file, counted in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
+            for file, (counted, complete) in zip(todo, progress(pool.map(count, todo), len(todo), "counting rows that match filters")):
                 results[file] = counted
-                _store(cache_dir, keys[file], counted)
+                if complete:
+                    _store(cache_dir, keys[file], counted)
+                else:
+                    uncounted.add(file)
     done = [counts for counts in results if counts is not None]
     assert len(done) == len(results), "every file was counted"
-    _MEMO.update(zip(keys, done))
+    _MEMO.update((key, counts) for file, (key, counts) in enumerate(zip(keys, done)) if file not in uncounted)
     return done
 
 
-def _count_file(catalog: Catalog, file: int, units: Sequence[int]) -> tuple[int, ...]:
-    """Matching rows per unit of one file; ``units``: what statistics say of each (filter_prune)."""
+def _count_file(catalog: Catalog, file: int, units: Sequence[int], skip_errors: bool = False) -> tuple[tuple[int, ...], bool]:
+    """Matching rows per unit of one file, and whether every unit was counted; ``units``: what
+    statistics say of each (filter_prune)."""
     rows = catalog.source_layouts[file].unit_rows if catalog.source_layouts is not None else catalog.layouts[file].unit_rows
+    counts = [rows[unit] if known == ALL else 0 for unit, known in enumerate(units)]
     if SOME not in units:
-        return tuple(rows[unit] if known == ALL else 0 for unit, known in enumerate(units))
-    rows_filter: RowFilter = catalog.row_filter
+        return tuple(counts), True
     entry = catalog.files[file]
     source = _Source(catalog)
-    counts = []
-    unit = 0
-    try:
-        reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footer(file), False)
-        for unit, known in enumerate(units):
-            if known != SOME:
-                counts.append(rows[unit] if known == ALL else 0)
-                continue
-            table = read_conformed(reader, unit, list(rows_filter.columns), source, file)
-            counts.append(table.filter(rows_filter.expression).num_rows)
-    except Exception as error:  # noqa: BLE001 - re-raised naming the file
-        if isinstance(error, (RemoteReadError, DataReadError)):
-            raise
-        detail = " ".join(str(error).split()).rstrip(".")
-        raise DataReadError(f"cannot count the rows of {entry.url} (unit {unit}) that match filters={rows_filter.text}: {detail}") from error
-    return tuple(counts)
+    reader: Any = None
+    complete = True
+    for unit, known in enumerate(units):
+        if known != SOME:
+            continue
+        try:
+            if reader is None:
+                reader = catalog.format.open(catalog.fs, entry.fs_path, catalog.footer(file), False)
+            counts[unit] = _count_unit(reader, unit, catalog, file, source)
+        except Exception as error:  # noqa: BLE001 - re-raised naming the file
+            failure = _count_error(catalog, file, unit, error)
+            if not skip_errors:
+                raise failure from error
+            log.warning("on_error='skip': %s; planned with its %d rows, which the readers leave out when they cannot read them", failure, rows[unit])
+            counts[unit], complete = rows[unit], False
+    return tuple(counts), complete
+
+
+def _count_error(catalog: Catalog, file: int, unit: int, error: Exception) -> Exception:
+    if isinstance(error, (RemoteReadError, DataReadError)):
+        return error
+    detail = " ".join(str(error).split()).rstrip(".")
+    return DataReadError(f"cannot count the rows of {catalog.files[file].url} (unit {unit}) that match filters={catalog.row_filter.text}: {detail}")
+
+
+def _count_unit(reader: Any, unit: int, catalog: Catalog, file: int, source: _Source) -> int:
+    """The unit's matching rows: of its pages the page index leaves (read/page_ranges.py) where
+    there is one, else of the whole unit, reading only the filter's columns."""
+    rows_filter: RowFilter = catalog.row_filter
+    columns = list(rows_filter.columns)
+    ranges = candidate_ranges(reader, unit, catalog, file, columns)
+    if ranges is None:
+        return matching_count(rows_filter, read_conformed(reader, unit, columns, source, file))
+    count = range_rows(tuple(r for r in ranges if r[2] == ALL))
+    some = [(start, stop) for start, stop, state in ranges if state == SOME]
+    if some:
+        rows = UnitRows(reader, unit, columns, source, file, max(stop - start for start, stop in some))
+        for start, stop in some:
+            for table in rows.take(start, stop):
+                count += matching_count(rows_filter, table)
+    return count
 
 
 def _count_key(catalog: Catalog, file: int) -> str:
@@ -179,8 +220,12 @@ def _changed(unit: int, seen: int, planned: int) -> FileChangedError:
 def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int) -> pa.Table:
     """The unit's rows that match ``catalog.row_filter``, projected to ``columns`` and conformed."""
     rows_filter: RowFilter = catalog.row_filter
+    ranges = _pruning(reader, unit, catalog, file, _with_filter_columns(columns, rows_filter))
+    if ranges is not None:
+        tables = list(iter_filtered(reader, unit, columns, catalog, file, max(1, range_rows(ranges))))
+        return pa.concat_tables(tables) if len(tables) != 1 else tables[0]
     table = read_conformed(reader, unit, _with_filter_columns(columns, rows_filter), _Source(catalog), file)
-    kept = table.filter(rows_filter.expression)
+    kept = matching_rows(rows_filter, table)
     planned = catalog.layouts[file].unit_rows[unit]
     if kept.num_rows != planned:
         raise _changed(unit, kept.num_rows, planned)
@@ -190,20 +235,40 @@ def read_filtered(reader: Any, unit: int, columns: Sequence[str] | None, catalog
 def iter_filtered(
     reader: Any, unit: int, columns: Sequence[str] | None, catalog: Catalog, file: int, batch_rows: int, first_row: int = 0
 ) -> Iterator[pa.Table]:
-    """``read_filtered``'s rows from matching row ``first_row`` on, decoded batch by batch (the unit
-    is decoded from its start: a matching row's place in the file is known only by counting)."""
+    """``read_filtered``'s rows from matching row ``first_row`` on, decoded batch by batch (from the
+    unit's start, or its first candidate range's: a matching row's place in the file is known
+    only by counting)."""
     rows_filter: RowFilter = catalog.row_filter
     wanted = _with_filter_columns(columns, rows_filter)
+    ranges = _pruning(reader, unit, catalog, file, wanted)
+    source = _Source(catalog)
     skip, seen = first_row, 0
-    for table in iter_conformed(reader, unit, wanted, _Source(catalog), file, batch_rows):
-        kept = table.filter(rows_filter.expression)
-        seen += kept.num_rows
-        if skip >= kept.num_rows:
-            skip -= kept.num_rows
-            continue
-        if skip:
-            kept, skip = kept.slice(skip), 0
-        yield _projected(kept, columns)
+    rows = None if ranges is None else UnitRows(reader, unit, wanted, source, file, batch_rows)
+    for start, stop, state in ranges if ranges is not None else [(0, 0, SOME)]:
+        if state == ALL:  # every row matches: the matching rows to skip are rows, skipped undecoded
+            jump = min(skip, stop - start)
+            start, skip, seen = start + jump, skip - jump, seen + jump
+            if start == stop:
+                continue
+        batches = iter_conformed(reader, unit, wanted, source, file, batch_rows) if rows is None else rows.take(start, stop)
+        for table in batches:
+            kept = matching_rows(rows_filter, table)
+            seen += kept.num_rows
+            if skip >= kept.num_rows:
+                skip -= kept.num_rows
+                continue
+            if skip:
+                kept, skip = kept.slice(skip), 0
+            yield _projected(kept, columns)
     planned = catalog.layouts[file].unit_rows[unit]
     if seen != planned:
         raise _changed(unit, seen, planned)
+
+
+def _pruning(reader: Any, unit: int, catalog: Catalog, file: int, columns: list[str] | None) -> tuple[Range, ...] | None:
+    """The unit's candidate row ranges when its page index leaves some rows unread, else None."""
+    ranges = candidate_ranges(reader, unit, catalog, file, columns)
+    if ranges is None:
+        return None
+    unit_rows = (catalog.source_layouts or catalog.layouts)[file].unit_rows[unit]
+    return ranges if 0 < range_rows(ranges) < unit_rows else None

@@ -11,9 +11,10 @@
 - ``"dict"``: a dict of Python lists (``RecordBatch.to_pydict()``).
 
 A chunk in any of these forms (or with a transform) is sliced into batches where it is read,
-in the DataLoader worker, so that the transform runs there; the batches then cross to the main
-process in the worker's pickle (numpy arrays and Arrow buffers as whole buffers, no Python
-object per row except where a column is one).
+in the DataLoader worker, so that the transform runs there. numpy and Arrow batches without a
+transform then cross to the main process in the worker's shared buffers (packed_batches.py), as
+torch chunks do; the others in the worker's pickle (no Python object per row except where a
+column or the transform's result is one).
 """
 
 from __future__ import annotations

@@ -1,0 +1,65 @@
+"""tdu's --filters: the simple and the JSON syntax, and plan, bench and inspect with a filter."""
+
+import argparse
+import json
+
+import pytest
+from datagen import write_dataset
+
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.cli import main
+from torch_dataloader_utils.cli.options import parse_filters
+
+LAYOUT = [[40, 25], [30], [17, 18]]  # ids 0..129, label = id % 7
+MATCHING = sum(1 for i in range(130) if i % 7 < 3)
+
+
+@pytest.fixture()
+def data(tmp_path):
+    write_dataset(tmp_path / "data", LAYOUT)
+    return str(tmp_path / "data")
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("text", "dnf"),
+    [
+        ("label < 3", [("label", "<", 3)]),
+        ("label in [1, 2] and text != row-5", [("label", "in", [1, 2]), ("text", "!=", "row-5")]),
+        ("name not in [\"a\"] and x >= 0.5", [("name", "not in", ["a"]), ("x", ">=", 0.5)]),
+        ('[["label", "=", 1]]', [("label", "=", 1)]),
+        ('[[["id", "<", 5]], [["label", "in", [6]], ["id", ">", 150]]]', [[("id", "<", 5)], [("label", "in", [6]), ("id", ">", 150)]]),
+    ],
+)
+def test_filters_syntax(text, dnf):
+    assert parse_filters(text) == dnf
+
+
+@pytest.mark.parametrize("text", ["label", "label <3", "[1, 2]", "[[\"a\", \"=\"]]", "[oops"])
+def test_bad_filters_say_what_is_expected(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="--filters"):
+        parse_filters(text)
+
+
+def test_plan_and_bench_count_the_matching_rows(capsys, data):
+    code, out, _ = run(capsys, "plan", data, "--num-workers", 2, "--batch-size", 8, "--filters", "label < 3", "--json")
+    assert code == 0 and json.loads(out)["rows"] == MATCHING
+    code, out, _ = run(capsys, "bench", data, "--num-workers", 0, "--batch-size", 8, "--filters", '[["label", "<", 3]]', "--no-resume", "--json")
+    assert code == 0 and json.loads(out)["rows"] == MATCHING
+    code, _, err = run(capsys, "plan", data, "--filters", "nope < 3")
+    assert code == 2 and "nope" in err
+
+
+def test_inspect_checks_a_state_saved_with_a_filter(capsys, data, tmp_path):
+    loader, dataset = StructuredDataset.create_dataloader(data, batch_size=8, num_workers=0, filters=[("label", "<", 3)])
+    next(iter(loader))
+    (tmp_path / "state.json").write_text(json.dumps(dataset.state_dict()))
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data, "--filters", "label < 3", "--json")
+    assert code == 0 and json.loads(out)[0]["matches_data"]["rows_remaining"] == MATCHING - 8
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data, "--json")
+    assert code == 1 and "filters changed" in out
