@@ -38,6 +38,8 @@ def test_local_footers_equal_pyarrows_own(tmp_path):
         with open(path, "rb") as file:
             footer = parquet._parsed_footer(parquet._footer_tail(file, os.path.getsize(path)))
         assert footer.equals(pq.ParquetFile(path).metadata), path
+        with open(path, "rb") as file:  # planning reads local tails with pread, the same bytes
+            assert parquet._local_footer_tail(path) == parquet._footer_tail(file, os.path.getsize(path)), path
 
 
 @pytest.mark.parametrize(

@@ -176,10 +176,12 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
                 "credentials in storage_options, and that the store is reachable from here"
             ) from error
         local = is_local(fs)
+        sizes: dict[int, int] = {}  # files of one size share its int object (100,000 files: megabytes)
         for path, info in matches:
             url = posixpath.normpath(path) if local else _url(fs, path)
-            url = path if url == path else url  # one string object for both names (100,000 files: megabytes)
-            found[url] = FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
+            url = path if url == path else url  # one string object for both names
+            size = int(info.get("size") or 0)
+            found[url] = FileEntry(path, url, sizes.setdefault(size, size), content_tag(info))
     if not found:
         raise FileNotFoundError(_nothing_found(paths, format, _other_format_found(paths, fs, format)))
     entries = [found[url] for url in sorted(found)]

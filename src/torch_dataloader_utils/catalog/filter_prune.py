@@ -15,14 +15,18 @@ import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..formats._orc_tail import read_stripe_statistics, read_tail
 from ..formats.io import open_input
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 _STATISTICS_THREADS = 16
 log = logging.getLogger(__name__)
