@@ -243,6 +243,32 @@ def _parsed_footer(tail: bytes) -> pq.FileMetaData:
     return footer
 
 
+class KeptFooter:
+    """A remote file's footer as the catalog keeps it: its Thrift bytes, parsed again where it is
+    used (a file opened, statistics checked). pyarrow's parsed ``FileMetaData`` takes about ten
+    times the memory (6 KB for a two-column file's 0.5 KB footer), in the main process and in
+    the copy of the catalog each DataLoader worker receives."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def parsed(self) -> pq.FileMetaData:
+        return _parsed_footer(self.data)
+
+    def __getstate__(self) -> bytes:
+        return self.data
+
+    def __setstate__(self, data: bytes) -> None:
+        self.data = data
+
+
+def metadata(footer: Any) -> pq.FileMetaData:
+    """The parsed footer of ``footer`` (a ``FileMetaData`` as it is, a ``KeptFooter`` parsed)."""
+    return footer.parsed() if isinstance(footer, KeptFooter) else footer
+
+
 class ParquetFormat:
     """Parquet files: row groups are the units (``FileFormat``)."""
 
@@ -251,7 +277,8 @@ class ParquetFormat:
     streams_units = True  # its readers have iter_unit (row groups decoded in batches)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
-        """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``)."""
+        """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``; for a
+        remote file a ``KeptFooter``, which ``schema``, ``null_counts`` and ``open`` take too)."""
         if is_local(fs):
             path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
             tail = _local_footer_tail(path)
@@ -259,20 +286,25 @@ class ParquetFormat:
             with open_input(fs, path) as source:
                 tail = _footer_tail(source, size)
         footer = _parsed_footer(tail)
+        return self._layout(url, size, footer), (footer if is_local(fs) else KeptFooter(tail))
+
+    @staticmethod
+    def _layout(url: str, size: int, footer: pq.FileMetaData) -> FileLayout:
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         sizes = tuple(
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (footer.row_group(i) for i in range(footer.num_row_groups))
         )
-        return FileLayout(url, size, rows, sizes), footer
+        return FileLayout(url, size, rows, sizes)
 
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema the footer gives."""
-        return footer.schema.to_arrow_schema()
+        return metadata(footer).schema.to_arrow_schema()
 
     def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
         """Nulls per leaf column (``"a"``, ``"struct.field"``) among ``names``, summed over the row
         groups, where every row group's statistics count them (absent: not known)."""
+        footer = metadata(footer)
         index = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
         counts = {name: 0 for name in names if name in index}
         for group in range(footer.num_row_groups):
@@ -287,14 +319,15 @@ class ParquetFormat:
 
     def nulls_by_column(self, footer: Any) -> dict[str, int]:
         """``null_counts`` of every leaf column (kept at planning when the footer is not)."""
+        footer = metadata(footer)
         return self.null_counts(footer, [footer.schema.column(i).path for i in range(footer.num_columns)])
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
         if is_remote(fs):
-            return _RemoteParquetReader(fs, path, footer, use_threads)
+            return _RemoteParquetReader(fs, path, metadata(footer), use_threads)
         # footer None (the catalog keeps none of local files): pyarrow reads it with the file
-        return _ParquetReader(open_input(fs, path), footer, use_threads)
+        return _ParquetReader(open_input(fs, path), metadata(footer) if footer is not None else None, use_threads)
 
 
 PARQUET = ParquetFormat()
