@@ -303,31 +303,40 @@ def catalog_of_files(
     """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     cached = cache.lookup(files) if cache else [None] * len(files)
     unread = [entry for entry, known in zip(files, cached) if known is None]
+    # Kept per file in one list per field, not a tuple per file: tuples held to the end of
+    # planning and freed then would leave the memory of 100,000 of them scattered among the
+    # objects the plan keeps, which the allocator cannot hand back.
+    layouts: list[FileLayout] = []
+    footers: list[Any] = []
+    schemas: list[pa.Schema] = []
+    nulls: list[dict[str, int] | None] = []
     shared = _SharedSchemas()
     units: dict[tuple[int, ...], tuple[int, ...]] = {}
     with _prefetched_tails(fs, unread):
-        read = iter([
-            (_shared_layout(layout, units), footer, shared(schema), nulls)
-            for layout, footer, schema, nulls in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
-        ])  # fmt: skip
-    found = [next(read) if known is None else (known[0], None, known[1], None) for known in cached]
-    nulls = [file_nulls for _, _, _, file_nulls in found]
-    results = [(layout, footer, schema) for layout, footer, schema, _ in found]
+        read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
+        for known in cached:
+            if known is None:
+                layout, footer, file_schema, file_nulls = next(read)
+                layout, file_schema = _shared_layout(layout, units), shared(file_schema)
+            else:
+                (layout, file_schema), footer, file_nulls = known, None, None
+            layouts.append(layout)
+            footers.append(footer)
+            schemas.append(file_schema)
+            nulls.append(file_nulls)
     if cache and unread:
-        cache.store(files, [(layout, schema) for layout, _, schema in results])
+        cache.store(files, list(zip(layouts, schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
-    layouts = [layout for layout, _, _ in results]
-    footers = [footer for _, footer, _ in results]
     conflicts: dict[str, str] = {}
-    schema = unify([s for _, _, s in results], [f.url for f in files], conflicts)
+    schema = unify(schemas, [f.url for f in files], conflicts)
     advice = getattr(fmt, "schema_advice", None)  # a text format's inferred types: its options can fix them
     if advice:
         conflicts = {name: f"{why} {advice}" for name, why in conflicts.items()}
     first_with: dict[int, tuple[pa.Schema, str]] = {}  # per distinct schema object: it and its first file
-    for (_, _, file_schema), entry in zip(results, files):
+    for file_schema, entry in zip(schemas, files):
         first_with.setdefault(id(file_schema), (file_schema, entry.url))
     lacking = {key: missing_columns(s, schema) for key, (s, _) in first_with.items()}
-    missing = [lacking[id(s)] for _, _, s in results]
+    missing = [lacking[id(s)] for s in schemas]
     repeated = repeated_columns([s for s, _ in first_with.values()], [url for _, url in first_with.values()])
     splits = plan_splits(layouts, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
