@@ -1,7 +1,7 @@
 """Many tiny files: planning cold and warm, state size, resume time, memory, rows/s.
 
     python benchmarks/many_files.py [--dir /tmp/tdu-many-files] [--dirs 100] [--files-per-dir 1000]
-        [--rows 100] [--object-store-files 2000] [--json out.json]
+        [--rows 100] [--object-store-files 2000,10000] [--json out.json]
 
 Generates ``dirs x files_per_dir`` Parquet files of ``rows`` rows (``id`` int64, ``x`` float32;
 once, kept under ``--dir``, marked complete by a hidden ``.complete`` file) and measures, each
@@ -13,8 +13,9 @@ step in a fresh process:
    CPU-second), the size of ``state_dict()`` as JSON at 10, 50 and 90% of the epoch (the
    compact form ``auto`` picks, and the full form at 50% for comparison) and the time to take it;
 3. resume: planning (warm) + ``load_state_dict`` of the 50% state + the first batch, wall and CPU;
-4. planning ``--object-store-files`` files on the S3 emulator with 30 ms added to every object
-   read (benchmarks/object_stores.py), extrapolated to 100,000 files;
+4. planning ``--object-store-files`` files (2,000 and 10,000 by default) cold on the S3 emulator
+   (moto's server) with 30 ms added to every request: wall seconds, the client's and the
+   emulator's CPU per file, and the bound the latency sets at the store client's concurrency;
 5. 1,000,000 files on paper: the compact state's file summary of a synthetic 1M-file listing.
 
 Wall seconds on a shared machine depend on its load: the CPU seconds of the measuring process
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import resource
 import shutil
 import subprocess
@@ -35,6 +37,7 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LATENCY_S = 0.03  # added by the S3 emulator to every request of the object-store step
 
 
 def rss_mb() -> float:
@@ -130,19 +133,63 @@ def step_resume(args: argparse.Namespace) -> dict:
             "main_cpu_s": time.process_time() - cpu}  # fmt: skip
 
 
-def step_object_store(args: argparse.Namespace) -> dict:
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    sys.path.insert(0, HERE)
-    import servers  # noqa: E402
-    from object_stores import _planning  # noqa: E402
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+
+def step_object_store(args: argparse.Namespace) -> dict:
+    """Planning on the S3 emulator (moto's server, tests/servers.py) with ``LATENCY_S`` added to
+    every request (object reads, listings, HEADs), cold: no plan cache, a fresh process. The
+    files (each a 10-row Parquet file) are uploaded once, in two prefixes, so that one upload
+    gives two sizes: the first prefix alone, then both. The emulator runs on the same machine: its
+    CPU per request is reported next to the client's."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    import servers  # noqa: E402
+
+    from torch_dataloader_utils import StructuredDataset
+
+    sizes = sorted({int(n) for n in args.object_store_files.split(",")})
     store = servers.start_store("s3")
+    server_pid = store.server._proc.pid
     try:
-        result = _planning(store, args.object_store_files, latency=0.03)
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"id": list(range(10))}), sink)
+        fs, blob, uploaded, results = store.fs, sink.getvalue(), 0, []
+        started = time.perf_counter()
+        for part, size in enumerate(sizes):
+            fs.pipe({f"{servers.BUCKET}/many/p{part}/f{i:06d}.parquet": blob for i in range(size - uploaded)})
+            uploaded = size
+        upload_s = time.perf_counter() - started
+        fs.invalidate_cache()
+        store.server.faults.inject("stall", -1, stall_seconds=LATENCY_S)
+        store.server.faults.stall_metadata(seconds=LATENCY_S)
+        for part, size in enumerate(sizes):
+            urls = [store.url(f"many/p{p}") for p in range(part + 1)]
+            server_cpu, wall, cpu = _process_cpu_s(server_pid), time.perf_counter(), time.process_time()
+            dataset = StructuredDataset(urls, num_workers=0, storage_options=store.options)
+            wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(server_pid) - server_cpu
+            assert len(dataset.files) == size, len(dataset.files)
+            footers_pickled = len(pickle.dumps(dataset._catalog.footers))  # what every DataLoader worker receives of them
+            requests = dataset._catalog.fs.stats["requests"]
+            concurrency = dataset._catalog.fs.options.max_concurrency
+            results.append({
+                "files": size, "plan_s": wall, "client_cpu_s": cpu, "server_cpu_s": server_cpu, "object_reads": requests,
+                "client_cpu_ms_per_file": 1000 * cpu / size, "server_cpu_ms_per_read": 1000 * server_cpu / max(requests, 1),
+                "latency_bound_s": requests * LATENCY_S / concurrency, "concurrency": concurrency,
+                "rss_planned_mb": rss_mb(), "footers_pickled_bytes_per_file": footers_pickled / size,
+            })  # fmt: skip
+            del dataset
     finally:
         store.server.stop()
-    result["extrapolated_100k_s"] = result["plan_s"] * 100_000 / args.object_store_files
-    return result
+    return {"latency_s": LATENCY_S, "upload_s": upload_s, "load_average": os.getloadavg(), "runs": results}
 
 
 def step_million(args: argparse.Namespace) -> dict:
@@ -160,7 +207,7 @@ STEPS = {"plan": step_plan, "epoch": step_epoch, "resume": step_resume, "object_
 
 def run_step(name: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--step", name, "--dir", args.dir, "--cache", args.cache, "--state", args.state,
-               "--object-store-files", str(args.object_store_files)]  # fmt: skip
+               "--object-store-files", args.object_store_files]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"step {name} failed:\n{done.stderr[-3000:]}")
@@ -173,7 +220,7 @@ def main() -> None:
     parser.add_argument("--dirs", type=int, default=100)
     parser.add_argument("--files-per-dir", type=int, default=1000)
     parser.add_argument("--rows", type=int, default=100)
-    parser.add_argument("--object-store-files", type=int, default=2000, help="0: skip the object-store step")
+    parser.add_argument("--object-store-files", default="2000,10000", help="file counts planned on the S3 emulator, comma-separated (0: skip the step)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--step", choices=sorted(STEPS), help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -190,7 +237,7 @@ def main() -> None:
         results["plan_warm"] = run_step("plan", args)
         results["epoch"] = run_step("epoch", args)
         results["resume"] = run_step("resume", args)
-        if args.object_store_files:
+        if args.object_store_files != "0":
             results["object_store"] = run_step("object_store", args)
         results["million"] = run_step("million", args)
     finally:
@@ -216,8 +263,11 @@ def print_table(r: dict) -> None:
         ("files per worker CPU-second / per worker per wall second", f"{epoch['files_per_worker_cpu_s']:,.0f} / {epoch['files_per_s_per_worker_wall']:,.0f}"),
     ]  # fmt: skip
     if "object_store" in r:
-        o = r["object_store"]
-        rows.append((f"S3 emulator, 30 ms per read: plan {o['files']:,} files, s (extrapolated to 100k)", f"{o['plan_s']:.1f} ({o['extrapolated_100k_s']:.0f})"))
+        for o in r["object_store"]["runs"]:
+            rows.append((
+                f"S3 emulator, 30 ms per request: plan {o['files']:,} files cold, s (client / emulator CPU ms per file)",
+                f"{o['plan_s']:.1f} ({o['client_cpu_ms_per_file']:.2f} / {o['server_cpu_ms_per_read']:.2f}; latency bound {o['latency_bound_s']:.1f} s)",
+            ))  # fmt: skip
     m = r["million"]
     rows.append(("1M files (synthetic): compact file summary, KB", f"{m['summary_bytes'] / 1024:.0f} ({m['groups']} groups, {m['cpu_s']:.1f} s CPU)"))
     print(f"load average at start: {', '.join(f'{x:.1f}' for x in r['load_average'])}")

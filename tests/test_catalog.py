@@ -38,6 +38,8 @@ def test_local_footers_equal_pyarrows_own(tmp_path):
         with open(path, "rb") as file:
             footer = parquet._parsed_footer(parquet._footer_tail(file, os.path.getsize(path)))
         assert footer.equals(pq.ParquetFile(path).metadata), path
+        with open(path, "rb") as file:  # planning reads local tails with pread, the same bytes
+            assert parquet._local_footer_tail(path) == parquet._footer_tail(file, os.path.getsize(path)), path
 
 
 @pytest.mark.parametrize(
@@ -94,3 +96,15 @@ def test_a_slow_local_footer_sends_the_rest_to_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 60.0)
     StructuredDataset(str(tmp_path), num_workers=0)
     assert threads == [True] * len(layout)
+
+
+def test_null_counts_of_every_column_equal_those_asked_by_name(tmp_path):
+    """Planning keeps ``nulls_by_column`` of each local file; ``null_counts`` answers by name."""
+    table = pa.table({"a": [1, None, 3, None, 5], "s": pa.array([{"x": 1, "y": None}, None, {"x": None, "y": 2.0}, {"x": 4, "y": 1.0}, None])})
+    for name, options in {"stats": {}, "no-stats-for-a": {"write_statistics": ["s.x", "s.y"]}}.items():
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(table, path, row_group_size=2, **options)
+        footer = pq.ParquetFile(path).metadata
+        leaves = [footer.schema.column(i).path for i in range(footer.num_columns)]
+        assert parquet.PARQUET.nulls_by_column(footer) == parquet.PARQUET.null_counts(footer, leaves), name
+    assert "a" not in parquet.PARQUET.nulls_by_column(footer)  # a row group without its count: not known

@@ -594,3 +594,18 @@ def test_a_failed_request_for_a_large_footer_is_a_storage_error_not_a_corrupt_fi
         StructuredDataset(url, storage_options=no_client_retries, download_retry=0, num_workers=0)
     s3.server.faults.clear()
     assert len(StructuredDataset(url, storage_options=no_client_retries, num_workers=0).files) == 1
+
+
+def test_remote_parquet_footers_are_kept_as_their_bytes(s3, uploaded, tmp_path):
+    """The catalog (and the copy each worker receives) holds a remote file's footer bytes, not
+    pyarrow's parsed form; statistics, pruning and reads parse them again."""
+    dataset = StructuredDataset(uploaded(s3), batch_size=25, num_workers=0, storage_options=s3.options)
+    catalog = dataset._catalog
+    assert all(isinstance(footer, parquet.KeptFooter) for footer in catalog.footers)
+    parsed = catalog.footer(0)
+    assert isinstance(parsed, pq.FileMetaData)
+    assert parsed.num_rows == sum(LAYOUT[0])
+    kept = pickle.loads(pickle.dumps(catalog.footers[0]))
+    assert kept.data == catalog.footers[0].data and len(kept.data) < 4096
+    assert parquet.PARQUET.null_counts(kept, ["id"]) == {"id": 0}
+    assert sorted(int(i) for batch in dataset for i in batch["id"]) == list(range(ROWS))

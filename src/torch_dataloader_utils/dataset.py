@@ -11,6 +11,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from . import dataset_state
 from .catalog.build import Catalog, build_catalog
+from .catalog.memory import return_freed_memory
 from .catalog.mixture import build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
@@ -138,6 +139,7 @@ class StructuredDataset(IterableDataset):
         self._files_digest: tuple[Catalog, str] | None = None
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
         self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy)
+        return_freed_memory(len(stored.files))
 
     # ----------------------------------------------------------- public API
     @classmethod

@@ -7,7 +7,8 @@ fingerprint): a local file's footer is read again by the worker that opens the f
 the page cache, and checked to be the planned version first), so neither the main process
 nor the copy of the catalog each worker receives holds 100,000 footers. Remote files keep
 their footers (their tails were fetched at planning, and fetching them again costs a
-request per file).
+request per file): Parquet ones as their bytes (``KeptFooter``, a tenth of pyarrow's parsed
+form), parsed again where a file is opened.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pyarrow as pa
 
 from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
+from ..formats.parquet import KeptFooter
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote
@@ -77,13 +79,14 @@ class Catalog:
         return [[f.url, f.size, f.tag] for f in self.files]
 
     def footer(self, index: int) -> Any:
-        """File ``index``'s footer: the one kept, or read again (local Parquet and ORC files keep
-        none, see ``reopens_footers``) for statistics that planning checks."""
+        """File ``index``'s footer: the one kept (parsed, for a remote Parquet file's
+        ``KeptFooter``), or read again (local Parquet and ORC files keep none, see
+        ``reopens_footers``) for statistics that planning checks."""
         footer = self.footers[index]
         if footer is None:
             entry = self.files[index]
             footer = self.format_of(index).read_footer(self.fs, entry.fs_path, entry.size, entry.url)[1]
-        return footer
+        return footer.parsed() if isinstance(footer, KeptFooter) else footer
 
     @property
     def files_digest(self) -> str:
@@ -300,31 +303,40 @@ def catalog_of_files(
     """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     cached = cache.lookup(files) if cache else [None] * len(files)
     unread = [entry for entry, known in zip(files, cached) if known is None]
+    # Kept per file in one list per field, not a tuple per file: tuples held to the end of
+    # planning and freed then would leave the memory of 100,000 of them scattered among the
+    # objects the plan keeps, which the allocator cannot hand back.
+    layouts: list[FileLayout] = []
+    footers: list[Any] = []
+    schemas: list[pa.Schema] = []
+    nulls: list[dict[str, int] | None] = []
     shared = _SharedSchemas()
     units: dict[tuple[int, ...], tuple[int, ...]] = {}
     with _prefetched_tails(fs, unread):
-        read = iter([
-            (_shared_layout(layout, units), footer, shared(schema), nulls)
-            for layout, footer, schema, nulls in _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
-        ])  # fmt: skip
-    found = [next(read) if known is None else (known[0], None, known[1], None) for known in cached]
-    nulls = [file_nulls for _, _, _, file_nulls in found]
-    results = [(layout, footer, schema) for layout, footer, schema, _ in found]
+        read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
+        for known in cached:
+            if known is None:
+                layout, footer, file_schema, file_nulls = next(read)
+                layout, file_schema = _shared_layout(layout, units), shared(file_schema)
+            else:
+                (layout, file_schema), footer, file_nulls = known, None, None
+            layouts.append(layout)
+            footers.append(footer)
+            schemas.append(file_schema)
+            nulls.append(file_nulls)
     if cache and unread:
-        cache.store(files, [(layout, schema) for layout, _, schema in results])
+        cache.store(files, list(zip(layouts, schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
-    layouts = [layout for layout, _, _ in results]
-    footers = [footer for _, footer, _ in results]
     conflicts: dict[str, str] = {}
-    schema = unify([s for _, _, s in results], [f.url for f in files], conflicts)
+    schema = unify(schemas, [f.url for f in files], conflicts)
     advice = getattr(fmt, "schema_advice", None)  # a text format's inferred types: its options can fix them
     if advice:
         conflicts = {name: f"{why} {advice}" for name, why in conflicts.items()}
     first_with: dict[int, tuple[pa.Schema, str]] = {}  # per distinct schema object: it and its first file
-    for (_, _, file_schema), entry in zip(results, files):
+    for file_schema, entry in zip(schemas, files):
         first_with.setdefault(id(file_schema), (file_schema, entry.url))
     lacking = {key: missing_columns(s, schema) for key, (s, _) in first_with.items()}
-    missing = [lacking[id(s)] for _, _, s in results]
+    missing = [lacking[id(s)] for s in schemas]
     repeated = repeated_columns([s for s, _ in first_with.values()], [url for _, url in first_with.values()])
     splits = plan_splits(layouts, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))

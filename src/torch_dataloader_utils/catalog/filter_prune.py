@@ -15,16 +15,18 @@ import hashlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..formats._orc_tail import read_stripe_statistics, read_tail
 from ..formats.io import open_input
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 _STATISTICS_THREADS = 16
 log = logging.getLogger(__name__)
@@ -254,6 +256,11 @@ def may_match(
     """Per file, per unit: NONE where statistics rule out every row, ALL where they show every row
     matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
     SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
+    # imported here: pyarrow.dataset imports pandas (40 MB of every process's memory) and only
+    # filters= needs it
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
     unit_counts = [len(rows) for rows in unit_rows]
     guarantees_of: list[pc.Expression] = []
     where: list[tuple[int, int]] = []

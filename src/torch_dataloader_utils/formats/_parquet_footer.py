@@ -9,6 +9,7 @@ a given row through the page index itself (apache/arrow#45284), and ``_parquet_s
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pyarrow as pa
@@ -92,12 +93,23 @@ def has_encryption_algorithm(data: bytes, created_by: str | None) -> bool:
         text = created_by.encode()
         at = data.rfind(_varint(len(text)) + text)
         if at >= 1 and data[at - 1] & 0x0F == 8:  # (the field header of a binary)
-            try:
-                rest = decode_struct(data, at + len(_varint(len(text))) + len(text))[0]
-                return any(fid == FILE_ENCRYPTION_ALGORITHM - FILE_CREATED_BY or fid == FILE_ENCRYPTION_ALGORITHM for fid, _, _ in rest.fields)
-            except ThriftError:
-                pass  # not where created_by ends after all: decode the whole footer
+            found = _sets_encryption_after(data[at + len(_varint(len(text))) + len(text) :])
+            if found is not None:
+                return found
+            # else not where created_by ends after all: decode the whole footer
     return decode_struct(data, only=(FILE_ROW_GROUPS, 0))[0].get(FILE_ENCRYPTION_ALGORITHM) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _sets_encryption_after(rest: bytes) -> bool | None:
+    """Whether the fields ``rest`` holds (a footer's from ``created_by`` on) set
+    ``encryption_algorithm``; None when they are not valid Thrift. Cached: files written alike end
+    in the same bytes, and decoding them costs more than the rest of a small file's footer."""
+    try:
+        fields = decode_struct(rest)[0].fields
+    except ThriftError:
+        return None
+    return any(fid == FILE_ENCRYPTION_ALGORITHM - FILE_CREATED_BY or fid == FILE_ENCRYPTION_ALGORITHM for fid, _, _ in fields)
 
 
 def _varint(n: int) -> bytes:

@@ -219,8 +219,27 @@ def _footer_tail(file: Any, size: int) -> bytes:
     """The file's footer with its length and magic (the last ``8 + length`` bytes), read through
     ``file`` (seek / read); UnsupportedFileError for an encrypted footer, ValueError when the file
     does not end like a Parquet file (cut short, or not Parquet)."""
-    file.seek(max(0, size - FOOTER_READ))
-    tail = file.read(FOOTER_READ)
+
+    def read_at(offset: int, nbytes: int) -> bytes:
+        file.seek(offset)
+        return file.read(nbytes)
+
+    return _tail_of(read_at, size)
+
+
+def _local_footer_tail(path: str) -> bytes:
+    """``_footer_tail`` of a local file, read with one ``pread`` (or two, for a footer larger
+    than ``FOOTER_READ``): a buffered Python file costs twice as much per file, which counts
+    when planning 100,000 small files."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        return _tail_of(lambda offset, nbytes: os.pread(descriptor, nbytes, offset), os.fstat(descriptor).st_size)
+    finally:
+        os.close(descriptor)
+
+
+def _tail_of(read_at: Callable[[int, int], bytes], size: int) -> bytes:
+    tail = read_at(max(0, size - FOOTER_READ), FOOTER_READ)
     if tail[-4:] == ENCRYPTED_MAGIC:
         raise UnsupportedFileError(_ENCRYPTED.format("its footer is encrypted"))
     if len(tail) < 2 * len(MAGIC) + 4 or tail[-4:] != MAGIC:
@@ -229,8 +248,7 @@ def _footer_tail(file: Any, size: int) -> bytes:
     if length + 2 * len(MAGIC) + 4 > size:
         raise ValueError(f"its footer's length ({length:,} bytes) is more than the file holds ({size:,} bytes)")
     if length + 8 > len(tail):
-        file.seek(size - length - 8)
-        tail = file.read(length + 8)
+        tail = read_at(size - length - 8, length + 8)
     return bytes(tail[-length - 8 :])
 
 
@@ -247,7 +265,10 @@ def _parsed_footer(tail: bytes) -> pq.FileMetaData:
     makes the first footer many times slower to read than parsing it from Python memory.
     """
     try:
-        footer = pq.ParquetFile(pa.BufferReader(tail)).metadata
+        # (pq.ParquetFile would also index the columns' paths, which costs a third more here)
+        reader = pq.ParquetReader()
+        reader.open(pa.BufferReader(tail))
+        footer = reader.metadata
     except (OSError, pa.ArrowException) as error:  # a complete file whose footer pyarrow refuses
         raise UnsupportedFileError(f"pyarrow cannot read its footer: {str(error).rstrip('.')}") from error
     try:
@@ -259,6 +280,32 @@ def _parsed_footer(tail: bytes) -> pq.FileMetaData:
     return footer
 
 
+class KeptFooter:
+    """A remote file's footer as the catalog keeps it: its Thrift bytes, parsed again where it is
+    used (a file opened, statistics checked). pyarrow's parsed ``FileMetaData`` takes about ten
+    times the memory (6 KB for a two-column file's 0.5 KB footer), in the main process and in
+    the copy of the catalog each DataLoader worker receives."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def parsed(self) -> pq.FileMetaData:
+        return _parsed_footer(self.data)
+
+    def __getstate__(self) -> bytes:
+        return self.data
+
+    def __setstate__(self, data: bytes) -> None:
+        self.data = data
+
+
+def metadata(footer: Any) -> pq.FileMetaData:
+    """The parsed footer of ``footer`` (a ``FileMetaData`` as it is, a ``KeptFooter`` parsed)."""
+    return footer.parsed() if isinstance(footer, KeptFooter) else footer
+
+
 class ParquetFormat:
     """Parquet files: row groups are the units (``FileFormat``)."""
 
@@ -267,29 +314,34 @@ class ParquetFormat:
     streams_units = True  # its readers have iter_unit (row groups decoded in batches)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
-        """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``)."""
+        """The row groups' rows and compressed bytes, and the footer (``pq.FileMetaData``; for a
+        remote file a ``KeptFooter``, which ``schema``, ``null_counts`` and ``open`` take too)."""
         if is_local(fs):
             path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
-            with open(path, "rb") as file:
-                tail = _footer_tail(file, os.fstat(file.fileno()).st_size)
+            tail = _local_footer_tail(path)
         else:
             with open_input(fs, path) as source:
                 tail = _footer_tail(source, size)
         footer = _parsed_footer(tail)
+        return self._layout(url, size, footer), (footer if is_local(fs) else KeptFooter(tail))
+
+    @staticmethod
+    def _layout(url: str, size: int, footer: pq.FileMetaData) -> FileLayout:
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         sizes = tuple(
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (footer.row_group(i) for i in range(footer.num_row_groups))
         )
-        return FileLayout(url, size, rows, sizes), footer
+        return FileLayout(url, size, rows, sizes)
 
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema the footer gives."""
-        return footer.schema.to_arrow_schema()
+        return metadata(footer).schema.to_arrow_schema()
 
     def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
         """Nulls per leaf column (``"a"``, ``"struct.field"``) among ``names``, summed over the row
         groups, where every row group's statistics count them (absent: not known)."""
+        footer = metadata(footer)
         index = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
         counts = {name: 0 for name in names if name in index}
         for group in range(footer.num_row_groups):
@@ -303,15 +355,31 @@ class ParquetFormat:
         return counts
 
     def nulls_by_column(self, footer: Any) -> dict[str, int]:
-        """``null_counts`` of every leaf column (kept at planning when the footer is not)."""
-        return self.null_counts(footer, [footer.schema.column(i).path for i in range(footer.num_columns)])
+        """``null_counts`` of every leaf column (kept at planning when the footer is not), read
+        from the column chunks alone: planning calls this for every local file, and going
+        through the footer's schema for the names cost twice as much."""
+        footer = metadata(footer)
+        counts: dict[str, int | None] = {}
+        for group in range(footer.num_row_groups):
+            chunks = footer.row_group(group)
+            for index in range(chunks.num_columns):
+                chunk = chunks.column(index)
+                stats, name = chunk.statistics, chunk.path_in_schema
+                if stats is None or not stats.has_null_count:
+                    counts[name] = None  # not known for this row group: found when read
+                elif group == 0:
+                    counts[name] = stats.null_count
+                else:
+                    known = counts[name]
+                    counts[name] = None if known is None else known + stats.null_count
+        return {name: count for name, count in counts.items() if count is not None}
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
         """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
         if is_remote(fs):
-            return _RemoteParquetReader(fs, path, footer, use_threads)
+            return _RemoteParquetReader(fs, path, metadata(footer), use_threads)
         # footer None (the catalog keeps none of local files): pyarrow reads it with the file
-        return _ParquetReader(open_input(fs, path), footer, use_threads)
+        return _ParquetReader(open_input(fs, path), metadata(footer) if footer is not None else None, use_threads)
 
 
 PARQUET = ParquetFormat()

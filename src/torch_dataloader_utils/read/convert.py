@@ -19,17 +19,21 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from ..catalog.schema import LARGE_TYPES
 from .forms import batch_form, holds_mask
 from .forms import batch_form_problem as batch_form_problem  # (where the CLI and tests find it)
 from .nulls import DEFAULT_POLICY, MASK_SUFFIX, ColumnPolicy, decimal_values, filled, valid_mask
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 _INT32_OFFSET_MAX = 2**31 - 1  # past this many bytes a chunk's strings need 64-bit offsets
 

@@ -9,13 +9,17 @@ is a null in each of its leaves).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .forms import holds_mask
 from .nulls import MASK_SUFFIX
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 KEYS, VALUES = "keys", "values"
 
