@@ -256,11 +256,6 @@ def may_match(
     """Per file, per unit: NONE where statistics rule out every row, ALL where they show every row
     matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
     SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
-    # imported here: pyarrow.dataset imports pandas (40 MB of every process's memory) and only
-    # filters= needs it
-    import pyarrow.dataset as ds
-    import pyarrow.fs as pafs
-
     unit_counts = [len(rows) for rows in unit_rows]
     guarantees_of: list[pc.Expression] = []
     where: list[tuple[int, int]] = []
@@ -287,6 +282,11 @@ def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unifie
     filter cannot hold, may hold, or must hold (its negation cannot) under it."""
     if not guarantees:
         return []
+    # imported here: pyarrow.dataset imports pandas (40 MB of every process's memory) and only
+    # filters= needs it
+    import pyarrow.dataset as ds
+    import pyarrow.fs as pafs
+
     file_format = ds.ParquetFileFormat()
     nowhere = pafs.LocalFileSystem()
     # a fragment is only a holder of its guarantee here: nothing is opened at its path

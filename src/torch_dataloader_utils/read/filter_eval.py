@@ -13,12 +13,16 @@ agree row for row.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-_COMPARE = {"=": pc.equal, "==": pc.equal, "!=": pc.not_equal, "<": pc.less, ">": pc.greater, "<=": pc.less_equal, ">=": pc.greater_equal}
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
+
+_COMPARE = {"=": "equal", "==": "equal", "!=": "not_equal", "<": "less", ">": "greater", "<=": "less_equal", ">=": "greater_equal"}
 _SETS = ("in", "not in")  # (every op here is one filter_prune.DNF_OPERATORS names)
 
 
@@ -57,7 +61,7 @@ def _mask(dnf: tuple, table: pa.Table) -> Any:
                 test = pc.is_in(values, value_set=pa.array(value))
                 test = pc.invert(test) if op == "not in" else test
             else:
-                test = _COMPARE[op](values, value)
+                test = getattr(pc, _COMPARE[op])(values, value)
             every = test if every is None else pc.and_kleene(every, test)
         either = every if either is None else pc.or_kleene(either, every)
     return either

@@ -14,10 +14,14 @@ from __future__ import annotations
 import bisect
 import logging
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, classify, column_term
 from ..formats._parquet_page_index import PageBounds
