@@ -17,11 +17,10 @@ from torch.utils.data import get_worker_info
 from ..catalog.build import Catalog
 from ..plan.lanes import StreamBook
 from ..plan.schedule import ChunkTask
-from .convert import Where, build_columns, replace_leaves, table_to_columns, table_to_joined
+from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .nested import BatchColumn, flatten
 from .nulls import DEFAULT_POLICY, ColumnPolicy
 from .output_formats import BatchOutput, batch_bounds, prepare_batches
-from .picks import picked_to_joined
 from .reader import StreamReader
 from .slicing import BatchSlicer
 
@@ -136,10 +135,6 @@ class ChunkReader:
             self._reader = None
             raise
         where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
-        if rows.picked is not None and self.selected is None and not (self.output is not None and self.output.prepared):
-            columns = picked_to_joined(rows.picked, where, self.policy)  # each value moved once, into its place
-            columns = columns if joined else build_columns(columns)
-            return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
         table = fewer_chunks(rows.table)
         table = table if self.selected is None else flatten(table, self.selected)
         if self.output is not None and self.output.prepared:

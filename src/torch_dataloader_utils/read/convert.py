@@ -184,9 +184,6 @@ class Joined:
     dtype: torch.dtype
     shape: tuple[int, ...]
     pieces: tuple[tuple[torch.Tensor, int], ...]
-    #: instead of ``pieces``: (source, its rows, their rows of the output) per source, each rows a
-    #: slice or an index tensor (rows picked in another order, read/picks.py)
-    scatter: tuple[tuple[torch.Tensor, Any, Any], ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -194,12 +191,6 @@ class Joined:
 
     def write(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous, of ``shape`` and ``dtype``)."""
-        for source, rows, dest in self.scatter:
-            values = source[rows] if isinstance(rows, slice) else source.index_select(0, rows)
-            if isinstance(dest, slice):
-                out[dest].copy_(values)
-            else:
-                out.index_copy_(0, dest, values)
         flat, at = out.view(-1), 0
         for piece, addend in self.pieces:
             count = piece.numel()
@@ -213,7 +204,7 @@ class Joined:
         """The tensor; with ``copy`` one of its own also for a single piece: pieces may be views of
         the Arrow tables the reader keeps (and delivers again: padding, a repeated pass, a
         rollback), and a loop that writes to its batch in place must not change them."""
-        if not copy and len(self.pieces) == 1 and not self.pieces[0][1] and not self.scatter:
+        if not copy and len(self.pieces) == 1 and not self.pieces[0][1]:
             return self.pieces[0][0]
         out = torch.empty(self.shape, dtype=self.dtype)
         self.write(out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -23,13 +23,21 @@ from ..storage.paths import is_local, is_remote
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
 from .filtering import iter_filtered, read_filtered
-from .picks import join_picked, pick
-from .rows import Rows
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
 _GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
 _CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
+
+
+@dataclass
+class Rows:
+    """Rows read from a range. ``present`` holds each row's offset in the range when some
+    rows were skipped (None: every row is there, in order); ``skipped`` maps split -> error."""
+
+    table: pa.Table
+    present: np.ndarray | None = None
+    skipped: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,7 +50,7 @@ class _Window:
     def rows(self, offset: int, take: int) -> Rows:
         """Output rows [offset, offset + take)."""
         if self.order is not None:
-            return Rows(None, None, self.skipped, pick(self.table, self.order[offset : offset + take]))
+            return Rows(_gather(self.table, self.order[offset : offset + take]), None, self.skipped)
         if self.valid is None:
             return Rows(self.table.slice(offset, take), None, self.skipped)
         valid = self.valid[offset : offset + take]
@@ -118,10 +126,8 @@ class StreamReader:
         for rows, length in parts:
             skipped.update(rows.skipped)
             exact = exact and rows.present is None
-            present.append(base + (rows.present if rows.present is not None else np.arange(rows.num_rows)))
+            present.append(base + (rows.present if rows.present is not None else np.arange(rows.table.num_rows)))
             base += length
-        if exact and any(rows.unordered for rows, _ in parts):
-            return Rows(None, None, skipped, join_picked([(rows.picked if rows.unordered else rows.table, length) for rows, length in parts]))  # type: ignore[misc]
         tables = [rows.table for rows, _ in parts if rows.table.num_rows]
         table = self._concat(tables, stream) if len(tables) > 1 else (tables[0] if tables else parts[0][0].table)
         return Rows(table, None if exact else np.concatenate(present), skipped)
@@ -196,8 +202,8 @@ class StreamReader:
         table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
         permutation = stream.window_permutation(index)
         if not skipped:
-            # rows stay decoded in piece order; each read picks its rows (read/picks.py), which
-            # the conversion moves into place: a window costs its decoded bytes once
+            # rows stay decoded in piece order; each read gathers its rows (see _gather), so a
+            # window costs its decoded bytes once instead of twice
             return _Window(table, None, skipped, permutation)
         valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
         position = np.cumsum(valid) - 1  # planned row -> row of `table`
@@ -345,3 +351,31 @@ class _StreamedPiece:
     def _drop_before(self, offset: int) -> None:
         while self._held and self._first + self._held[0].num_rows <= offset:
             self._first += self._held.pop(0).num_rows
+
+
+def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` for a table of many chunks, one take per chunk (no concatenation)."""
+    batches = table.to_batches()
+    if len(batches) <= 1:
+        return table.take(rows)
+    bounds = np.cumsum([0] + [b.num_rows for b in batches])
+    owner = np.searchsorted(bounds, rows, side="right") - 1
+    if len(batches) <= np.iinfo(np.int16).max:
+        owner = owner.astype(np.int16)  # a stable sort of 16-bit integers is a radix sort
+    order = np.argsort(owner, kind="stable")
+    counts = np.bincount(owner, minlength=len(batches))
+    ends = np.cumsum(counts)
+    local = rows[order] - bounds[owner[order]]
+    parts = [_rows_of(batches[b], local[ends[b] - counts[b] : ends[b]]) for b in np.flatnonzero(counts)]
+    grouped = pa.Table.from_batches(parts, schema=table.schema)
+    inverse = np.empty(len(rows), dtype=np.int64)
+    inverse[order] = np.arange(len(rows))
+    return grouped.take(inverse)
+
+
+def _rows_of(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
+    """``batch.take(rows)``; a slice (no copy) when the rows are one ascending run, as a
+    mixture's unshuffled window asks of each source."""
+    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and (len(rows) < 2 or bool(np.all(np.diff(rows) == 1))):
+        return batch.slice(int(rows[0]), len(rows))
+    return batch.take(pa.array(rows))
