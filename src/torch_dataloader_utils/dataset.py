@@ -128,6 +128,7 @@ class StructuredDataset(IterableDataset):
         self._epoch_rows = check_mixture_arguments(path, epoch_rows, canonical_lanes)
         self._mixture_filters = (filters, lambda c, f: filter_catalog(c, f, io))  # a mixture counts each source's matching rows
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
+        catalog: Catalog
         if isinstance(stored, MixCatalog):
             catalog, stored = stored, stored.unfiltered or stored
         else:

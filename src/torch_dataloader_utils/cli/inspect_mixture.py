@@ -77,7 +77,7 @@ def mixture_for_state(state: dict, paths: Sequence[str]) -> tuple[list[Any], int
     weighted = any(s.get("weight") is not None for s in sources)
     out = []
     for index, source in enumerate(sources):
-        path = paths[index] if paths else source.get("path")
+        path: Any = paths[index] if paths else source.get("path")
         share = {"weight": source["weight"]} if source.get("weight") is not None else {} if weighted else {"rows_per_epoch": source.get("rows_per_epoch")}
         out.append(Source(path, format=source.get("format"), **share))
     epoch_rows = sum(int(s.get("rows_per_epoch") or 0) for s in sources) if weighted else None
