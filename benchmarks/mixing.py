@@ -13,6 +13,8 @@ rounds after a warm-up epoch, one epoch of:
 
 each with shuffle off and on, and touching every value of every batch. The ratio is the
 mixture's median rows/s over the single source's (the issue's target: a cost of at most 5%).
+Also the workers' CPU seconds and minor page faults per epoch (less moved by a shared
+machine's load than rows/s).
 Prints a markdown table; writes JSON to benchmarks/results/<name>.json.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -65,15 +68,27 @@ def _data(workdir: str, rows: int) -> tuple[str, list[str]]:
     return single, parts
 
 
-def _epoch(make) -> tuple[float, int]:
+def _workers() -> tuple[float, int]:
+    """CPU seconds and minor page faults of the finished worker processes so far."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime, used.ru_minflt
+
+
+def _epoch(make) -> tuple[float, int, float, int]:
+    """(seconds, rows, workers' CPU seconds, workers' page faults) of one epoch; the workers are
+    not persistent, so they have finished (and are counted) when the epoch ends."""
     loader, _ = make()
+    cpu, faults = _workers()
     start, rows = time.perf_counter(), 0
     for batch in loader:
         for value in batch.values():
             if isinstance(value, torch.Tensor):
                 value.sum()  # touch every value
         rows += len(batch["id"])
-    return time.perf_counter() - start, rows
+    took = time.perf_counter() - start
+    del loader
+    cpu_after, faults_after = _workers()
+    return took, rows, cpu_after - cpu, faults_after - faults
 
 
 def main() -> None:
@@ -98,19 +113,32 @@ def main() -> None:
     for make in runs.values():
         _epoch(make)  # warm-up: page cache, imports
     seconds: dict = {key: [] for key in runs}
+    cpu: dict = {key: [] for key in runs}
+    faults: dict = {key: [] for key in runs}
     for _ in range(args.repeats):
         for key, make in runs.items():
-            took, rows = _epoch(make)
+            took, rows, used, faulted = _epoch(make)
             assert rows == args.rows, (key, rows)
             seconds[key].append(took)
+            cpu[key].append(used)
+            faults[key].append(faulted)
     results = []
-    print(f"| shuffle | single rows/s | mixture rows/s | mixture / single |  ({args.rows:,} rows, {args.num_workers} workers, median of {args.repeats})")
-    print("|---|---:|---:|---:|")
+    print(f"({args.rows:,} rows, {args.num_workers} workers, median of {args.repeats}, load average {os.getloadavg()[0]:.1f})")
+    print("| shuffle | single rows/s | mixture rows/s | mixture / single | workers' CPU s, single / mixture | page faults, single / mixture |")
+    print("|---|---:|---:|---:|---:|---:|")
     for shuffle in (False, True):
         single_rate = args.rows / statistics.median(seconds[("single", shuffle)])
         mixed_rate = args.rows / statistics.median(seconds[("mixture", shuffle)])
-        results.append({"shuffle": shuffle, "single_rows_per_s": single_rate, "mixture_rows_per_s": mixed_rate, "ratio": mixed_rate / single_rate})
-        print(f"| {'on' if shuffle else 'off'} | {single_rate:,.0f} | {mixed_rate:,.0f} | {mixed_rate / single_rate:.3f} |")
+        used = [statistics.median(cpu[(kind, shuffle)]) for kind in ("single", "mixture")]
+        faulted = [statistics.median(faults[(kind, shuffle)]) for kind in ("single", "mixture")]
+        results.append(
+            {"shuffle": shuffle, "single_rows_per_s": single_rate, "mixture_rows_per_s": mixed_rate, "ratio": mixed_rate / single_rate,
+             "worker_cpu_s": used, "worker_page_faults": faulted}
+        )  # fmt: skip
+        print(
+            f"| {'on' if shuffle else 'off'} | {single_rate:,.0f} | {mixed_rate:,.0f} | {mixed_rate / single_rate:.3f} "
+            f"| {used[0]:.2f} / {used[1]:.2f} | {faulted[0]:,.0f} / {faulted[1]:,.0f} |"
+        )
     out = os.path.join(HERE, "results")
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"{args.name}.json"), "w") as f:

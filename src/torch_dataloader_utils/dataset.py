@@ -12,7 +12,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import dataset_state
 from .catalog.build import Catalog, build_catalog
 from .catalog.memory import return_freed_memory
-from .catalog.mixture import build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
+from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
@@ -126,9 +126,14 @@ class StructuredDataset(IterableDataset):
         self._source = SourceOptions(csv_options, json_options, partitioning)
         self._max_split_rows = options.split_rows
         self._selected: list[nested.BatchColumn] = []
-        self._epoch_rows = check_mixture_arguments(path, epoch_rows, filters, canonical_lanes)
+        self._epoch_rows = check_mixture_arguments(path, epoch_rows, canonical_lanes)
+        self._mixture_filters = (filters, lambda c, f: filter_catalog(c, f, io, options.on_error == "skip"))  # a mixture counts each source's matching rows
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
-        catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
+        catalog: Catalog
+        if isinstance(stored, MixCatalog):
+            catalog, stored = stored, stored.unfiltered or stored
+        else:
+            catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
         book = self._use_catalog(catalog)
         flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
         read_columns = self.columns if flat else nested.top_columns(self._selected)
@@ -324,7 +329,7 @@ class StructuredDataset(IterableDataset):
         if is_mixture(path):
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
             defaults = (format, storage_options, self._max_split_rows, self._source)
-            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order)
+            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *self._mixture_filters)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:

@@ -24,9 +24,9 @@ def checkpoint(dataset: Any, form: str) -> dict:
         return worker_state(dataset._config(), dataset._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
     splits = dataset._catalog.splits_at(progress.epoch)
     compact = use_compact(form, len(splits))
-    if compact and (dataset.canonical_lanes is not None or isinstance(dataset._catalog, MixCatalog)):
+    if compact and dataset.canonical_lanes is not None:
         if form == "compact":
-            raise ValueError("state_dict(form='compact') is not available with canonical_lanes or a mixture of sources; use form='full'")
+            raise ValueError("state_dict(form='compact') is not available with canonical_lanes; use form='full'")
         compact = False
     files = cached_summary(dataset._catalog) if compact else dataset._catalog.fingerprint
     state = rank_state(dataset._config(), files, progress, dataset._delivery.plan(), splits, dataset.chunk_rows, compact)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
@@ -21,6 +21,7 @@ from ..plan.splits import MAX_ROW_COUNT, Split
 from ..plan.streams import SplitRows
 from ..storage.remote import IOOptions
 from .build import Catalog, build_catalog
+from .filter_prune import row_filter
 from .schema import check_missing_columns, missing_columns, unify
 from .sources import SourceOptions
 
@@ -84,6 +85,7 @@ class MixCatalog(Catalog):
     formats: list[FileFormat] = field(default_factory=list)  # per file: its source's format
     sources: list[dict] = field(default_factory=list)  # per source: what a state records of it
     plan: MixturePlan | None = None
+    unfiltered: Catalog | None = None  # with filters=: the same files with all their rows (random access numbers those)
 
     def fs_of(self, file: int) -> Any:
         return self.stores[file]
@@ -114,14 +116,12 @@ def _check_source_columns(index: int, source: Source, catalog: Catalog, columns:
     return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
 
-def check_mixture_arguments(path: Any, epoch_rows: Any, filters: Any, canonical_lanes: Any) -> int | None:
+def check_mixture_arguments(path: Any, epoch_rows: Any, canonical_lanes: Any) -> int | None:
     """``epoch_rows``; ValueError for arguments a mixture (or a plain dataset) does not take."""
     if not is_mixture(path):
         if epoch_rows is not None:
             raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
         return None
-    if filters is not None:
-        raise ValueError("filters= does not apply to a mixture of Sources yet: filter each source's files beforehand")
     if canonical_lanes is not None:
         raise ValueError("canonical_lanes= does not apply to a mixture of Sources: a mixture deals its own blocks")
     return epoch_rows
@@ -140,10 +140,14 @@ def build_mixture_catalog(
     io: IOOptions,
     epoch_rows: int | None,
     order: tuple[bool, int, int],
+    filters: Any = None,
+    count_filtered: Callable[[Catalog, Any], Catalog] | None = None,
 ) -> MixCatalog:
     """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
     dataset's (format, storage_options), for sources without their own, then its split_rows and
-    source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows)."""
+    source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows). With
+    ``filters``, ``count_filtered(catalog, filters)`` (read/filtering.py) plans each source over
+    the rows the filter matches, and the sources' shares are of those rows."""
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
@@ -158,21 +162,43 @@ def build_mixture_catalog(
         for s in sources
     ]
     labels = [_label(i, s) for i, s in enumerate(sources)]
-    projected = [_check_source_columns(i, s, c, columns) for i, (s, c) in enumerate(zip(sources, catalogs))]
+    read_columns = columns
+    if filters is not None:  # every source must hold the filter's columns; they are read with the selected ones
+        needed = [name for label, catalog in zip(labels, catalogs) for name in _filter_columns(label, catalog, filters)]
+        read_columns = None if columns is None else [*columns, *dict.fromkeys(n for n in needed if n not in columns)]
+    projected = [_check_source_columns(i, s, c, read_columns) for i, (s, c) in enumerate(zip(sources, catalogs))]
     known = [(schema, label) for schema, label in zip(projected, labels) if schema is not None]
     try:
         unified = unify([s for s, _ in known], [label for _, label in known]) if known else None
     except ValueError as error:
         raise ValueError(str(error).replace("files have incompatible schemas", "the mixture's sources have incompatible schemas", 1)) from None
+    stored = catalogs
+    if filters is not None:
+        assert count_filtered is not None, "filters need the counting pass"
+        catalogs = [count_filtered(catalog, filters) for catalog in catalogs]
     sizes = [sum(layout.num_rows for layout in c.layouts) for c in catalogs]
     if unified is not None:
         lacks = [missing_columns(s, unified) if s is not None else tuple(unified.names) for s in projected]
-        check_missing_columns(unified, columns, lacks, list(zip(labels, sizes)))
+        check_missing_columns(unified, read_columns, lacks, list(zip(labels, sizes)))
     rows = allocate_rows(sizes, [s.rows_per_epoch for s in sources], [s.weight for s in sources], None if epoch_rows is None else int(epoch_rows))
     empty = [label for label, size, n in zip(labels, sizes, rows) if size == 0 and n]
     if empty:
-        raise ValueError(f"{empty[0]} has no rows, so it cannot contribute rows to an epoch; leave it out of the mixture")
-    return _combine(sources, catalogs, unified, rows, split_bytes, order)
+        matching = " that match filters=" if filters is not None else ""
+        raise ValueError(f"{empty[0]} has no rows{matching}, so it cannot contribute rows to an epoch; leave it out of the mixture")
+    mixture = _combine(sources, catalogs, unified, rows, split_bytes, order)
+    if filters is not None:
+        mixture.row_filter = row_filter(filters, unified)  # the filter on the columns as read (conformed to the unified schema)
+        mixture.source_layouts = [layout for c in catalogs for layout in (c.source_layouts or c.layouts)]
+        mixture.unfiltered = _combine(sources, stored, unified, rows, split_bytes, order)
+    return mixture
+
+
+def _filter_columns(label: str, catalog: Catalog, filters: Any) -> tuple[str, ...]:
+    """The columns ``filters`` reads, checked against one source (ValueError naming the source)."""
+    try:
+        return tuple(row_filter(filters, catalog.schema).columns)
+    except ValueError as error:
+        raise ValueError(f"{label}: {error}") from None
 
 
 def _combine(

@@ -24,6 +24,7 @@ from ..state.schema import (
     VERSION,
     WORKER,
 )
+from .inspect_mixture import describe_mixture, mixture_for_state, mixture_sources, mixture_sources_of, print_mixture, rows_by_source
 from .options import storage_options
 from .output import EXIT_FAILED, EXIT_OK, human_bytes, print_json
 from .state_file import load_checkpoint, states_in
@@ -76,6 +77,9 @@ def describe_state(state: dict) -> dict:
         workers=workers,
         skipped_splits=list(state.get(SKIPPED_SPLITS) or []),
     )
+    mixture = describe_mixture(state)
+    if mixture is not None:
+        info["mixture"] = mixture
     return info
 
 
@@ -122,6 +126,8 @@ def print_state(info: dict, label: str) -> None:
         print(f"  remaining  {info['rows_remaining']:,} rows in epoch {info['epoch']}")
     else:
         print("  remaining  unknown: this state has no 'rows_total' (older version); give PATH to compute it")
+    if info.get("mixture") is not None:
+        print_mixture(info["mixture"])
     for w in info["workers"]:
         rest = "" if w["rows_remaining"] is None else f", {w['rows_remaining']:,} remaining"
         print(f"  worker {w['worker']:<3} {w['rows_delivered']:,} rows delivered{rest}; "
@@ -134,7 +140,7 @@ def print_state(info: dict, label: str) -> None:
         print(f"  skipped    {_split_text(split)}: {split.get('error', 'read error')} (on_error='skip')")
 
 
-def _dataset_for_state(path: list[str], **options: Any) -> Any:
+def _dataset_for_state(path: list[Any], **options: Any) -> Any:
     """A StructuredDataset on ``path`` planned with a state's settings. A state does not depend on
     the job's columns (it does not record them), so when some column has no batch form the
     dataset selects the columns that have one."""
@@ -143,6 +149,8 @@ def _dataset_for_state(path: list[str], **options: Any) -> Any:
     try:
         return StructuredDataset(path, **options)
     except (TypeError, ValueError) as error:
+        if mixture_sources_of(path):
+            raise
         columns = _columns_with_batch_form(path, options)
         if not columns:
             raise error from None
@@ -182,10 +190,16 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     options.update(format=args.format, storage_options=storage_options(args))
     if args.filters is not None:
         options["filters"] = args.filters
+    mixture = mixture_sources(state) is not None
     try:
-        dataset = _dataset_for_state(list(path), **options)
+        if mixture:  # the sources the state records, on PATHs (one per source) where given
+            sources, epoch_rows = mixture_for_state(state, path)
+            dataset = _dataset_for_state(sources, epoch_rows=epoch_rows, **options)
+        else:
+            dataset = _dataset_for_state(list(path), **options)
     except (TypeError, ValueError) as error:
-        _dataset_for_state(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
+        if not mixture:
+            _dataset_for_state(list(path), format=args.format, storage_options=storage_options(args), num_workers=0)  # unreadable data: exit 2
         return False, f"cannot build a dataset with the state's configuration on this data: {error}", None
     try:
         if state.get(SCOPE) == "worker":
@@ -202,6 +216,8 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
         remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
         if getattr(args, "splits", False):
             args.completed_splits = [{**split, "worker": entry["worker"]} for entry in loaded[COMPLETED_SHARDS] for split in entry["splits"]]
+        if mixture:
+            args.source_rows_delivered = rows_by_source(dataset)
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
 
 
@@ -225,6 +241,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             info["matches_data"] = {"matches": matches, "explanation": why, "rows_remaining": remaining}
             if getattr(args, "splits", False) and matches:
                 info["completed_splits"] = getattr(args, "completed_splits", [])
+            if matches and info.get("mixture") is not None:
+                for source, rows in zip(info["mixture"], getattr(args, "source_rows_delivered", [])):
+                    source["rows_delivered"] = rows
             all_match &= matches
         report.append((key, info))
     if args.json:

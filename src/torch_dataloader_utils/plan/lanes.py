@@ -70,6 +70,8 @@ class StreamBook:
 
     #: decoded windows a reader keeps: a lane reads one stream at a time (canonical lanes read several in turn)
     reader_windows = 2
+    #: whether ``assignment`` deals splits (a mixture's book deals blocks of several splits)
+    deals_splits = True
 
     def __init__(self, split_rows: Sequence[SplitRows], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int):
         self._split_rows = split_rows

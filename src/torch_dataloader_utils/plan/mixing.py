@@ -7,11 +7,10 @@ order, cycled forever; epoch ``e`` takes the walk's rows ``[e r, (e + 1) r)``. S
 appears ``q`` or ``q + 1`` times, which rows get the extra copy changes with the epoch, and a
 downsampled source (``q = 0``) is covered once before any row repeats.
 
-Every range of a source's epoch sequence is a split of the epoch (``MixSplit``, told apart from
-another copy of the same rows by ``copy``). The epoch is cut into *blocks*, each holding the same
-fraction of every source's sequence (about one split of each); blocks are what ranks and workers
-are dealt. A block is cut
-into windows of about ``buffer_rows`` rows, again in proportion, and a window's rows come out
+The epoch is cut into *blocks*, each holding the same fraction of every source's sequence
+(about one split of each); blocks are what ranks and workers are dealt. Every range of a source's
+epoch sequence, cut where a block ends, is a split of the epoch (``MixSplit``, told apart from
+another copy of the same rows by ``copy``). A block is cut into windows of about ``buffer_rows`` rows, again in proportion, and a window's rows come out
 interleaved by a proportional merge (rows of each source permuted first when shuffling), so any
 run of rows of a window holds every source in proportion to within a row or two.
 """
@@ -222,20 +221,20 @@ class MixturePlan:
         return out
 
     def _plan_epoch(self, epoch: int) -> EpochMix:
+        rows = np.array([s.rows_per_epoch for s in self.sources], dtype=np.int64)
+        blocks = max(1, min(self.block_count, int(rows.sum())))
+        block_bounds = np.array([[b * n // blocks for b in range(blocks + 1)] for n in rows.tolist()], dtype=np.int64).reshape(len(rows), blocks + 1)
         splits: list[MixSplit] = []
         split_rows: list[SplitRows] = []
         first_split, starts = [], []
         for index, source in enumerate(self.sources):
             first_split.append(len(splits))
-            ranges = self.source_ranges(index, epoch)
+            ranges = _cut_at(self.source_ranges(index, epoch), block_bounds[index])
             for split, start, stop, copy in ranges:
                 file = source.splits[split].file
                 splits.append(MixSplit(source.paths[split], start, stop - start, index, copy))
                 split_rows.append(SplitRows(file, start, stop))
             starts.append(np.concatenate([[0], np.cumsum([stop - start for _, start, stop, _ in ranges], dtype=np.int64)]))
-        rows = np.array([s.rows_per_epoch for s in self.sources], dtype=np.int64)
-        blocks = max(1, min(self.block_count, int(rows.sum())))
-        block_bounds = np.array([[b * n // blocks for b in range(blocks + 1)] for n in rows.tolist()], dtype=np.int64).reshape(len(rows), blocks + 1)
         columns, block_windows = [], [0]
         for block in range(blocks):
             lo, hi = block_bounds[:, block], block_bounds[:, block + 1]
@@ -283,8 +282,32 @@ class MixturePlan:
         return out
 
 
+def _cut_at(ranges: list[tuple[int, int, int, int]], bounds: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """``source_ranges`` cut where a block of the source's sequence ends, so that every split of
+    a mixture lies in one block: one worker reads it, in one run of its windows, which keeps a
+    state's splits in progress to those of the block being read."""
+    out = []
+    position = 0
+    cuts = iter(int(b) for b in bounds[1:-1])
+    cut = next(cuts, None)
+    for split, start, stop, copy in ranges:
+        end = position + stop - start
+        while cut is not None and cut <= position:
+            cut = next(cuts, None)
+        while cut is not None and cut < end:
+            middle = start + cut - position
+            out.append((split, start, middle, copy))
+            start, position = middle, cut
+            cut = next(cuts, None)
+        out.append((split, start, stop, copy))
+        position = end
+    return out
+
+
 class MixtureBook(StreamBook):
     """The stream book of a mixture: blocks (not splits) are dealt, streams are mixed windows."""
+
+    deals_splits = False
 
     def __init__(self, plan: MixturePlan):
         super().__init__([], plan.file_offsets, plan.shuffle, plan.seed, plan.buffer_rows)

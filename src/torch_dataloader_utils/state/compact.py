@@ -82,13 +82,13 @@ class LaneOrder:
                     last[piece.split] = None
             self.splits, self.bounds = list(last), None
         self.position = {split: i for i, split in enumerate(self.splits)}
-        self.digest = _digest([[s.path, s.row_offset, s.row_length] for s in (splits[i] for i in self.splits)])
+        self.digest = _digest([list(splits[i].to_dict().values()) for i in self.splits])  # (a mixture's: also source and copy)
 
 
 def _whole_stream_runs(book: StreamBook, segments: Sequence[Segment]) -> tuple[list[int], list[int], list[int]] | None:
     """``_unshuffled_runs`` of a planned lane (one whole unshuffled stream), from its splits' row
     counts alone: its splits are read whole, one after another, in the order they were dealt."""
-    if book.shuffled or len(segments) != 1:
+    if book.shuffled or len(segments) != 1 or not book.deals_splits:
         return None
     key = segments[0].key
     order = book.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
