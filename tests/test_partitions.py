@@ -8,12 +8,14 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from servers import BUCKET, s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.catalog.partitions import NULL_VALUE, parse_partitions, prune
+from torch_dataloader_utils.catalog.partitions import NULL_VALUE, directory_guarantee, parse_partitions
+from torch_dataloader_utils.read import filtering
 from torch_dataloader_utils.storage.versions import FileEntry
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
@@ -69,6 +71,7 @@ def test_exactly_once_and_resume_at_every_point(root, workers, shuffle):
         )  # fmt: skip
 
     assert len(make()[1].splits) >= 8
+
     def key(batch: dict) -> tuple:
         return ids(batch), tuple(batch["year"].tolist()), tuple(batch["cat"])
 
@@ -85,7 +88,33 @@ def test_values_are_typed_over_all_files():
     assert parts.types == (pa.date32(), pa.string())
     assert parts.values["/r/d=2024-01-31/n=7/f"] == (datetime.date(2024, 1, 31), "7")
     assert parts.values["/r/d=__HIVE_DEFAULT_PARTITION__/n=x/f"] == (None, "x")
-    assert prune(_entries("/r/d=2024-01-31/n=7/f", "/r/d=2024-02-01/n=-3/f"), parts, lambda v: v["n"] == "7")[0].url.endswith("n=7/f")
+    guarantee = directory_guarantee(parts, "/r/d=__HIVE_DEFAULT_PARTITION__/n=x/f")
+    assert guarantee.equals(pc.field("d").is_null() & (pc.field("n") == pa.scalar("x")))
+
+
+def test_filters_on_partition_keys_prune_directories_unread(root, monkeypatch):
+    """Files whose directories rule the filter out are neither counted nor read; where the
+    directories alone decide, no file is opened to count; the rows are pyarrow's."""
+    opened: list[str] = []
+    count_file = filtering._count_file
+
+    def recording(catalog, file, units, *args):
+        if filtering.SOME in units:
+            opened.append(catalog.files[file].url)
+        return count_file(catalog, file, units, *args)
+
+    monkeypatch.setattr(filtering, "_count_file", recording)
+    everything = pq.read_table(root, partitioning="hive").to_pylist()
+    cases = [
+        ([("year", "=", 2024)], lambda row: row["year"] == 2024, 0),
+        ([("year", "=", 2023), ("id", ">=", 100)], lambda row: row["year"] == 2023 and row["id"] >= 100, 1),
+    ]  # (part-0 ends below id 100)
+    for filters, keep, files_counted in cases:
+        opened.clear()
+        dataset = StructuredDataset(root, partitioning="hive", filters=filters, batch_size=16)
+        got = sorted(i for batch in dataset for i in ids(batch))
+        assert got == sorted(row["id"] for row in everything if keep(row)), filters
+        assert len(opened) == files_counted and all("year=2023" in url for url in opened), opened
 
 
 @pytest.mark.parametrize("paths", [("/r/a=1/f", "/r/f"), ("/r/a=1/f", "/r/b=1/f"), ("/r/a=1/f", "/r/a=1/loose/f")])
@@ -113,7 +142,9 @@ def test_remote_hive_directories_on_s3(s3, root):
             with open(os.path.join(directory, name), "rb") as handle:
                 s3.fs.pipe_file(f"{BUCKET}/hive/{relative}", handle.read())
     s3.fs.invalidate_cache()
-    loader, _ = StructuredDataset.create_dataloader(s3.url("hive"), partitioning="hive", num_workers=2, batch_size=50, storage_options=s3.options, columns=["id", "year"])
+    loader, _ = StructuredDataset.create_dataloader(
+        s3.url("hive"), partitioning="hive", num_workers=2, batch_size=50, storage_options=s3.options, columns=["id", "year"]
+    )
     batches = list(loader)
     assert sorted(i for batch in batches for i in ids(batch)) == list(range(300))
     assert {year for batch in batches for year in batch["year"].tolist()} == {2023, 2024}

@@ -252,10 +252,12 @@ def may_match(
     unified: pa.Schema,
     missing: Sequence[Sequence[str]],
     orc: Sequence[list[dict[str, Any]]] | None = None,
+    directories: Sequence[pc.Expression | None] | None = None,
 ) -> list[list[int]]:
     """Per file, per unit: NONE where statistics rule out every row, ALL where they show every row
     matches (the filter's negation cannot hold: a null never satisfies a guarantee's bounds), else
-    SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``)."""
+    SOME. Parquet statistics come from ``footers``, ORC ones from ``orc`` (``orc_statistics``);
+    ``directories``: per file, what its Hive partition values guarantee of every row (or None)."""
     unit_counts = [len(rows) for rows in unit_rows]
     guarantees_of: list[pc.Expression] = []
     where: list[tuple[int, int]] = []
@@ -268,6 +270,11 @@ def may_match(
         elif orc is not None and len(orc[file]) == count:  # (the unified schema stands for the file's: its types only widen)
             guarantees = [_orc_guarantee(orc[file][unit], unified, rows_filter.columns, unified, lacking, unit_rows[file][unit]) for unit in range(count)]
         else:
+            guarantees = []
+        directory = directories[file] if directories else None
+        if directory is not None:
+            guarantees = [directory & guarantee for guarantee in guarantees] if guarantees else [directory] * count
+        if not guarantees:
             continue
         guarantees_of.extend(guarantees)
         where.extend((file, unit) for unit in range(count))

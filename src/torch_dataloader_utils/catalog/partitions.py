@@ -6,8 +6,8 @@ schema unification and batches treat them like the file's own columns. Values ar
 key over all files: integers (int64), floats (float64), dates (YYYY-MM-DD, date32), else
 strings; ``__HIVE_DEFAULT_PARTITION__`` is null. Values are URL-decoded (``%20``).
 
-``prune`` is the hook for directory-level filters: it keeps the files whose partition values a
-predicate accepts, before any footer is read.
+``directory_guarantee`` is what a file's directories say of its rows: ``filters=`` prunes with it
+(catalog/filter_prune.py), so files of directories the filter rules out are neither counted nor read.
 """
 
 from __future__ import annotations
@@ -15,13 +15,18 @@ from __future__ import annotations
 import datetime
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 from ..formats import FileFormat
 from ..plan.splits import FileLayout
@@ -107,9 +112,14 @@ def parse_partitions(files: Sequence[FileEntry], roots: Sequence[str]) -> Partit
     return Partitions(keys, tuple(kind for kind, _ in columns), values)
 
 
-def prune(files: Sequence[FileEntry], partitions: Partitions, keep: Callable[[dict[str, Any]], bool]) -> list[FileEntry]:
-    """The files whose partition values (key -> value) ``keep`` accepts (the filters hook)."""
-    return [entry for entry in files if keep(dict(zip(partitions.keys, partitions.values[entry.url])))]
+def directory_guarantee(partitions: Partitions, url: str) -> pc.Expression:
+    """What every row of the file at ``url`` satisfies by its directories: each key equals its
+    value (or is null), for pruning files by ``filters=`` without opening them."""
+    guarantee = None
+    for key, kind, value in zip(partitions.keys, partitions.types, partitions.values[url]):
+        term = pc.field(key).is_null() if value is None else pc.field(key) == pa.scalar(value, kind)
+        guarantee = term if guarantee is None else guarantee & term
+    return guarantee if guarantee is not None else pc.scalar(True)
 
 
 def _constant(value: Any, kind: pa.DataType, rows: int) -> pa.Array:

@@ -34,9 +34,11 @@ import pyarrow as pa
 
 from ..catalog.build import Catalog, replanned
 from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, may_match, orc_statistics, row_filter
+from ..catalog.partitions import directory_guarantee
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
+from ..formats.parquet import KeptFooter
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
 from .conform import UnitRows, iter_conformed, read_conformed
@@ -57,8 +59,11 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None, 
     check_repeated_columns(catalog.schema, list(rows_filter.columns), catalog.repeated_columns)
     layouts = catalog.layouts
     orc = orc_statistics(catalog.fs, catalog.files) if catalog.format.name == "orc" else None
-    footers = [catalog.footer(index) for index in range(len(catalog.files))]
-    matching = may_match(rows_filter, footers, [layout.unit_rows for layout in layouts], catalog.schema, catalog.missing_columns, orc)
+    footers = [_statistics_footer(catalog.footer(index)) for index in range(len(catalog.files))]
+    partitions = getattr(catalog.format, "partitions", None)  # (a PartitionedFormat: hive directories)
+    directories = [directory_guarantee(partitions, entry.url) for entry in catalog.files] if partitions is not None else None
+    unit_rows = [layout.unit_rows for layout in layouts]
+    matching = may_match(rows_filter, footers, unit_rows, catalog.schema, catalog.missing_columns, orc, directories)
     source = replace(catalog, row_filter=rows_filter, source_layouts=layouts)
     counts = count_matching(source, matching, io.cache_dir if io is not None else None, skip_errors)
     filtered = [
@@ -69,6 +74,13 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None, 
     units, rows = sum(map(len, matching)), sum(map(sum, counts))
     log.debug("filters=%s: of %d units, statistics rule out %d and show %d match whole; %d rows match", rows_filter.text, units, *known, rows)
     return replanned(source, filtered)
+
+
+def _statistics_footer(footer: Any) -> Any:
+    """The footer whose statistics prune: a partitioned file's is the first of (footer, values), a
+    remote Parquet file's is kept as its bytes."""
+    inner = footer[0] if isinstance(footer, tuple) else footer
+    return inner.parsed() if isinstance(inner, KeptFooter) else inner
 
 
 # ------------------------------------------------------------------ counting at planning
