@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import replace
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -127,7 +128,7 @@ class StructuredDataset(IterableDataset):
         self._max_split_rows = options.split_rows
         self._selected: list[nested.BatchColumn] = []
         self._epoch_rows = check_mixture_arguments(path, epoch_rows, canonical_lanes)
-        self._mixture_filters = (filters, lambda c, f: filter_catalog(c, f, io, options.on_error == "skip"))  # a mixture counts each source's matching rows
+        self._mixture_filters = (filters, functools.partial(filter_catalog, io=io, skip_errors=options.on_error == "skip"))  # a mixture counts each source's matching rows
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog: Catalog
         if isinstance(stored, MixCatalog):
