@@ -58,6 +58,21 @@ def cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns:
     same row) alone, in one row group of ``rows`` rows: their dictionary and kept pages, read from
     ``source`` as pyarrow asks for them, under a footer of these columns alone (their schema,
     Arrow types, column orders and the file's writer)."""
+    return SplicedFile(source, _parts(thrift, schema, unit, columns, rows))
+
+
+def spliced_bytes(thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut, Any, Any]], rows: int) -> bytes:
+    """``cut_file``'s file in memory, from the bytes of each cut's dictionary page and kept pages
+    (leaf -> name, cut, dictionary bytes, pages bytes; the dictionary's may be empty)."""
+    held = {}
+    for _, cut, dictionary, pages in columns.values():
+        held[cut.dictionary] = dictionary
+        held[cut.pages] = pages
+    parts = _parts(thrift, schema, unit, {leaf: (name, cut) for leaf, (name, cut, _, _) in columns.items()}, rows)
+    return b"".join(part if isinstance(part, bytes) else held[part] for part in parts if (len(part) if isinstance(part, bytes) else part[1]))
+
+
+def _parts(thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut]], rows: int) -> list[bytes | tuple[int, int]]:
     chunks = row_group(thrift, unit).structs(GROUP_COLUMNS)
     parts: list[bytes | tuple[int, int]] = [MAGIC]
     new_chunks, offset, uncompressed = [], len(MAGIC), 0
@@ -89,7 +104,7 @@ def cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns:
         ]
     )
     encoded = encode_struct(_footer_of(thrift, schema, {leaf: columns[leaf][0] for leaf in sorted(columns)}, rows, group))
-    return SplicedFile(source, parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC])
+    return parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC]
 
 
 def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: int, group: Struct) -> Struct:

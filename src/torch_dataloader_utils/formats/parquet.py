@@ -16,6 +16,7 @@ from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
 from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
+from ._parquet_range import Decoded, PageIndexes, read_range, worth_reading
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
@@ -55,6 +56,8 @@ class _ParquetReader:
         self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
         self._footer: pq.FileMetaData = footer if footer is not None else self._file.metadata
         self._use_threads = use_threads
+        self._pages = PageIndexes()  # the page indexes read_rows decoded
+        self._schema: pa.Schema | None = None
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._threads(unit))
@@ -94,6 +97,25 @@ class _ParquetReader:
             # a page index or cut file pyarrow does not take: decoding from the first row names
             # any damage that matters to the rows read
             log.debug("decoding row group %d from its first row, not seeking to row %d: %s", unit, first_row, error)
+            return None
+
+    def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Decoded | None:
+        """At least rows [start, stop) of the row group, each column decoded from its pages that
+        hold them alone (``_parquet_range``); None when the file has no page index for them (or
+        one that does not match its pages) or when reading the footer and page index in Python
+        would cost more than the decoding it saves."""
+        return self._read_rows(unit, columns, start, stop, None)
+
+    def _read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int, fetch: Callable[[list[tuple[int, int]]], None] | None) -> Decoded | None:
+        if not worth_reading(self._footer, unit, columns, start, stop):
+            return None
+        if self._schema is None:
+            self._schema = self._footer.schema.to_arrow_schema()
+        try:
+            thrift = self._footer_thrift(unit)
+            return read_range(self._source, self._footer, self._schema, thrift, unit, columns, start, stop, self._pages, fetch, self._use_threads)
+        except (ThriftError, pa.ArrowException) as error:
+            log.debug("reading rows %d..%d of row group %d another way: %s", start, stop, unit, error)
             return None
 
     def _footer_thrift(self, unit: int) -> Struct:
@@ -167,6 +189,15 @@ class _RemoteParquetReader(_ParquetReader):
             else:
                 fetch(chunks)
             yield from self._batches_from(unit, columns, batch_rows, first_row)
+        finally:
+            self._source.forget(fetched)
+
+    def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Decoded | None:
+        """``_ParquetReader.read_rows``, fetching the page indexes it does not hold yet, then the
+        pages (a round of concurrent requests each)."""
+        fetched: list[tuple[int, bytes]] = []
+        try:
+            return self._read_rows(unit, columns, start, stop, lambda ranges: fetched.extend(self._source.fetch(coalesce(ranges))))
         finally:
             self._source.forget(fetched)
 

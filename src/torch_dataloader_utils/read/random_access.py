@@ -23,7 +23,7 @@ from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningE
 from ..plan.row_index import RowIndex, normalize_rows, unit_groups
 from ..storage.paths import is_local
 from ..storage.versions import check_version
-from .conform import iter_conformed, project, read_conformed
+from .conform import iter_conformed, project, read_conformed, read_rows_conformed
 from .convert import slice_columns, table_to_columns
 from .nested import BatchColumn, flatten
 from .nulls import DEFAULT_POLICY, ColumnPolicy
@@ -139,7 +139,7 @@ class RowAccess:
             short = hi - lo + 1 <= unit_rows * PARTIAL_FRACTION and key not in self.cache
             partial = short and getattr(self.catalog.format_of(file), "streams_units", False)
             if partial:
-                cached = CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
+                cached = self._read_part(reader, file, unit, lo, hi)
             else:
                 cached = CachedRows(0, read_conformed(reader, unit, self.columns, self.catalog, file))
         except Exception as error:  # noqa: BLE001 - re-raised naming the file and unit
@@ -147,6 +147,17 @@ class RowAccess:
             raise self._read_error(file, unit, error) from error
         self.cache.put(key, cached)
         return cached
+
+    def _read_part(self, reader: Any, file: int, unit: int, lo: int, hi: int) -> CachedRows:
+        """Rows lo..hi of a unit and at least ``PARTIAL_MIN_ROWS`` (or to the unit's end): only the
+        pages that hold them where the reader can (``read_rows``: Parquet with a page index), with
+        the rows before lo that every column decoded; else from the page holding lo (``_read_run``)."""
+        stop = min(max(hi + 1, lo + PARTIAL_MIN_ROWS), self.catalog.layouts[file].unit_rows[unit])
+        if hasattr(reader, "read_rows"):
+            read = read_rows_conformed(reader, unit, self.columns, self.catalog, file, lo, stop)
+            if read is not None:
+                return CachedRows(*read)
+        return CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
 
     def _read_run(self, reader: Any, file: int, unit: int, lo: int, hi: int) -> pa.Table:
         """Rows lo.. of a unit: through hi, and at least ``PARTIAL_MIN_ROWS`` (or to the unit's
