@@ -27,6 +27,7 @@ from .conform import iter_conformed, project, read_conformed, read_rows_conforme
 from .convert import slice_columns, table_to_columns
 from .nested import BatchColumn, flatten
 from .nulls import DEFAULT_POLICY, ColumnPolicy
+from .output_formats import table_in_format
 from .row_keys import parse_key, row_of
 from .unit_cache import DEFAULT_ROW_CACHE_BYTES, CachedRows, UnitCache
 
@@ -54,8 +55,10 @@ class RowAccess:
         cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
         selected: list[BatchColumn] | None = None,
         policy: ColumnPolicy = DEFAULT_POLICY,
+        output_format: str = "torch",
     ):
         self.catalog = catalog
+        self.output_format = output_format  # what a batch is (output_formats.OUTPUT_FORMATS)
         self.columns = columns  # as read: top-level columns when ``selected`` takes structs and maps apart
         self.selected = selected
         self.policy = policy
@@ -70,8 +73,9 @@ class RowAccess:
         """Rows in all files."""
         return self.index.num_rows
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
-        """One row (an int key) or a batch (any other key form; see ``row_keys.parse_key``)."""
+    def __getitem__(self, key: Any) -> Any:
+        """One row (an int key: column -> item of the batch's column) or a batch in
+        ``output_format`` (any other key form; see ``row_keys.parse_key``)."""
         rows = parse_key(key, self.num_rows)
         if isinstance(rows, int):
             return row_of(self.batch(np.array([rows], dtype=np.int64)), 0)
@@ -85,19 +89,21 @@ class RowAccess:
         located = self.index.locate(np.array([row], dtype=np.int64))
         return self.catalog.files[int(located.file[0])].url, int(located.row_in_file[0])
 
-    def batch(self, rows: np.ndarray) -> dict[str, Any]:
-        """Rows (global, in [0, num_rows) or negative from the end) as a batch in the loader's form,
-        in the order given."""
+    def batch(self, rows: np.ndarray) -> Any:
+        """Rows (global, in [0, num_rows) or negative from the end) as a batch in the loader's form
+        for ``output_format``, in the order given."""
         rows = normalize_rows(rows, self.num_rows)
         table = self.table(rows)
         if self.selected is not None:
             table = flatten(table, self.selected)
+        if self.output_format != "torch":
+            return table_in_format(table, self.output_format)
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
         return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
 
     def replanned(self, catalog: Catalog) -> RowAccess:
         """The same access over another catalog (a table dataset's other snapshot)."""
-        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy)
+        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy, self.output_format)
 
     def table(self, rows: np.ndarray) -> pa.Table:
         """Rows (global, in range) as one Arrow table conformed to the dataset's schema, in order."""
