@@ -48,9 +48,9 @@ from ._parquet_footer import (
     META_NUM_VALUES,
     row_group,
 )
-from ._parquet_pages import HEADER_READ, Cut, Page, data_page, page_locations, parse_page
+from ._parquet_pages import HEADER_READ, Cut, Page, data_page, page_locations
 from ._parquet_seek import _leaves, _values_per_row
-from ._parquet_splice import spliced_bytes
+from ._parquet_splice import in_place_footer, spliced_bytes
 from ._thrift_compact import Struct, ThriftError
 
 #: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each).
@@ -173,7 +173,7 @@ def read_range(
     if fetch is not None:
         fetch([r for column in wanted for r in _ranges(column, spans[column.name], indexes.get((unit, column.leaf)))])  # type: ignore[arg-type]
     cuts = {column.name: _cut(source, indexes.get((unit, column.leaf)), column, spans[column.name], group_rows) for column in wanted}  # type: ignore[arg-type]
-    first, table = _decode(thrift, schema, unit, wanted, cuts, list(leaves), stop, threads)
+    first, table = _decode(source, thrift, schema, unit, wanted, cuts, list(leaves), stop, threads)
     return Decoded(first, table, group_rows)
 
 
@@ -234,18 +234,13 @@ def _side(chunk: _Chunk, span: _Span) -> tuple[range, bool]:
     return (before, True) if unknown(before) <= unknown(after) else (after, False)
 
 
-def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int, Any, Any]:
-    """The column's cut for ``span``, checked: (the cut, its rows, its dictionary's and its kept
-    pages' bytes)."""
+def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int]:
+    """The column's cut for ``span``, checked, and its rows."""
     locations = chunk.locations
-    kept_start = locations[span.first][0]
-    kept_end = locations[span.last][0] + locations[span.last][1]
-    pages = _read(source, kept_start, kept_end - kept_start)
-    view = memoryview(pages)
     values, dictionary = 0, False
     for page in range(span.first, span.last + 1):
         offset, size, _ = locations[page]
-        header = parse_page(view[offset - kept_start : offset - kept_start + size], offset, size)
+        header = data_page(source, offset, size)
         chunk.counts[page] = _rows(header, column.per_row)
         values += header.values
         dictionary = dictionary or header.dictionary
@@ -253,9 +248,9 @@ def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: i
     end_row = chunk.firsts[span.last + 1] if span.last + 1 < len(locations) else group_rows
     if column.per_row is not None:  # (else from the first page: rows cannot shift, pyarrow counts the rest)
         _check(source, chunk, span, first_row, end_row, group_rows, column.per_row)
-    dictionary_bytes = _read(source, column.start, column.data - column.start) if dictionary and column.data > column.start else b""
-    cut = Cut((column.start, len(dictionary_bytes)), (kept_start, kept_end - kept_start), first_row, values)
-    return cut, end_row - first_row, dictionary_bytes, pages
+    kept_start, kept_end = locations[span.first][0], locations[span.last][0] + locations[span.last][1]
+    cut = Cut((column.start, column.data - column.start if dictionary else 0), (kept_start, kept_end - kept_start), first_row, values)
+    return cut, end_row - first_row
 
 
 def _rows(header: Page, per_row: int | None) -> int | None:
@@ -285,6 +280,8 @@ def _check(source: Any, chunk: _Chunk, span: _Span, first_row: int, end_row: int
 
 
 def _read(source: Any, offset: int, size: int) -> Any:
+    if not size:
+        return b""
     # a local file read with os.pread: pyarrow's read_at allocates from its memory pool, which
     # for a fresh megabyte costs several times the copy from the page cache
     data = os.pread(source.fileno(), size, offset) if isinstance(source, pa.OSFile) else source.read_at(size, offset)
@@ -293,10 +290,17 @@ def _read(source: Any, offset: int, size: int) -> Any:
     return data
 
 
-_Cuts = dict[str, tuple[Cut, int, Any, Any]]
+_Cuts = dict[str, tuple[Cut, int]]
+
+
+def _in_place(cut: Cut) -> bool:
+    """Whether the cut's bytes are one range of the file: no dictionary page, or the dictionary
+    page right before its pages."""
+    return not cut.dictionary[1] or cut.dictionary[0] + cut.dictionary[1] == cut.pages[0]
 
 
 def _decode(
+    source: Any,
     thrift: Struct, schema: pa.Schema, unit: int, wanted: list[_Column], cuts: _Cuts, names: list[str], stop: int, threads: bool
 ) -> tuple[int, pa.Table]:
     """Decode the cuts up to row ``stop``, those starting at the same row as one file each, and
@@ -309,8 +313,15 @@ def _decode(
     def decode(first_row: int, group: list[_Column]) -> pa.Table:
         group.sort(key=lambda column: column.leaf)
         rows = stop - first_row
-        data = spliced_bytes(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0], cuts[c.name][2], cuts[c.name][3]) for c in group}, rows)
-        table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(columns=[c.name for c in group], use_threads=False)
+        names = [c.name for c in group]
+        if isinstance(source, pa.NativeFile) and all(_in_place(cuts[c.name][0]) for c in group):
+            # pyarrow reads the kept pages from the file itself, under a footer of their own
+            metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
+            table = pq.ParquetFile(source, metadata=metadata, pre_buffer=False).read(columns=names, use_threads=False)
+        else:
+            held = {c.leaf: (c.name, cuts[c.name][0], _read(source, *cuts[c.name][0].dictionary), _read(source, *cuts[c.name][0].pages)) for c in group}
+            data = spliced_bytes(thrift, schema, unit, held, rows)
+            table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(columns=names, use_threads=False)
         if table.num_rows != rows:
             raise ThriftError(f"the pages of {[c.name for c in group]} decode to {table.num_rows} rows where the page index says {rows}")
         return table.slice(first - first_row)
