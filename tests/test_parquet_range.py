@@ -94,3 +94,30 @@ def test_a_damaged_page_index_never_gives_wrong_rows(tmp_path, damage):
     got = reader.read_rows(0, columns, 200, 230)  # None: the caller reads another way
     if got is not None:
         assert got.table.to_pylist() == expected.slice(got.first, got.table.num_rows).to_pylist()
+
+
+def test_a_forked_child_decodes_on_threads_of_its_own(tmp_path, seek_tiny_files):
+    """The main process's reader, inherited by a forked DataLoader worker, decodes there too."""
+    import multiprocessing
+
+    from torch_dataloader_utils.formats import _parquet_range as parquet_range
+
+    path = tmp_path / "f.parquet"
+    pq.write_table(_table(), path, row_group_size=ROWS, write_page_index=True, data_page_size=200, write_batch_size=5)
+    reader = _ParquetReader(pa.OSFile(str(path)), pq.ParquetFile(path).metadata, True)
+    columns = ["id", "text", "fixed"]
+    firsts = {name: reader.read_rows(0, [name], 203, 204).first for name in columns}
+    assert len(set(firsts.values())) > 1  # the columns' pages start at different rows: decoded on threads
+    assert reader.read_rows(0, columns, 203, 230) is not None and parquet_range._POOL is not None
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_read_in_child, args=(reader, columns, results))  # (forked: nothing pickled)
+    child.start()
+    first, rows = results.get(timeout=60)
+    child.join(timeout=60)
+    assert rows == _table().select(columns).slice(first, len(rows)).to_pylist()
+
+
+def _read_in_child(reader, columns, results):
+    decoded = reader.read_rows(0, columns, 103, 130)
+    results.put((decoded.first, decoded.table.to_pylist()))

@@ -53,8 +53,9 @@ from ._parquet_seek import _leaves, _values_per_row
 from ._parquet_splice import in_place_footer, spliced_bytes
 from ._thrift_compact import Struct, ThriftError
 
-#: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each).
-KEPT_CHUNKS = 4096
+#: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each):
+#: every chunk of a file of 128 row groups of 4 columns.
+KEPT_CHUNKS = 512
 
 Fetch = Callable[[list[tuple[int, int]]], None]
 
@@ -343,3 +344,13 @@ def _pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="tdu-parquet-range")
     return _POOL
+
+
+def _forget_pool() -> None:
+    """In a forked child (a DataLoader worker): the parent's pool threads do not run there, and
+    work handed to its copy would wait for them for ever."""
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
