@@ -5,18 +5,22 @@ pyarrow decodes a row group only from its first page (apache/arrow#45284), and t
 ``_parquet_seek`` only from the page holding the first wanted row to the row group's end, in
 batches, through a Python file. Here, with the column chunks' page indexes (offset, size and
 first row of every page), each projected column keeps only its pages that overlap
-[start, stop) (with its dictionary page when they use it): their bytes are read in one read per
-column, and the columns that keep the same rows go to pyarrow as one small Parquet file in
-memory (``_parquet_splice``'s footer), decoded in one call. The decoded rows of all columns
-cover at least [start, stop); ``read_range`` returns the rows every column has (``first`` on),
-so that a caller may cache the neighbours that came along.
+[start, stop) (with its dictionary page when they use it), and the columns whose kept pages
+start at the same row go to pyarrow as one Parquet file of one row group of those pages, which
+ends at ``stop`` (pyarrow decodes the rows a footer gives and leaves the rest of the last page):
+for a local file, the file itself under a footer that points at the kept pages where they are
+(``_parquet_splice.in_place_footer``) when they are one range of it; else the pages copied
+into memory under a footer of their own (``spliced_bytes``). Such files of columns that start
+at different rows are decoded on threads (``threads``). The decoded rows of all columns cover
+[start, stop); ``read_range`` returns the rows every column has (``first`` on), so that a
+caller may cache the neighbours that came along.
 
 Each chunk's page index is decoded once and kept (``PageIndexes``), with the rows of the pages
 whose headers have been read. A cut that does not start at the chunk's first page is checked
 like ``_parquet_pages.check_cut``: the headers of the kept pages and of one side of them must
 count the rows the page index gives. A column whose pages count values, not rows (V1 pages of
 a variable-length list), starts at its first page, so that no row can shift. pyarrow must
-decode exactly the rows the index gives. Anything else (no page index, a struct or map column,
+decode exactly the rows asked for. Anything else (no page index, a struct or map column,
 an encrypted file, a page index that does not match the pages: ``ThriftError``) returns None:
 the caller reads another way.
 """

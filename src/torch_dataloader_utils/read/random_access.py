@@ -2,11 +2,11 @@
 
 Only the units (row groups / stripes) holding requested rows are read, with the dataset's
 column projection. A run of rows that is short next to its unit (a slice, one row) is decoded
-from the page holding its first row where the file has a page index (the resume path's seek,
-``formats/_parquet_seek.py``), else from the unit's first row up to the run's end; other reads,
-and a unit's second read that the cache cannot serve, decode the whole unit. Decoded rows stay in a bounded cache (``unit_cache.py``), so neighbouring
-accesses read nothing again.
-"""
+from only the pages that hold it where the file has a page index (Parquet,
+``formats/_parquet_range.py``), else from the page holding its first row (the resume path's
+seek, ``formats/_parquet_seek.py``) or the unit's first row, up to the run's end; other reads,
+and a unit's second read that the cache cannot serve, decode the whole unit. Decoded rows stay
+in a bounded cache (``unit_cache.py``), so neighbouring accesses read nothing again."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from .output_formats import table_in_format
 from .row_keys import parse_key, row_of
 from .unit_cache import DEFAULT_ROW_CACHE_BYTES, CachedRows, UnitCache
 
-#: A run of requested rows at most this fraction of its unit is decoded alone (from the page that
-#: holds its first row), not with the whole unit.
+#: A run of requested rows at most this fraction of its unit is decoded alone (from the pages that
+#: hold it), not with the whole unit.
 PARTIAL_FRACTION = 0.25
 #: Rows decoded at least by a partial read, so that the rows after a single row read are cached too.
 PARTIAL_MIN_ROWS = 1024
