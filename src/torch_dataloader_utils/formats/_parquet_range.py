@@ -332,7 +332,9 @@ def _decode(
         return table.slice(first - first_row)
 
     if threads and len(by_first) > 1:  # pyarrow lets go of the GIL while it decodes
-        tables = list(_pool().map(decode, by_first, by_first.values()))
+        (first_row, group), *others = by_first.items()
+        futures = [_pool().submit(decode, *other) for other in others]
+        tables = [decode(first_row, group)] + [future.result() for future in futures]  # (this thread decodes one too)
     else:
         tables = [decode(first_row, group) for first_row, group in by_first.items()]
     decoded = {name: table.column(name) for table in tables for name in table.column_names}
