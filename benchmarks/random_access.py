@@ -1,7 +1,7 @@
 """Random access (``dataset[idx]``) against a hand-written pyarrow gather, and slices against the loader.
 
     python benchmarks/random_access.py [--data-dir DIR] [--size-gb 1.0] [--calls 6] \
-        [--slices 200] [--columns all|numeric] [--json OUT]
+        [--slices 200] [--columns all|numeric] [--parts gathers,slices] [--json OUT]
 
 On generate.py's files (8 Parquet files, 64Ki-row row groups, page index), in one process:
 
@@ -14,7 +14,10 @@ On generate.py's files (8 Parquet files, 64Ki-row row groups, page index), in on
   every call decodes, as the baseline does) and at its default size. One call of each first,
   not timed (the files then are in the page cache for every contender).
 - slices: ``--slices`` slices of 1024 consecutive rows at random places, with the cache off
-  (each slice decoded from the file: from the page holding its first row, by the page index),
+  (each slice decoded from the file: each column only from its pages that hold the slice, by
+  the page index, the columns that start at different rows decoded on threads of their own),
+  interleaved slice by slice with the same slices read the way before ``_parquet_range``
+  (``seek_only``: each column from the page holding the first row, through ``_parquet_seek``);
   and at random places in units already decoded and cached, median and 90th percentile ms per
   slice; and every row in order as consecutive 1024-row slices
   (default cache) against ``create_dataloader(num_workers=0, batch_size=1024)`` over the same
@@ -121,19 +124,43 @@ def _ms(seconds: list[float]) -> dict[str, float]:
     return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90))}
 
 
+def _seek_only(call: Callable[[], Any]) -> Any:
+    """``call()`` with the page-range read off: each column decoded from the page holding the
+    first row to the run's end, through ``_parquet_seek`` (the path before ``_parquet_range``)."""
+    from torch_dataloader_utils.read import random_access
+
+    kept = random_access.read_rows_conformed
+    random_access.read_rows_conformed = lambda *args: None
+    try:
+        return call()
+    finally:
+        random_access.read_rows_conformed = kept
+
+
 def slices(root: str, columns: list[str] | None, count: int, sequential_rows: int) -> dict:
     from torch_dataloader_utils import StructuredDataset
 
     cold = StructuredDataset(root, num_workers=0, columns=columns, row_cache_bytes=0)
     rng = np.random.default_rng(7)
     starts = rng.integers(0, cold.num_rows - GATHER_ROWS, count + 1)
-    cold[int(starts[0]) : int(starts[0]) + GATHER_ROWS]
-    times = []
-    for start in starts[1:]:
-        began = time.perf_counter()
-        cold[int(start) : int(start) + GATHER_ROWS]
-        times.append(time.perf_counter() - began)
-    result: dict[str, Any] = {"random_1024_slice_no_cache_ms": _ms(times)}
+    contenders = {
+        "pages": lambda start: cold[start : start + GATHER_ROWS],
+        "seek_only": lambda start: _seek_only(lambda: cold[start : start + GATHER_ROWS]),
+    }
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+    for index, start in enumerate(starts):
+        for name in list(contenders)[index % 2 :] + list(contenders)[: index % 2]:  # the first of each turn alternates
+            began, began_cpu = time.perf_counter(), time.process_time()
+            contenders[name](int(start))
+            if index:  # the first slice of each untimed
+                times[name].append(time.perf_counter() - began)
+                cpu[name].append(time.process_time() - began_cpu)
+    result: dict[str, Any] = {"random_1024_slice_no_cache_ms": _ms(times["pages"]), "random_1024_slice_no_cache_seek_only_ms": _ms(times["seek_only"])}
+    # CPU time of the process (all its threads): the work, which a loaded machine's wait does not inflate
+    result["random_1024_slice_no_cache_cpu_ms"] = _ms(cpu["pages"])
+    result["random_1024_slice_no_cache_seek_only_cpu_ms"] = _ms(cpu["seek_only"])
+    result["no_cache_seek_only_vs_pages_median"] = result["random_1024_slice_no_cache_seek_only_ms"]["median"] / result["random_1024_slice_no_cache_ms"]["median"]
 
     warm = StructuredDataset(root, num_workers=0, columns=columns)
     region = min(warm.num_rows, WARM_REGION_ROWS)
@@ -177,19 +204,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slices", type=int, default=200, help="timed random 1024-row slices")
     parser.add_argument("--sequential-rows", type=int, default=1 << 20, help="rows walked in order (slices and the loader)")
     parser.add_argument("--columns", choices=sorted(COLUMN_SETS), default="all")
+    parser.add_argument("--parts", default="gathers,slices", help="what to measure: gathers, slices or both (comma-separated)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # as in a DataLoader worker (and run.py): small copies stay on this thread
     root = os.path.join(args.data_dir, f"{args.size_gb:g}gb")
     paths = ensure_dataset(root, args.files, rows_for(args.size_gb, args.files), 65536)
     columns = COLUMN_SETS[args.columns]
-    results = {
+    results: dict[str, Any] = {
         "size_gb": args.size_gb,
         "load_average_at_start": os.getloadavg()[0],
         "columns": args.columns,
-        "gathers": gathers(root, paths, columns, args.calls),
-        "slices": slices(root, columns, args.slices, args.sequential_rows),
     }
+    parts = args.parts.split(",")
+    if "gathers" in parts:
+        results["gathers"] = gathers(root, paths, columns, args.calls)
+    if "slices" in parts:
+        results["slices"] = slices(root, columns, args.slices, args.sequential_rows)
+    results["load_average_at_end"] = os.getloadavg()[0]
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

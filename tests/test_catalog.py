@@ -17,7 +17,7 @@ from datagen import write_dataset
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog import build as catalog
 from torch_dataloader_utils.errors import UnsupportedFileError
-from torch_dataloader_utils.formats import parquet
+from torch_dataloader_utils.formats import _parquet_tail, parquet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,13 +33,13 @@ def test_local_footers_equal_pyarrows_own(tmp_path):
     narrow = str(tmp_path / "narrow" / "part-00000.parquet")
     wide = str(tmp_path / "wide.parquet")
     _wide_file(wide)
-    assert pq.ParquetFile(wide).metadata.serialized_size + 8 > parquet.FOOTER_READ
+    assert pq.ParquetFile(wide).metadata.serialized_size + 8 > _parquet_tail.FOOTER_READ
     for path in (narrow, wide):
         with open(path, "rb") as file:
-            footer = parquet._parsed_footer(parquet._footer_tail(file, os.path.getsize(path)))
+            footer = _parquet_tail.parsed_footer(_parquet_tail.footer_tail(file, os.path.getsize(path)))
         assert footer.equals(pq.ParquetFile(path).metadata), path
         with open(path, "rb") as file:  # planning reads local tails with pread, the same bytes
-            assert parquet._local_footer_tail(path) == parquet._footer_tail(file, os.path.getsize(path)), path
+            assert _parquet_tail.local_footer_tail(path) == _parquet_tail.footer_tail(file, os.path.getsize(path)), path
 
 
 @pytest.mark.parametrize(
@@ -52,14 +52,14 @@ def test_tails_that_are_not_plain_footers_look_cut_short(tmp_path, tail):
     path = tmp_path / "odd.parquet"
     path.write_bytes(tail)
     with open(path, "rb") as file, pytest.raises(ValueError) as error:
-        parquet._footer_tail(file, len(tail))
+        _parquet_tail.footer_tail(file, len(tail))
     assert not isinstance(error.value, UnsupportedFileError)
     with pytest.raises(ValueError, match="Is it a complete parquet file"):
         StructuredDataset(str(path), num_workers=0)
 
 
 def test_planning_local_files_allocates_nothing_from_pyarrows_pool(tmp_path):
-    """The pool's first allocation in a process may stall on a huge-page fault (parquet._parsed_footer)."""
+    """The pool's first allocation in a process may stall on a huge-page fault (_parquet_tail.parsed_footer)."""
     write_dataset(tmp_path, [[30, 25], [40], [20, 35]])
     script = (
         "import pyarrow as pa; from torch_dataloader_utils import StructuredDataset\n"

@@ -17,7 +17,7 @@ from servers import s3, store_registry  # noqa: F401 - fixtures
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, SubsetRandomSampler
 
 from torch_dataloader_utils import Ragged, StructuredDataset
-from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
+from torch_dataloader_utils.formats import _parquet_range as parquet_range
 from torch_dataloader_utils.formats import parquet
 from torch_dataloader_utils.read import random_access
 
@@ -213,19 +213,23 @@ def test_only_the_units_holding_requested_rows_are_read_and_then_cached(tmp_path
     assert reads == [("whole", 2, 1, ["id", "text"])]
 
 
-def test_a_short_run_seeks_through_the_page_index(tmp_path, monkeypatch, seek_tiny_files):
+def test_a_short_run_decodes_only_the_pages_that_hold_it(tmp_path, monkeypatch, seek_tiny_files):
     write_dataset(tmp_path, [[400]], paged=True)
-    seeks = []
+    reads = []
 
-    def counted(source, footer, thrift, unit, columns, row, *args):
-        seeks.append(row)
-        return parquet_seek.iter_from_row(source, footer, thrift, unit, columns, row, *args)
+    def counted(*args):
+        decoded = parquet_range.read_range(*args)
+        reads.append((args[6], args[7], decoded.first, decoded.table.num_rows))
+        return decoded
 
-    monkeypatch.setattr(parquet, "iter_from_row", counted)
+    monkeypatch.setattr(parquet, "read_range", counted)
     monkeypatch.setattr(random_access, "PARTIAL_MIN_ROWS", 10)
     dataset = StructuredDataset(str(tmp_path), num_workers=0)
     assert dataset[300:310]["id"].tolist() == list(range(300, 310))
-    assert seeks == [300]
+    [(start, stop, first, rows)] = reads
+    assert (start, stop) == (300, 310) and 280 < first <= 300 and 310 <= first + rows < 330  # pages of about 5 rows
+    assert dataset[first]["id"].item() == first  # the rows decoded before the run are cached too
+    assert len(reads) == 1
     assert dataset[333]["id"].item() == 333
 
 

@@ -128,7 +128,7 @@ class StructuredDataset(IterableDataset):
         self._max_split_rows = options.split_rows
         self._selected: list[nested.BatchColumn] = []
         self._epoch_rows = check_mixture_arguments(path, epoch_rows, canonical_lanes)
-        self._mixture_filters = (filters, functools.partial(filter_catalog, io=io, skip_errors=options.on_error == "skip"))  # a mixture counts each source's matching rows
+        self._mixture_filters = (filters, functools.partial(filter_catalog, io=io, skip_errors=options.on_error == "skip"))  # per source
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog: Catalog
         if isinstance(stored, MixCatalog):
@@ -144,7 +144,7 @@ class StructuredDataset(IterableDataset):
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
-        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy)
+        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy, output_format)
         return_freed_memory(len(stored.files))
 
     # ----------------------------------------------------------- public API
@@ -208,11 +208,12 @@ class StructuredDataset(IterableDataset):
         """Rows in all files (all ranks), from their footers: the range of ``dataset[i]``."""
         return self._rows.num_rows
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
+    def __getitem__(self, key: Any) -> Any:
         """Random access by global row number (file order, then stored order; the same for every
         rank, worker, shuffle and epoch). An int (negative: from the end) gives one row as
         column -> value; a slice, list, 1-d integer numpy array or tensor gives a batch in the
-        loader's form, rows in the order asked. See docs/random-access.md."""
+        loader's form for ``output_format`` (no ``transform``), rows in the order asked. See
+        docs/random-access.md."""
         return self._rows[key]
 
     def locate(self, index: int) -> tuple[str, int]:

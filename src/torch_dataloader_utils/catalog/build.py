@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
-from ..formats.parquet import KeptFooter
+from ..formats._parquet_tail import KeptFooter
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote

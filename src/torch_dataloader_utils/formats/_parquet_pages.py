@@ -129,19 +129,23 @@ def data_page(source: Any, offset: int, size: int) -> Page:
     prefix = min(size, HEADER_READ)
     while True:
         try:
-            header, length = decode_struct(read_exact(source, offset, prefix))
-            break
+            return parse_page(read_exact(source, offset, prefix), offset, size)
         except ThriftError:
             if prefix == size:
                 raise
             prefix = min(size, prefix * 16)
+
+
+def parse_page(data: bytes | memoryview, offset: int, size: int) -> Page:
+    """``data_page`` from the page's first bytes (``data``: the header at least)."""
+    header, length = decode_struct(data)
     if length + header.integer(PAGE_COMPRESSED_SIZE) != size:
         raise ThriftError(f"the page at offset {offset} is not the {size} bytes its page index gives")
     kind = header.integer(PAGE_TYPE)
     if kind == DATA_PAGE:
-        data = header.struct(PAGE_DATA_V1)
-        return Page(data.integer(1), None, data.integer(2) in DICTIONARY_ENCODINGS)
+        data_header = header.struct(PAGE_DATA_V1)
+        return Page(data_header.integer(1), None, data_header.integer(2) in DICTIONARY_ENCODINGS)
     if kind == DATA_PAGE_V2:
-        data = header.struct(PAGE_DATA_V2)
-        return Page(data.integer(1), data.integer(3), data.integer(4) in DICTIONARY_ENCODINGS)
+        data_header = header.struct(PAGE_DATA_V2)
+        return Page(data_header.integer(1), data_header.integer(3), data_header.integer(4) in DICTIONARY_ENCODINGS)
     return Page(0, 0, False)

@@ -16,6 +16,7 @@ import io
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ._parquet_footer import (
     ARROW_SCHEMA_KEY,
@@ -58,11 +59,42 @@ def cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns:
     same row) alone, in one row group of ``rows`` rows: their dictionary and kept pages, read from
     ``source`` as pyarrow asks for them, under a footer of these columns alone (their schema,
     Arrow types, column orders and the file's writer)."""
+    return SplicedFile(source, _parts(thrift, schema, unit, columns, rows))
+
+
+def spliced_bytes(thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut, Any, Any]], rows: int) -> bytes:
+    """``cut_file``'s file in memory, from the bytes of each cut's dictionary page and kept pages
+    (leaf -> name, cut, dictionary bytes, pages bytes; the dictionary's may be empty)."""
+    held = {}
+    for _, cut, dictionary, pages in columns.values():
+        held[cut.dictionary] = dictionary
+        held[cut.pages] = pages
+    parts = _parts(thrift, schema, unit, {leaf: (name, cut) for leaf, (name, cut, _, _) in columns.items()}, rows)
+    return b"".join(part if isinstance(part, bytes) else held[part] for part in parts if (len(part) if isinstance(part, bytes) else part[1]))
+
+
+def in_place_footer(thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut]], rows: int) -> pq.FileMetaData:
+    """``cut_file``'s footer with the cuts where they are in the original file: pyarrow reads
+    the original file under it (every cut's dictionary page, if it keeps one, must be right
+    before its pages, as pyarrow reads a column chunk's bytes in one range)."""
+    if any(cut.dictionary[1] and sum(cut.dictionary) != cut.pages[0] for _, cut in columns.values()):
+        raise ValueError("a cut's dictionary page is not right before its pages")
+    footer = _parts(thrift, schema, unit, columns, rows, in_place=True)[-1]
+    assert isinstance(footer, bytes)
+    return pq.ParquetFile(pa.BufferReader(MAGIC + footer)).metadata
+
+
+def _parts(
+    thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut]], rows: int, in_place: bool = False
+) -> list[bytes | tuple[int, int]]:
     chunks = row_group(thrift, unit).structs(GROUP_COLUMNS)
     parts: list[bytes | tuple[int, int]] = [MAGIC]
-    new_chunks, offset, uncompressed = [], len(MAGIC), 0
+    new_chunks, offset, uncompressed, first_offset = [], len(MAGIC), 0, None
     for leaf in sorted(columns):  # the file's column order, as the schema's
         cut = columns[leaf][1]
+        if in_place:
+            offset = cut.dictionary[0] if cut.dictionary[1] else cut.pages[0]
+        first_offset = offset if first_offset is None else first_offset
         meta = Struct([list(field) for field in chunks[leaf].struct(CHUNK_META).fields])
         uncompressed += meta.integer(META_UNCOMPRESSED)
         meta.set(META_NUM_VALUES, I64, cut.num_values)
@@ -84,12 +116,12 @@ def cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns:
             [GROUP_COLUMNS, LIST, ThriftList(STRUCT, new_chunks)],
             [GROUP_BYTES, I64, uncompressed],
             [GROUP_NUM_ROWS, I64, rows],
-            [GROUP_OFFSET, I64, len(MAGIC)],
-            [GROUP_COMPRESSED, I64, offset - len(MAGIC)],
+            [GROUP_OFFSET, I64, first_offset],
+            [GROUP_COMPRESSED, I64, sum(cut.dictionary[1] + cut.pages[1] for _, cut in columns.values())],
         ]
     )
     encoded = encode_struct(_footer_of(thrift, schema, {leaf: columns[leaf][0] for leaf in sorted(columns)}, rows, group))
-    return SplicedFile(source, parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC])
+    return parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC]
 
 
 def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: int, group: Struct) -> Struct:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -11,17 +10,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
-from ._parquet_footer import ENCRYPTED_MAGIC, MAGIC, footer_bytes, footer_struct, has_encryption_algorithm
+from ._parquet_footer import footer_bytes, footer_struct
 from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading
+from ._parquet_range import Decoded, PageIndexes, read_range
+from ._parquet_range import worth_reading as worth_reading_rows
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
+from ._parquet_tail import KeptFooter, footer_tail, local_footer_tail, metadata, parsed_footer
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
 
-FOOTER_READ = 64 * 1024  # the tail read first (pyarrow's own first read is as large)
 #: Local column chunks are read through a buffer of this size, a few pages at a time, instead of
 #: whole (up to tens of MB per row group and column) before the first row is decoded: the first
 #: rows come sooner and a worker holds less memory. Larger buffers read no faster, and this size
@@ -56,6 +56,8 @@ class _ParquetReader:
         self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
         self._footer: pq.FileMetaData = footer if footer is not None else self._file.metadata
         self._use_threads = use_threads
+        self._pages = PageIndexes()  # the page indexes read_rows decoded
+        self._schema: pa.Schema | None = None
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._threads(unit))
@@ -113,6 +115,25 @@ class _ParquetReader:
         if not hasattr(self._source, "read_at") or not worth_reading(self._footer, unit, names, read):
             return {}
         return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names)
+
+    def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Decoded | None:
+        """At least rows [start, stop) of the row group, each column decoded from its pages that
+        hold them alone (``_parquet_range``); None when the file has no page index for them (or
+        one that does not match its pages) or when reading the footer and page index in Python
+        would cost more than the decoding it saves."""
+        return self._read_rows(unit, columns, start, stop, None)
+
+    def _read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int, fetch: Callable[[list[tuple[int, int]]], None] | None) -> Decoded | None:
+        if not worth_reading_rows(self._footer, unit, columns, start, stop):
+            return None
+        if self._schema is None:
+            self._schema = self._footer.schema.to_arrow_schema()
+        try:
+            thrift = self._footer_thrift(unit)
+            return read_range(self._source, self._footer, self._schema, thrift, unit, columns, start, stop, self._pages, fetch, self._use_threads)
+        except (ThriftError, pa.ArrowException) as error:
+            log.debug("reading rows %d..%d of row group %d another way: %s", start, stop, unit, error)
+            return None
 
     def _footer_thrift(self, unit: int) -> Struct:
         thrift = self._thrift.get(unit)
@@ -207,103 +228,21 @@ class _RemoteParquetReader(_ParquetReader):
         finally:
             self._source.forget(fetched)
 
+    def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Decoded | None:
+        """``_ParquetReader.read_rows``, fetching the page indexes it does not hold yet, then the
+        pages (a round of concurrent requests each)."""
+        fetched: list[tuple[int, bytes]] = []
+        try:
+            return self._read_rows(unit, columns, start, stop, lambda ranges: fetched.extend(self._source.fetch(coalesce(ranges))))
+        finally:
+            self._source.forget(fetched)
+
     def _index_ranges(self, unit: int, columns: list[str] | None) -> list[tuple[int, int]]:
         try:
             return offset_index_ranges(self._footer, self._footer_thrift(unit), unit, columns)
         except ThriftError as error:  # (a footer pyarrow read but this module cannot: _seek will not seek)
             log.debug("not fetching row group %d's page index: %s", unit, error)
             return []
-
-
-def _footer_tail(file: Any, size: int) -> bytes:
-    """The file's footer with its length and magic (the last ``8 + length`` bytes), read through
-    ``file`` (seek / read); UnsupportedFileError for an encrypted footer, ValueError when the file
-    does not end like a Parquet file (cut short, or not Parquet)."""
-
-    def read_at(offset: int, nbytes: int) -> bytes:
-        file.seek(offset)
-        return file.read(nbytes)
-
-    return _tail_of(read_at, size)
-
-
-def _local_footer_tail(path: str) -> bytes:
-    """``_footer_tail`` of a local file, read with one ``pread`` (or two, for a footer larger
-    than ``FOOTER_READ``): a buffered Python file costs twice as much per file, which counts
-    when planning 100,000 small files."""
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-    try:
-        return _tail_of(lambda offset, nbytes: os.pread(descriptor, nbytes, offset), os.fstat(descriptor).st_size)
-    finally:
-        os.close(descriptor)
-
-
-def _tail_of(read_at: Callable[[int, int], bytes], size: int) -> bytes:
-    tail = read_at(max(0, size - FOOTER_READ), FOOTER_READ)
-    if tail[-4:] == ENCRYPTED_MAGIC:
-        raise UnsupportedFileError(_ENCRYPTED.format("its footer is encrypted"))
-    if len(tail) < 2 * len(MAGIC) + 4 or tail[-4:] != MAGIC:
-        raise ValueError(f"the file does not end in Parquet's magic bytes {MAGIC!r}")
-    length = int.from_bytes(tail[-8:-4], "little")
-    if length + 2 * len(MAGIC) + 4 > size:
-        raise ValueError(f"its footer's length ({length:,} bytes) is more than the file holds ({size:,} bytes)")
-    if length + 8 > len(tail):
-        tail = read_at(size - length - 8, length + 8)
-    return bytes(tail[-length - 8 :])
-
-
-_ENCRYPTED = "it is an encrypted Parquet file ({}), and reading encrypted files is not supported. Decrypt it first, or pass a path without it"
-
-
-def _parsed_footer(tail: bytes) -> pq.FileMetaData:
-    """The footer parsed by pyarrow from its bytes (``_footer_tail``), refused before any column's
-    metadata is touched when its columns are encrypted: pyarrow aborts the process then.
-
-    Parsed from bytes in Python memory, planning allocates nothing from pyarrow's memory pool. The
-    pool's first allocation in a process faults in memory that mimalloc marks for transparent huge
-    pages, and with the kernel's usual ``defrag=madvise`` that fault may compact memory first, which
-    makes the first footer many times slower to read than parsing it from Python memory.
-    """
-    try:
-        # (pq.ParquetFile would also index the columns' paths, which costs a third more here)
-        reader = pq.ParquetReader()
-        reader.open(pa.BufferReader(tail))
-        footer = reader.metadata
-    except (OSError, pa.ArrowException) as error:  # a complete file whose footer pyarrow refuses
-        raise UnsupportedFileError(f"pyarrow cannot read its footer: {str(error).rstrip('.')}") from error
-    try:
-        encrypted = has_encryption_algorithm(tail[:-8], footer.created_by)
-    except ThriftError as error:
-        raise UnsupportedFileError(f"its footer is not valid Thrift ({error}), although pyarrow parsed it") from error
-    if encrypted:
-        raise UnsupportedFileError(_ENCRYPTED.format("its columns are encrypted, its footer is not"))
-    return footer
-
-
-class KeptFooter:
-    """A remote file's footer as the catalog keeps it: its Thrift bytes, parsed again where it is
-    used (a file opened, statistics checked). pyarrow's parsed ``FileMetaData`` takes about ten
-    times the memory (6 KB for a two-column file's 0.5 KB footer), in the main process and in
-    the copy of the catalog each DataLoader worker receives."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes):
-        self.data = data
-
-    def parsed(self) -> pq.FileMetaData:
-        return _parsed_footer(self.data)
-
-    def __getstate__(self) -> bytes:
-        return self.data
-
-    def __setstate__(self, data: bytes) -> None:
-        self.data = data
-
-
-def metadata(footer: Any) -> pq.FileMetaData:
-    """The parsed footer of ``footer`` (a ``FileMetaData`` as it is, a ``KeptFooter`` parsed)."""
-    return footer.parsed() if isinstance(footer, KeptFooter) else footer
 
 
 class ParquetFormat:
@@ -318,11 +257,11 @@ class ParquetFormat:
         remote file a ``KeptFooter``, which ``schema``, ``null_counts`` and ``open`` take too)."""
         if is_local(fs):
             path.encode()  # pyarrow opens files by UTF-8 names: a name that is not raises here, as it would there
-            tail = _local_footer_tail(path)
+            tail = local_footer_tail(path)
         else:
             with open_input(fs, path) as source:
-                tail = _footer_tail(source, size)
-        footer = _parsed_footer(tail)
+                tail = footer_tail(source, size)
+        footer = parsed_footer(tail)
         return self._layout(url, size, footer), (footer if is_local(fs) else KeptFooter(tail))
 
     @staticmethod

@@ -193,3 +193,19 @@ def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
         raise _changed(unit, str(table.num_rows), plan.rows)
     _check_columns_read(table, plan.wanted, unit)
     return table if plan.target is None else conform(table, plan.target)
+
+
+def read_rows_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalog: Any, file: int, start: int, stop: int) -> tuple[int, pa.Table] | None:
+    """At least rows [start, stop) of a unit, conformed as ``read_conformed``'s, from
+    ``reader.read_rows`` (Parquet: only the pages that hold them): (the first row, the rows);
+    None when the reader cannot read them so."""
+    plan = _unit_read(unit, columns, catalog, file)
+    if plan.nulls is not None:
+        return start, plan.nulls.slice(start, stop - start)
+    decoded = reader.read_rows(unit, plan.wanted, start, stop)
+    if decoded is None:
+        return None
+    if decoded.unit_rows != plan.rows:
+        raise _changed(unit, str(decoded.unit_rows), plan.rows)
+    _check_columns_read(decoded.table, plan.wanted, unit)
+    return decoded.first, decoded.table if plan.target is None else conform(decoded.table, plan.target)

@@ -38,7 +38,7 @@ from ..catalog.partitions import directory_guarantee
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
-from ..formats.parquet import KeptFooter
+from ..formats._parquet_tail import KeptFooter
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
 from .conform import UnitRows, iter_conformed, read_conformed

@@ -149,3 +149,12 @@ def _to_dict(table: pa.Table) -> dict[str, list]:
 
 
 _FORMS: dict[str, Callable[[pa.Table], Any]] = {"numpy": to_numpy_columns, "arrow": to_record_batch, "dict": _to_dict}
+
+
+def table_in_format(table: pa.Table, output_format: str) -> Any:
+    """``table`` as one batch in ``output_format`` other than "torch" (numpy arrays that would be
+    read-only views of ``table``'s buffers are copies)."""
+    batch = _FORMS[output_format](table)
+    if output_format == "numpy":
+        batch = {name: array if array.flags.writeable else array.copy() for name, array in batch.items()}
+    return batch

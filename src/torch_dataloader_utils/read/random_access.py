@@ -2,11 +2,11 @@
 
 Only the units (row groups / stripes) holding requested rows are read, with the dataset's
 column projection. A run of rows that is short next to its unit (a slice, one row) is decoded
-from the page holding its first row where the file has a page index (the resume path's seek,
-``formats/_parquet_seek.py``), else from the unit's first row up to the run's end; other reads,
-and a unit's second read that the cache cannot serve, decode the whole unit. Decoded rows stay in a bounded cache (``unit_cache.py``), so neighbouring
-accesses read nothing again.
-"""
+from only the pages that hold it where the file has a page index (Parquet,
+``formats/_parquet_range.py``), else from the page holding its first row (the resume path's
+seek, ``formats/_parquet_seek.py``) or the unit's first row, up to the run's end; other reads,
+and a unit's second read that the cache cannot serve, decode the whole unit. Decoded rows stay
+in a bounded cache (``unit_cache.py``), so neighbouring accesses read nothing again."""
 
 from __future__ import annotations
 
@@ -23,15 +23,16 @@ from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningE
 from ..plan.row_index import RowIndex, normalize_rows, unit_groups
 from ..storage.paths import is_local
 from ..storage.versions import check_version
-from .conform import iter_conformed, project, read_conformed
+from .conform import iter_conformed, project, read_conformed, read_rows_conformed
 from .convert import slice_columns, table_to_columns
 from .nested import BatchColumn, flatten
 from .nulls import DEFAULT_POLICY, ColumnPolicy
+from .output_formats import table_in_format
 from .row_keys import parse_key, row_of
 from .unit_cache import DEFAULT_ROW_CACHE_BYTES, CachedRows, UnitCache
 
-#: A run of requested rows at most this fraction of its unit is decoded alone (from the page that
-#: holds its first row), not with the whole unit.
+#: A run of requested rows at most this fraction of its unit is decoded alone (from the pages that
+#: hold it), not with the whole unit.
 PARTIAL_FRACTION = 0.25
 #: Rows decoded at least by a partial read, so that the rows after a single row read are cached too.
 PARTIAL_MIN_ROWS = 1024
@@ -54,8 +55,10 @@ class RowAccess:
         cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
         selected: list[BatchColumn] | None = None,
         policy: ColumnPolicy = DEFAULT_POLICY,
+        output_format: str = "torch",
     ):
         self.catalog = catalog
+        self.output_format = output_format  # what a batch is (output_formats.OUTPUT_FORMATS)
         self.columns = columns  # as read: top-level columns when ``selected`` takes structs and maps apart
         self.selected = selected
         self.policy = policy
@@ -70,8 +73,9 @@ class RowAccess:
         """Rows in all files."""
         return self.index.num_rows
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
-        """One row (an int key) or a batch (any other key form; see ``row_keys.parse_key``)."""
+    def __getitem__(self, key: Any) -> Any:
+        """One row (an int key: column -> item of the batch's column) or a batch in
+        ``output_format`` (any other key form; see ``row_keys.parse_key``)."""
         rows = parse_key(key, self.num_rows)
         if isinstance(rows, int):
             return row_of(self.batch(np.array([rows], dtype=np.int64)), 0)
@@ -85,19 +89,21 @@ class RowAccess:
         located = self.index.locate(np.array([row], dtype=np.int64))
         return self.catalog.files[int(located.file[0])].url, int(located.row_in_file[0])
 
-    def batch(self, rows: np.ndarray) -> dict[str, Any]:
-        """Rows (global, in [0, num_rows) or negative from the end) as a batch in the loader's form,
-        in the order given."""
+    def batch(self, rows: np.ndarray) -> Any:
+        """Rows (global, in [0, num_rows) or negative from the end) as a batch in the loader's form
+        for ``output_format``, in the order given."""
         rows = normalize_rows(rows, self.num_rows)
         table = self.table(rows)
         if self.selected is not None:
             table = flatten(table, self.selected)
+        if self.output_format != "torch":
+            return table_in_format(table, self.output_format)
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
         return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
 
     def replanned(self, catalog: Catalog) -> RowAccess:
         """The same access over another catalog (a table dataset's other snapshot)."""
-        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy)
+        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy, self.output_format)
 
     def table(self, rows: np.ndarray) -> pa.Table:
         """Rows (global, in range) as one Arrow table conformed to the dataset's schema, in order."""
@@ -139,7 +145,7 @@ class RowAccess:
             short = hi - lo + 1 <= unit_rows * PARTIAL_FRACTION and key not in self.cache
             partial = short and getattr(self.catalog.format_of(file), "streams_units", False)
             if partial:
-                cached = CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
+                cached = self._read_part(reader, file, unit, lo, hi)
             else:
                 cached = CachedRows(0, read_conformed(reader, unit, self.columns, self.catalog, file))
         except Exception as error:  # noqa: BLE001 - re-raised naming the file and unit
@@ -147,6 +153,17 @@ class RowAccess:
             raise self._read_error(file, unit, error) from error
         self.cache.put(key, cached)
         return cached
+
+    def _read_part(self, reader: Any, file: int, unit: int, lo: int, hi: int) -> CachedRows:
+        """Rows lo..hi of a unit and at least ``PARTIAL_MIN_ROWS`` (or to the unit's end): only the
+        pages that hold them where the reader can (``read_rows``: Parquet with a page index), with
+        the rows before lo that every column decoded; else from the page holding lo (``_read_run``)."""
+        stop = min(max(hi + 1, lo + PARTIAL_MIN_ROWS), self.catalog.layouts[file].unit_rows[unit])
+        if hasattr(reader, "read_rows"):
+            read = read_rows_conformed(reader, unit, self.columns, self.catalog, file, lo, stop)
+            if read is not None:
+                return CachedRows(*read)
+        return CachedRows(lo, self._read_run(reader, file, unit, lo, hi))
 
     def _read_run(self, reader: Any, file: int, unit: int, lo: int, hi: int) -> pa.Table:
         """Rows lo.. of a unit: through hi, and at least ``PARTIAL_MIN_ROWS`` (or to the unit's

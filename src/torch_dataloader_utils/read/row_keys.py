@@ -11,6 +11,7 @@ import operator
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from ..plan.row_index import normalize_rows
@@ -61,9 +62,13 @@ def _describe(key: Any) -> str:
     return f"items of type {', '.join(kinds)}"
 
 
-def row_of(batch: dict[str, Any], index: int) -> dict[str, Any]:
-    """Row ``index`` of a batch as column -> value: a number as a 0-d tensor, a list as a tensor
-    of its values, a string or bytes (or None) as itself."""
+def row_of(batch: Any, index: int) -> dict[str, Any]:
+    """Row ``index`` of a batch as column -> the column's item: of a torch batch, a number as a
+    0-d tensor, a list as a tensor of its values, a string or bytes (or None) as itself; of a
+    numpy batch, the arrays' items; of an Arrow ``RecordBatch``, Arrow scalars; of a dict of
+    lists, Python values."""
+    if isinstance(batch, pa.RecordBatch):
+        return {name: batch.column(position)[index] for position, name in enumerate(batch.schema.names)}
     return {name: _value(column, index) for name, column in batch.items()}
 
 
@@ -73,6 +78,6 @@ def _value(column: Any, index: int) -> Any:
     return column[index]
 
 
-def split_rows(batch: dict[str, Any], count: int) -> list[dict[str, Any]]:
+def split_rows(batch: Any, count: int) -> list[dict[str, Any]]:
     """A batch of ``count`` rows as a list of rows (``row_of`` each)."""
     return [row_of(batch, index) for index in range(count)]

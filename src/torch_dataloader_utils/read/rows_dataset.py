@@ -34,7 +34,7 @@ class RowsDataset(Dataset):
     def __len__(self) -> int:
         return self.access.num_rows
 
-    def __getitem__(self, key: Any) -> dict[str, Any]:
+    def __getitem__(self, key: Any) -> Any:
         """An int: one row. A list, array, tensor or slice of rows: one batch."""
         return self.access[key]
 
