@@ -3,6 +3,8 @@ bytes packed in the worker rebuild the same batches in the main process, and res
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -58,6 +60,16 @@ def test_arrow_batches_round_trip_with_only_their_rows():
     assert sum(joined.nbytes for joined in columns.values()) < table.nbytes  # slices carry their own rows
     rebuilt = [unpack(p, received(columns)) for p in packed]
     assert all(a.equals(b) for a, b in zip(batches, rebuilt, strict=True))
+
+
+def test_arrow_batches_keep_their_field_names_across_processes():
+    """Pickled, a pa.Schema renames a fixed-size list's child (element -> item); packed batches
+    cross with the schema's IPC form, so a worker's batch has the main process's schema."""
+    feat = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(40, dtype=np.float32)), type=pa.list_(pa.field("element", pa.float32()), 4))
+    batch = pa.record_batch({"feat": feat})
+    columns, packed = pack_batches([batch], "arrow")
+    rebuilt = unpack(pickle.loads(pickle.dumps(packed[0])), received(columns))
+    assert rebuilt.schema.equals(batch.schema) and rebuilt.schema.field("feat").type.value_field.name == "element"
 
 
 @pytest.fixture(scope="module")

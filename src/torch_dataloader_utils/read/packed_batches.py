@@ -34,6 +34,28 @@ class _Array:
     shape: tuple[int, ...]
 
 
+class _Schema:
+    """An Arrow schema that crosses processes as its IPC message: pickling a ``pa.Schema``
+    renames a fixed-size list's child field (``element`` -> ``item``), its IPC form keeps it."""
+
+    __slots__ = ("data", "_schema")
+
+    def __init__(self, schema: pa.Schema):
+        self.data, self._schema = schema.serialize().to_pybytes(), schema
+
+    def __getstate__(self) -> bytes:
+        return self.data
+
+    def __setstate__(self, data: bytes) -> None:
+        self.data, self._schema = data, None
+
+    @property
+    def schema(self) -> pa.Schema:
+        if self._schema is None:
+            self._schema = pa.ipc.read_schema(pa.py_buffer(self.data))
+        return self._schema
+
+
 @dataclass(frozen=True)
 class Packed:
     """A batch whose bytes travel in the chunk's columns: ``parts`` maps a numpy batch's column
@@ -58,11 +80,11 @@ def pack_batches(batches: list[Any], output_format: str) -> tuple[dict[str, Join
         return key
 
     packed = []
-    schema = None  # one object for the chunk's batches: pickled once with the chunk
+    schema: _Schema | None = None  # one object for the chunk's batches: pickled once with the chunk
     for batch in batches:
         if output_format == "arrow":
             message = batch.serialize()
-            schema = schema if schema is not None and schema.equals(batch.schema, check_metadata=True) else batch.schema
+            schema = schema if schema is not None and schema.schema.equals(batch.schema, check_metadata=True) else _Schema(batch.schema)
             packed.append(Packed("arrow", (carry(np.frombuffer(message, dtype=np.uint8)), schema)))
             continue
         parts: dict[str, Any] = {}
@@ -80,7 +102,7 @@ def unpack(packed: Packed, columns: dict[str, torch.Tensor]) -> Any:
     """The batch of ``packed`` as views of ``columns`` (the chunk's received uint8 tensors)."""
     if packed.format == "arrow":
         key, schema = packed.parts
-        return pa.ipc.read_record_batch(pa.py_buffer(columns[key].numpy()), schema)
+        return pa.ipc.read_record_batch(pa.py_buffer(columns[key].numpy()), schema.schema)
     return {name: _array(part, columns) if isinstance(part, _Array) else part for name, part in packed.parts.items()}
 
 
