@@ -308,8 +308,8 @@ class ParquetFormat:
                     counts[name] = None  # not known for this row group: found when read
                 elif group == 0:
                     counts[name] = stats.null_count
-                else:
-                    known = counts[name]
+                else:  # (a name row group 0 lacks, as in a file whose row groups differ: not known)
+                    known = counts.get(name)
                     counts[name] = None if known is None else known + stats.null_count
         return {name: count for name, count in counts.items() if count is not None}
 
