@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datagen import write_dataset
+from mixing_helpers import CONFIG, three_sources, write_sources
 from resume_helpers import batch_key
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
@@ -19,23 +20,16 @@ from torch_dataloader_utils.plan.mixing import allocate_rows, largest_remainder
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
 # source k's ids start at k * 1000: A (100 rows, 1x), B (25 rows, upsampled to 60), C (200 rows, downsampled to 70)
-LAYOUTS = {"a": [[30, 30], [40]], "b": [[12, 13]], "c": [[60, 60], [50, 30]]}
 SIZES = {"a": 100, "b": 25, "c": 200}
-CONFIG = dict(batch_size=16, chunk_rows=32, shuffle_seed=3, shuffle_buffer_rows=40, split_bytes=3000)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("mixing")
-    paths = {}
-    for index, (name, layout) in enumerate(LAYOUTS.items()):
-        write_dataset(root / name, layout, first_id=1000 * index)
-        paths[name] = str(root / name)
-    return paths
+    return write_sources(tmp_path_factory.mktemp("mixing"))
 
 
 def _sources(data, b=60, c=70):
-    return [Source(data["a"]), Source(data["b"], rows_per_epoch=b), Source(data["c"], rows_per_epoch=c)]
+    return three_sources(data, b, c)
 
 
 def _ids(loader, dataset=None, skip_padding=False) -> list[int]:
@@ -72,9 +66,7 @@ def test_every_row_appears_the_planned_number_of_times(data, shuffle, num_worker
 
 def test_two_sources_and_the_downsampled_one_is_walked_without_repeats(data):
     """Two epochs of C at 100 of its 200 rows see every row once; the third starts over."""
-    loader, dataset = StructuredDataset.create_dataloader(
-        [Source(data["a"]), Source(data["c"], rows_per_epoch=100)], num_workers=2, shuffle=True, **CONFIG
-    )
+    loader, dataset = StructuredDataset.create_dataloader([Source(data["a"]), Source(data["c"], rows_per_epoch=100)], num_workers=2, shuffle=True, **CONFIG)
     seen = []
     for epoch in range(3):
         dataset.set_epoch(epoch)

@@ -9,31 +9,24 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datagen import write_dataset
+from mixing_helpers import CONFIG, three_sources, write_sources
 from resume_helpers import batch_key
 
 from torch_dataloader_utils import CheckpointMismatchError, Source, StructuredDataset
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
 # source k's ids start at k * 1000 (x = id / 2): A 100 rows, B 25, C 200
-LAYOUTS = {"a": [[30, 30], [40]], "b": [[12, 13]], "c": [[60, 60], [50, 30]]}
-CONFIG = dict(batch_size=16, chunk_rows=32, shuffle_seed=3, shuffle_buffer_rows=40, split_bytes=3000)
 # A keeps ids 20..99 (80 rows), B ids 1000..1019 (20 rows), C ids 2000..2199 (all 200)
 FILTERS = [[("x", ">=", 10.0), ("x", "<", 510.0)], [("x", ">=", 1000.0)]]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("mixing_filters")
-    paths = {}
-    for index, (name, layout) in enumerate(LAYOUTS.items()):
-        write_dataset(root / name, layout, first_id=1000 * index)
-        paths[name] = str(root / name)
-    return paths
+    return write_sources(tmp_path_factory.mktemp("mixing_filters"))
 
 
 def _sources(data, b=50, c=70):
-    return [Source(data["a"]), Source(data["b"], rows_per_epoch=b), Source(data["c"], rows_per_epoch=c)]
+    return three_sources(data, b, c)
 
 
 @pytest.mark.parametrize(("workers", "shuffle"), [(0, False), (2, True)])

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from datagen import write_dataset
+from mixing_helpers import CONFIG, LAYOUTS, three_sources, write_sources
 from resume_helpers import batch_key
 
 from torch_dataloader_utils import CheckpointMismatchError, Source, StructuredDataset
@@ -17,22 +18,15 @@ from torch_dataloader_utils.state import compact
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
 # source k's ids start at k * 1000: A (100 rows, 1x), B (25 rows, upsampled), C (200 rows, downsampled)
-LAYOUTS = {"a": [[30, 30], [40]], "b": [[12, 13]], "c": [[60, 60], [50, 30]]}
-CONFIG = dict(batch_size=16, chunk_rows=32, shuffle_seed=3, shuffle_buffer_rows=40, split_bytes=3000)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("mixing_state")
-    paths = {}
-    for index, (name, layout) in enumerate(LAYOUTS.items()):
-        write_dataset(root / name, layout, first_id=1000 * index)
-        paths[name] = str(root / name)
-    return paths
+    return write_sources(tmp_path_factory.mktemp("mixing_state"))
 
 
 def _sources(data, b=60, c=70):
-    return [Source(data["a"]), Source(data["b"], rows_per_epoch=b), Source(data["c"], rows_per_epoch=c)]
+    return three_sources(data, b, c)
 
 
 def _compact(loader, dataset):
