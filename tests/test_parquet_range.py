@@ -7,8 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datagen import PAGED, offset_index_range, rewrite_page_index
-from test_parquet_seek import _DAMAGES, ROWS, _table
+from datagen import PAGED
+from test_parquet_seek import _DAMAGES, ROWS, _table, write_damaged
 
 from torch_dataloader_utils.formats._parquet_footer import footer_struct
 from torch_dataloader_utils.formats._parquet_range import PageIndexes, read_range
@@ -78,16 +78,7 @@ def test_files_it_cannot_read_so_return_none(tmp_path):
 
 @pytest.mark.parametrize("damage", list(_DAMAGES))
 def test_a_damaged_page_index_never_gives_wrong_rows(tmp_path, damage):
-    path = tmp_path / "f.parquet"
-    pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)
-    leaf, change = _DAMAGES[damage]
-    if damage in ("ff", "00", "deep lists", "other struct"):
-        offset, length = offset_index_range(path, leaf)
-        data = bytearray(path.read_bytes())
-        data[offset : offset + length] = change(length)
-        path.write_bytes(bytes(data))
-    else:
-        rewrite_page_index(path, leaf, change)
+    path = write_damaged(tmp_path / "f.parquet", damage)
     columns = ["id", "fixed", "var"]
     expected = _table().select(columns)
     reader = _ParquetReader(pa.OSFile(str(path)), pq.ParquetFile(path).metadata, False)

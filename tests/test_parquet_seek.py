@@ -68,8 +68,7 @@ def _rows_from(path, unit: int, row: int, batch_rows: int, fetching: bool = Fals
 
 @pytest.mark.parametrize(
     "version, compression, dictionary, fetching",
-    list(itertools.product(["1.0", "2.0"], ["zstd", "none"], [True, False], [False]))
-    + [("1.0", "zstd", True, True), ("2.0", "none", False, True)],
+    list(itertools.product(["1.0", "2.0"], ["zstd", "none"], [True, False], [False])) + [("1.0", "zstd", True, True), ("2.0", "none", False, True)],
 )
 def test_reading_from_any_row_gives_the_rows_from_there(tmp_path, version, compression, dictionary, fetching):
     """Every row of every row group; ``fetching``: as from an object store, reading only the
@@ -254,12 +253,8 @@ _DAMAGES = {  # name: (leaf column, bytes of the same length, or a change of the
 }
 
 
-@pytest.mark.parametrize("fetching", [False, True])
-@pytest.mark.parametrize("damage", list(_DAMAGES))
-def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fetching):
-    """The read is right or falls back (ThriftError) whatever the damage; ``fetching``: as from
-    an object store, reading only the bytes announced."""
-    path = tmp_path / "f.parquet"
+def write_damaged(path, damage: str):
+    """``_table()`` written with a page index, then damaged as ``_DAMAGES[damage]`` says."""
     pq.write_table(_table(), path, row_group_size=ROWS, **PAGED)
     leaf, change = _DAMAGES[damage]
     if damage in ("ff", "00", "deep lists", "other struct"):
@@ -269,6 +264,15 @@ def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fet
         path.write_bytes(bytes(data))
     else:
         rewrite_page_index(path, leaf, change)
+    return path
+
+
+@pytest.mark.parametrize("fetching", [False, True])
+@pytest.mark.parametrize("damage", list(_DAMAGES))
+def test_a_damaged_page_index_falls_back_to_the_plain_read(tmp_path, damage, fetching):
+    """The read is right or falls back (ThriftError) whatever the damage; ``fetching``: as from
+    an object store, reading only the bytes announced."""
+    path = write_damaged(tmp_path / "f.parquet", damage)
     footer = pq.ParquetFile(path).metadata
     columns = ["id", "fixed", "var"]
     expected = _table().select(columns).slice(200).to_pylist()
@@ -318,9 +322,9 @@ def test_footer_bytes_are_the_serialised_footer_or_none(tmp_path):
     assert parquet_seek.footer_bytes(pa.OSFile(str(path)), footer) == sink.getvalue().to_pybytes()[4:-8]
     assert parquet_seek.footer_bytes(pa.OSFile(str(other)), footer) is None  # another footer's size
     for unit in range(3):
-        assert encode_struct(parquet_seek.row_group(footer_struct(footer, unit, parquet_seek.footer_bytes(pa.OSFile(str(path)), footer)), unit)) == encode_struct(
-            parquet_seek.row_group(footer_struct(footer, unit), unit)
-        )
+        assert encode_struct(
+            parquet_seek.row_group(footer_struct(footer, unit, parquet_seek.footer_bytes(pa.OSFile(str(path)), footer)), unit)
+        ) == encode_struct(parquet_seek.row_group(footer_struct(footer, unit), unit))
 
 
 def test_leaf_elements_with_zero_children_are_leaves(tmp_path):
