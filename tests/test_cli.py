@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from cli_helpers import run
 from datagen import corrupt_data_pages, write_dataset
 
 from torch_dataloader_utils import StructuredDataset
@@ -26,12 +27,6 @@ def data(tmp_path):
     root = tmp_path / "data"
     write_dataset(root, LAYOUT)
     return str(root)
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def saved_state(data, path, batches=3, **config):

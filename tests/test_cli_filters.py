@@ -4,10 +4,10 @@ import argparse
 import json
 
 import pytest
+from cli_helpers import run
 from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.cli import main
 from torch_dataloader_utils.cli.options import parse_filters
 
 LAYOUT = [[40, 25], [30], [17, 18]]  # ids 0..129, label = id % 7
@@ -20,18 +20,12 @@ def data(tmp_path):
     return str(tmp_path / "data")
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     ("text", "dnf"),
     [
         ("label < 3", [("label", "<", 3)]),
         ("label in [1, 2] and text != row-5", [("label", "in", [1, 2]), ("text", "!=", "row-5")]),
-        ("name not in [\"a\"] and x >= 0.5", [("name", "not in", ["a"]), ("x", ">=", 0.5)]),
+        ('name not in ["a"] and x >= 0.5', [("name", "not in", ["a"]), ("x", ">=", 0.5)]),
         ('[["label", "=", 1]]', [("label", "=", 1)]),
         ('[[["id", "<", 5]], [["label", "in", [6]], ["id", ">", 150]]]', [[("id", "<", 5)], [("label", "in", [6]), ("id", ">", 150)]]),
     ],
@@ -40,7 +34,7 @@ def test_filters_syntax(text, dnf):
     assert parse_filters(text) == dnf
 
 
-@pytest.mark.parametrize("text", ["label", "label <3", "[1, 2]", "[[\"a\", \"=\"]]", "[oops"])
+@pytest.mark.parametrize("text", ["label", "label <3", "[1, 2]", '[["a", "="]]', "[oops"])
 def test_bad_filters_say_what_is_expected(text):
     with pytest.raises(argparse.ArgumentTypeError, match="--filters"):
         parse_filters(text)

@@ -6,6 +6,7 @@ import argparse
 import json
 
 import pytest
+from cli_helpers import run
 from datagen import write_dataset
 
 from torch_dataloader_utils.cli import main
@@ -19,12 +20,6 @@ ROWS = 350
 def data(tmp_path):
     write_dataset(tmp_path / "data", LAYOUT)
     return str(tmp_path / "data")
-
-
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_parse_rows():
