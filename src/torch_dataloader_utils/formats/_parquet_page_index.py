@@ -47,7 +47,7 @@ _COLUMN_INDEX_BYTES = 24
 _PAGE_BYTES = 64 * 1024
 
 
-def worth_reading(footer: pq.FileMetaData, unit: int, names: list[str], read: list[str] | None) -> bool:
+def worth_reading_bounds(footer: pq.FileMetaData, unit: int, names: list[str], read: list[str] | None) -> bool:
     """Whether reading the page indexes of ``names`` in row group ``unit`` may save more than it
     costs: decoding the footer and the indexes in Python, in compressed column bytes that pyarrow
     decodes in the same time (the seek's cost model, _parquet_seek), against the bytes of the

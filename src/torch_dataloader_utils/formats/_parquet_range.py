@@ -64,7 +64,7 @@ KEPT_CHUNKS = 512
 Fetch = Callable[[list[tuple[int, int]]], None]
 
 
-def worth_reading(footer: pq.FileMetaData, unit: int, columns: list[str] | None, start: int, stop: int) -> bool:
+def worth_reading_rows(footer: pq.FileMetaData, unit: int, columns: list[str] | None, start: int, stop: int) -> bool:
     """Whether ``read_range`` should try: every projected column is one leaf with a page index,
     and the column bytes outside [start, stop) cost more to decode than the footer and the page
     headers cost to read in Python (estimated as ``_parquet_seek.worth_seeking`` does)."""

@@ -14,9 +14,8 @@ from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
 from ._parquet_footer import footer_bytes, footer_struct
-from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading
-from ._parquet_range import Decoded, PageIndexes, read_range
-from ._parquet_range import worth_reading as worth_reading_rows
+from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading_bounds
+from ._parquet_range import Decoded, PageIndexes, read_range, worth_reading_rows
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._parquet_tail import KeptFooter, footer_tail, local_footer_tail, metadata, parsed_footer
 from ._thrift_compact import Struct, ThriftError
@@ -112,7 +111,7 @@ class _ParquetReader:
         each page's rows and bounds, for pruning pages by a row filter (read/page_ranges.py);
         none where reading it costs more than decoding the ``read`` columns (None: all) could
         save, or from a file that cannot be read at an offset (an fsspec file: nor can it seek)."""
-        if not hasattr(self._source, "read_at") or not worth_reading(self._footer, unit, names, read):
+        if not hasattr(self._source, "read_at") or not worth_reading_bounds(self._footer, unit, names, read):
             return {}
         return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names)
 
@@ -215,7 +214,7 @@ class _RemoteParquetReader(_ParquetReader):
 
     def column_pages(self, unit: int, names: list[str], read: list[str] | None = None) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
         """As a local file's, with the columns' page indexes fetched first in one round."""
-        if not worth_reading(self._footer, unit, names, read):
+        if not worth_reading_bounds(self._footer, unit, names, read):
             return {}
         try:
             thrift = self._footer_thrift(unit)
