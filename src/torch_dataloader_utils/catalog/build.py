@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
-from ..formats._parquet_tail import KeptFooter
+from ..formats._parquet_tail import metadata
 from ..plan.splits import FileLayout, Split, plan_splits
 from ..plan.streams import SplitRows, unit_offsets
 from ..storage.paths import is_local, is_remote
@@ -86,7 +86,7 @@ class Catalog:
         if footer is None:
             entry = self.files[index]
             footer = self.format_of(index).read_footer(self.fs, entry.fs_path, entry.size, entry.url)[1]
-        return footer.parsed() if isinstance(footer, KeptFooter) else footer
+        return metadata(footer)
 
     @property
     def files_digest(self) -> str:

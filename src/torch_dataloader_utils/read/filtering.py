@@ -38,7 +38,7 @@ from ..catalog.partitions import directory_guarantee
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
 from ..errors import DataReadError, FileChangedError, RemoteReadError
-from ..formats._parquet_tail import KeptFooter
+from ..formats._parquet_tail import metadata
 from ..plan.splits import FileLayout
 from ..storage.remote import IOOptions
 from .conform import UnitRows, iter_conformed, read_conformed
@@ -79,8 +79,7 @@ def filter_catalog(catalog: Catalog, filters: Any, io: IOOptions | None = None, 
 def _statistics_footer(footer: Any) -> Any:
     """The footer whose statistics prune: a partitioned file's is the first of (footer, values), a
     remote Parquet file's is kept as its bytes."""
-    inner = footer[0] if isinstance(footer, tuple) else footer
-    return inner.parsed() if isinstance(inner, KeptFooter) else inner
+    return metadata(footer[0] if isinstance(footer, tuple) else footer)
 
 
 # ------------------------------------------------------------------ counting at planning
