@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from ..errors import UsageError
+from ..read.nulls import MASK_SUFFIX
 from .options import storage_options
 from .output import EXIT_OK, print_json
 
@@ -39,8 +40,16 @@ def _plain(value: Any, width: int) -> Any:
     return value
 
 
+def _unmasked(values: dict[str, Any]) -> dict[str, Any]:
+    """A row read with nulls="mask": a null as None, without the masks (a mask's name is never a column's)."""
+    masks = {name for name in values if name.endswith(MASK_SUFFIX) and name[: -len(MASK_SUFFIX)] in values}
+    nulls = {name[: -len(MASK_SUFFIX)] for name in masks if not bool(values[name])}
+    return {name: None if name in nulls else value for name, value in values.items() if name not in masks}
+
+
 def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[dict]:
-    """The selected rows as dicts: global row, file, row within the file, and the values (read in one gather)."""
+    """The selected rows as dicts: global row, file, row within the file, and the values (read in
+    one gather; a dataset read with nulls="mask" shows a null as None)."""
     from ..read.row_keys import split_rows
 
     rows = list(range(*key.indices(dataset.num_rows))) if isinstance(key, slice) else [key] if isinstance(key, int) else key
@@ -50,18 +59,29 @@ def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[
     except IndexError as error:
         raise UsageError(str(error)) from None
     return [
-        {"row": row % dataset.num_rows, "file": path, "row_in_file": within, "values": {k: _plain(v, width) for k, v in value.items()}}
+        {"row": row % dataset.num_rows, "file": path, "row_in_file": within, "values": {k: _plain(v, width) for k, v in _unmasked(value).items()}}
         for row, (path, within), value in zip(rows, located, values)
     ]
+
+
+def _text(rows: slice) -> str:
+    parts = ["" if part is None else str(part) for part in (rows.start, rows.stop, rows.step)]
+    return ":".join(parts if rows.step is not None else parts[:2])
 
 
 def cmd_rows(args: argparse.Namespace) -> int:
     from ..dataset import StructuredDataset
 
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    dataset = StructuredDataset(args.path, args.format, num_workers=0, columns=columns, storage_options=storage_options(args))
-    if isinstance(args.rows, slice) and len(range(*args.rows.indices(dataset.num_rows))) > args.limit:
-        raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
+    # nulls="mask": a null number prints as None instead of refusing the files (real data has them)
+    dataset = StructuredDataset(args.path, args.format, num_workers=0, columns=columns, storage_options=storage_options(args), nulls="mask")
+    if isinstance(args.rows, slice):
+        count = len(range(*args.rows.indices(dataset.num_rows)))
+        if count > args.limit:
+            raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
+        if count == 0:
+            rows = dataset.num_rows
+            raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {rows:,} rows (valid: -{rows} to {rows - 1})")
     rows = select_rows(dataset, args.rows, 0 if args.json else args.width)
     if args.json:
         print_json({"num_rows": dataset.num_rows, "rows": rows})
