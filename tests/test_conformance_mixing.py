@@ -109,3 +109,18 @@ def test_nested_types_unify_part_by_part(a, b, unified):
     from torch_dataloader_utils.catalog.schema import merge_types
 
     assert merge_types(a, b) == unified and merge_types(b, a) == unified
+
+
+def test_tdu_plan_refuses_weights_with_rows_per_epoch_and_takes_columns(writers, tmp_path, capsys):
+    from cli_helpers import run
+
+    a, b = writers["pyarrow"], writers["polars"]
+    code, out, err = run(capsys, "plan", a, b, "--weight", "1", "2", "--rows-per-epoch", "3", "4")
+    assert code == 2 and "pass --rows-per-epoch or --weight, not both" in err
+    narrow = tmp_path / "narrow.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(5000, 5030), pa.int64())}), narrow)  # no l, st, m
+    code, out, err = run(capsys, "plan", a, narrow, "--rows-per-epoch", "40", "60", "--json")
+    assert code == 2 and "missing from source 1" in err
+    code, out, err = run(capsys, "plan", a, narrow, "--rows-per-epoch", "40", "60", "--columns", "id", "--json")
+    assert code == 0, err
+    assert [s["rows_per_epoch"] for s in json.loads(out)["sources"]] == [40, 60]
