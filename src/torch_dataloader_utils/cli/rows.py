@@ -8,7 +8,6 @@ import re
 from typing import Any
 
 from ..errors import UsageError
-from ..read.nulls import MASK_SUFFIX
 from .options import storage_options
 from .output import EXIT_OK, print_json
 
@@ -42,6 +41,8 @@ def _plain(value: Any, width: int) -> Any:
 
 def _unmasked(values: dict[str, Any]) -> dict[str, Any]:
     """A row read with nulls="mask": a null as None, without the masks (a mask's name is never a column's)."""
+    from ..read.nulls import MASK_SUFFIX  # (pyarrow: not at the CLI's start)
+
     masks = {name for name in values if name.endswith(MASK_SUFFIX) and name[: -len(MASK_SUFFIX)] in values}
     nulls = {name[: -len(MASK_SUFFIX)] for name in masks if not bool(values[name])}
     return {name: None if name in nulls else value for name, value in values.items() if name not in masks}
@@ -80,8 +81,8 @@ def cmd_rows(args: argparse.Namespace) -> int:
         if count > args.limit:
             raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
         if count == 0:
-            rows = dataset.num_rows
-            raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {rows:,} rows (valid: -{rows} to {rows - 1})")
+            total = dataset.num_rows
+            raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {total:,} rows (valid: -{total} to {total - 1})")
     rows = select_rows(dataset, args.rows, 0 if args.json else args.width)
     if args.json:
         print_json({"num_rows": dataset.num_rows, "rows": rows})
