@@ -124,3 +124,14 @@ def test_tdu_plan_refuses_weights_with_rows_per_epoch_and_takes_columns(writers,
     code, out, err = run(capsys, "plan", a, narrow, "--rows-per-epoch", "40", "60", "--columns", "id", "--json")
     assert code == 0, err
     assert [s["rows_per_epoch"] for s in json.loads(out)["sources"]] == [40, 60]
+
+
+def test_a_mixtures_default_state_grows_neither_with_progress_nor_with_upsampling(writers):
+    def sizes(upsampled: int) -> list[int]:
+        loader, dataset = StructuredDataset.create_dataloader(
+            [Source(writers["pyarrow"]), Source(writers["polars"], rows_per_epoch=upsampled)], num_workers=0, batch_size=32, columns=["id"]
+        )
+        return [len(json.dumps(dataset.state_dict())) for step, _ in enumerate(loader) if step % 8 == 0]
+
+    small, large = sizes(20), sizes(2000)  # the polars source 2x and 200x
+    assert max(large) - min(large) < 150 and abs(max(large) - max(small)) < 150
