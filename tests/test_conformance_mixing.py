@@ -5,6 +5,7 @@ diagnosis leads with what the user changed (a weight, epoch_rows), not with its 
 from __future__ import annotations
 
 import collections
+import decimal
 import json
 
 import pyarrow as pa
@@ -103,6 +104,9 @@ def test_a_changed_weight_or_epoch_rows_is_the_likely_cause(writers):
         (pa.map_(pa.string(), pa.int32()), pa.map_(pa.large_string(), pa.int64()), pa.map_(pa.large_string(), pa.int64())),
         (pa.struct([("a", pa.int32())]), pa.struct([("b", pa.int32())]), None),  # other fields
         (pa.list_(pa.int32()), pa.large_list(pa.string()), None),
+        (pa.decimal128(10, 2), pa.decimal128(18, 2), pa.decimal128(18, 2)),
+        (pa.decimal128(10, 2), pa.decimal128(5, 3), pa.decimal128(11, 3)),
+        (pa.decimal128(38, 0), pa.decimal128(38, 10), pa.decimal256(48, 10)),
     ],
 )
 def test_nested_types_unify_part_by_part(a, b, unified):
@@ -135,3 +139,13 @@ def test_a_mixtures_default_state_grows_neither_with_progress_nor_with_upsamplin
 
     small, large = sizes(20), sizes(2000)  # the polars source 2x and 200x
     assert max(large) - min(large) < 150 and abs(max(large) - max(small)) < 150
+
+
+def test_duckdb_and_pyarrow_decimals_of_other_precisions_mix(tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64()), "d": pa.array([decimal.Decimal("1.25"), decimal.Decimal("2.50")], pa.decimal128(10, 2))}), tmp_path / "a.parquet")
+    duckdb.connect().execute(f"COPY (SELECT 3::BIGINT AS id, 3.75::DECIMAL(18, 2) AS d) TO '{tmp_path / 'b.parquet'}' (FORMAT parquet)")
+    loader, _ = StructuredDataset.create_dataloader(
+        [Source(str(tmp_path / "a.parquet")), Source(str(tmp_path / "b.parquet"), rows_per_epoch=2)], num_workers=0, batch_size=8, decimals="int64"
+    )
+    assert sorted(x for batch in loader for x in batch["d"].tolist()) == [125, 250, 375, 375]  # unscaled at the common scale

@@ -14,6 +14,7 @@ The rule (documented in docs/reliability.md):
   which a shuffle window mixing two dictionaries can overflow).
 - ``fixed_size_list<T>[n]`` + ``list<U>`` -> ``fixed_size_list`` of T and U unified: a list row
   of another length raises when the piece is read (``WideningError``, naming the file).
+- Decimals widen to the larger scale with enough integer digits for both (10,2 + 18,2 -> 18,2).
 - ``list`` + ``large_list`` -> ``large_list``, a struct with the same field names in the same order,
   and a map unify part by part (Polars writes large lists and strings where pyarrow does not).
 - Anything else must be equal. Otherwise the column is a conflict: a
@@ -63,6 +64,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return pa.float64()
     if LARGE_TYPES.get(a, a) == LARGE_TYPES.get(b, b):
         return LARGE_TYPES.get(a, a)
+    if pa.types.is_decimal(a) and pa.types.is_decimal(b):
+        return _merge_decimals(a, b)
     if pa.types.is_fixed_size_list(b) and _is_list(a):
         a, b = b, a
     if pa.types.is_fixed_size_list(a) and (_is_list(b) or pa.types.is_fixed_size_list(b)):
@@ -70,6 +73,16 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         same_size = not pa.types.is_fixed_size_list(b) or b.list_size == a.list_size
         return pa.list_(a.value_field.with_type(values), a.list_size) if values is not None and same_size else None
     return _merge_nested(a, b)
+
+
+def _merge_decimals(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The decimal that holds both exactly: the larger scale and enough integer digits for either
+    (DuckDB writes DECIMAL(18, s) where pyarrow and pandas write a narrower precision)."""
+    scale = max(a.scale, b.scale)
+    precision = max(a.precision - a.scale, b.precision - b.scale) + scale
+    if precision <= 38:
+        return pa.decimal128(precision, scale)
+    return pa.decimal256(precision, scale) if precision <= 76 else None
 
 
 def _merge_nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
