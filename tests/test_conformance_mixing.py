@@ -5,6 +5,7 @@ diagnosis leads with what the user changed (a weight, epoch_rows), not with its 
 from __future__ import annotations
 
 import collections
+import datetime
 import decimal
 import json
 
@@ -149,3 +150,18 @@ def test_duckdb_and_pyarrow_decimals_of_other_precisions_mix(tmp_path):
         [Source(str(tmp_path / "a.parquet")), Source(str(tmp_path / "b.parquet"), rows_per_epoch=2)], num_workers=0, batch_size=8, decimals="int64"
     )
     assert sorted(x for batch in loader for x in batch["d"].tolist()) == [125, 250, 375, 375]  # unscaled at the common scale
+
+
+def test_an_orc_and_a_parquet_source_with_timestamps_mix(tmp_path):
+    from pyarrow import orc
+
+    times = [datetime.datetime(2024, 1, 1) + datetime.timedelta(seconds=i) for i in range(4)]
+    orc.write_table(pa.table({"id": pa.array(range(4), pa.int64()), "t": pa.array(times, pa.timestamp("us"))}), str(tmp_path / "a.orc"))
+    pq.write_table(pa.table({"id": pa.array(range(4, 6), pa.int64()), "t": pa.array(times[:2], pa.timestamp("us"))}), tmp_path / "b.parquet")
+    assert orc.read_table(str(tmp_path / "a.orc")).schema.field("t").type == pa.timestamp("ns")  # ORC reads as ns
+    loader, dataset = StructuredDataset.create_dataloader(
+        [Source(str(tmp_path / "a.orc"), format="orc"), Source(str(tmp_path / "b.parquet"), rows_per_epoch=4)], num_workers=0, batch_size=16
+    )
+    got = sorted(pair for batch in loader for pair in zip(batch["id"].tolist(), batch["t"].tolist()))
+    ns = [int(pa.scalar(t, pa.timestamp("ns")).value) for t in times]
+    assert got == sorted([(i, ns[i]) for i in range(4)] + [(4, ns[0]), (4, ns[0]), (5, ns[1]), (5, ns[1])])

@@ -14,6 +14,8 @@ The rule (documented in docs/reliability.md):
   which a shuffle window mixing two dictionaries can overflow).
 - ``fixed_size_list<T>[n]`` + ``list<U>`` -> ``fixed_size_list`` of T and U unified: a list row
   of another length raises when the piece is read (``WideningError``, naming the file).
+- Timestamps of one time zone widen to the finer unit (ORC and Spark's INT96 read as ns): a value
+  the finer unit cannot hold raises when the piece is read.
 - Decimals widen to the larger scale with enough integer digits for both (10,2 + 18,2 -> 18,2).
 - ``list`` + ``large_list`` -> ``large_list``, a struct with the same field names in the same order,
   and a map unify part by part (Polars writes large lists and strings where pyarrow does not).
@@ -66,6 +68,8 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return LARGE_TYPES.get(a, a)
     if pa.types.is_decimal(a) and pa.types.is_decimal(b):
         return _merge_decimals(a, b)
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and a.tz == b.tz:  # ORC and INT96 read as ns, Parquet mostly as us
+        return a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b
     if pa.types.is_fixed_size_list(b) and _is_list(a):
         a, b = b, a
     if pa.types.is_fixed_size_list(a) and (_is_list(b) or pa.types.is_fixed_size_list(b)):
@@ -73,6 +77,9 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         same_size = not pa.types.is_fixed_size_list(b) or b.list_size == a.list_size
         return pa.list_(a.value_field.with_type(values), a.list_size) if values is not None and same_size else None
     return _merge_nested(a, b)
+
+
+_UNITS = ("s", "ms", "us", "ns")
 
 
 def _merge_decimals(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
@@ -160,8 +167,8 @@ def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa
     old_files = sorted({f for kind in incompatible for f in seen[kind]})
     return (
         f"files have incompatible schemas: column {column!r} is {incompatible[0]} in {_files_text(old_files)} "
-        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and integer/float/string "
-        "widening are unified; rewrite the odd files with one type for the column, or pass a path without them."
+        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and widening (numbers, strings, "
+        "decimals, timestamp units, lists, structs, maps) are unified; rewrite the odd files with one type for the column, or pass a path without them."
     )
 
 
