@@ -165,3 +165,20 @@ def test_an_orc_and_a_parquet_source_with_timestamps_mix(tmp_path):
     got = sorted(pair for batch in loader for pair in zip(batch["id"].tolist(), batch["t"].tolist()))
     ns = [int(pa.scalar(t, pa.timestamp("ns")).value) for t in times]
     assert got == sorted([(i, ns[i]) for i in range(4)] + [(4, ns[0]), (4, ns[0]), (5, ns[1]), (5, ns[1])])
+
+
+def test_a_source_takes_path_objects_as_a_plain_dataset_does(writers):
+    import pathlib
+
+    def make():
+        sources = [Source(pathlib.Path(writers["pyarrow"])), Source([pathlib.Path(writers["polars"])], rows_per_epoch=15)]
+        return StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=8, columns=["id"])
+
+    loader, dataset = make()
+    iterator = iter(loader)
+    next(iterator)
+    state = json.loads(json.dumps(dataset.state_dict()))  # plain data: the paths as str
+    rest = [batch["id"].tolist() for batch in iterator]
+    loader, resumed = make()
+    resumed.load_state_dict(state)
+    assert [batch["id"].tolist() for batch in loader] == rest and len(dataset) == 55
