@@ -182,3 +182,13 @@ def test_a_source_takes_path_objects_as_a_plain_dataset_does(writers):
     loader, resumed = make()
     resumed.load_state_dict(state)
     assert [batch["id"].tolist() for batch in loader] == rest and len(dataset) == 55
+
+
+def test_numpy_weights_share_the_epoch_and_the_state_stays_json(writers):
+    import numpy as np
+
+    sources = [Source(writers["pyarrow"], weight=np.float32(0.75)), Source(writers["polars"], weight=np.int64(1))]
+    loader, dataset = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=8, columns=["id"], epoch_rows=np.int64(70))
+    counts = collections.Counter(i >= 1000 for batch in loader for i in batch["id"].tolist())
+    assert (counts[False], counts[True]) == (30, 40)
+    json.dumps(dataset.state_dict())

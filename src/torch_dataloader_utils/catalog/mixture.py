@@ -53,6 +53,7 @@ class Source:
         if weight is not None:
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
                 raise ValueError(f"Source weight must be a positive finite number, got {weight!r} (source {path!r})")
+            weight = int(weight) if isinstance(weight, numbers.Integral) else float(weight)  # NumPy's: exact shares, JSON states
         if rows_per_epoch is not None and weight is not None:
             raise ValueError(f"Source {path!r} has both rows_per_epoch and weight; pass one of them")
         # str paths (a PathLike too, as a plain dataset takes): a state records the path as JSON
