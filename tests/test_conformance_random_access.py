@@ -97,6 +97,10 @@ def test_tdu_rows_prints_nulls_of_number_columns_as_none(tmp_path, capsys):
     assert "x.valid" not in out and "  x: 0.25" in out
     code, out, err = run(capsys, "rows", path, "0", "--json")
     assert code == 0 and '"x": null' in out and ".valid" not in out
+    clash = tmp_path / "clash.parquet"  # a column already named like a mask: printed as stored
+    pq.write_table(pa.table({"x": [1, 2], "x.valid": [True, False]}), clash)
+    code, out, err = run(capsys, "rows", clash, "1")
+    assert code == 0 and out.splitlines()[1:] == ["  x: 2", "  x.valid: False"], err
 
 
 def test_tdu_rows_refuses_a_range_that_selects_no_row(tmp_path, capsys):

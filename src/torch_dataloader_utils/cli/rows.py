@@ -48,19 +48,19 @@ def _unmasked(values: dict[str, Any]) -> dict[str, Any]:
     return {name: None if name in nulls else value for name, value in values.items() if name not in masks}
 
 
-def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[dict]:
+def select_rows(dataset: Any, key: int | slice | list[int], width: int, masked: bool = False) -> list[dict]:
     """The selected rows as dicts: global row, file, row within the file, and the values (read in
-    one gather; a dataset read with nulls="mask" shows a null as None)."""
+    one gather; ``masked``: the dataset reads with nulls="mask", and a null shows as None)."""
     from ..read.row_keys import split_rows
 
     rows = list(range(*key.indices(dataset.num_rows))) if isinstance(key, slice) else [key] if isinstance(key, int) else key
     try:
-        values = split_rows(dataset[rows], len(rows))
+        values = [_unmasked(value) if masked else value for value in split_rows(dataset[rows], len(rows))]
         located = [dataset.locate(row) for row in rows]
     except IndexError as error:
         raise UsageError(str(error)) from None
     return [
-        {"row": row % dataset.num_rows, "file": path, "row_in_file": within, "values": {k: _plain(v, width) for k, v in _unmasked(value).items()}}
+        {"row": row % dataset.num_rows, "file": path, "row_in_file": within, "values": {k: _plain(v, width) for k, v in value.items()}}
         for row, (path, within), value in zip(rows, located, values)
     ]
 
@@ -74,8 +74,13 @@ def cmd_rows(args: argparse.Namespace) -> int:
     from ..dataset import StructuredDataset
 
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    # nulls="mask": a null number prints as None instead of refusing the files (real data has them)
-    dataset = StructuredDataset(args.path, args.format, num_workers=0, columns=columns, storage_options=storage_options(args), nulls="mask")
+    options: dict[str, Any] = dict(num_workers=0, columns=columns, storage_options=storage_options(args))
+    try:  # nulls="mask": a null number prints as None instead of refusing the files (real data has them)
+        dataset, masked = StructuredDataset(args.path, args.format, nulls="mask", **options), True
+    except ValueError as error:
+        if "would name the masks" not in str(error):  # a column already named '<column>.valid': no masks
+            raise
+        dataset, masked = StructuredDataset(args.path, args.format, **options), False
     if isinstance(args.rows, slice):
         count = len(range(*args.rows.indices(dataset.num_rows)))
         if count > args.limit:
@@ -83,7 +88,7 @@ def cmd_rows(args: argparse.Namespace) -> int:
         if count == 0:
             total = dataset.num_rows
             raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {total:,} rows (valid: -{total} to {total - 1})")
-    rows = select_rows(dataset, args.rows, 0 if args.json else args.width)
+    rows = select_rows(dataset, args.rows, 0 if args.json else args.width, masked)
     if args.json:
         print_json({"num_rows": dataset.num_rows, "rows": rows})
         return EXIT_OK
