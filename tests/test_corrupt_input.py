@@ -266,7 +266,8 @@ def test_a_column_name_twice_in_a_file_is_refused_naming_file_and_column(tmp_pat
         (pa.bool_(), pa.int8(), None),
         (pa.list_(pa.float32(), 3), pa.list_(pa.float32()), pa.list_(pa.float32(), 3)),  # a row of another length raises when read
         (pa.list_(pa.float32(), 3), pa.list_(pa.float32(), 2), None),
-        (pa.timestamp("s"), pa.timestamp("ms"), None),
+        (pa.timestamp("s"), pa.timestamp("ms"), pa.timestamp("ms")),
+        (pa.timestamp("us", tz="UTC"), pa.timestamp("ns"), None),  # another time zone (or none)
     ],
 )
 def test_type_rule(a, b, unified):

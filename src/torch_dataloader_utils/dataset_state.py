@@ -23,7 +23,7 @@ def checkpoint(dataset: Any, form: str) -> dict:
         dataset._check_loader_workers(info.num_workers)
         return worker_state(dataset._config(), dataset._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
     splits = dataset._catalog.splits_at(progress.epoch)
-    compact = use_compact(form, len(splits))
+    compact = use_compact(form, len(splits), mixture=isinstance(dataset._catalog, MixCatalog))
     if compact and dataset.canonical_lanes is not None:
         if form == "compact":
             raise ValueError("state_dict(form='compact') is not available with canonical_lanes; use form='full'")

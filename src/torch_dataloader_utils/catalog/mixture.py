@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -52,9 +53,11 @@ class Source:
         if weight is not None:
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight) or weight <= 0:
                 raise ValueError(f"Source weight must be a positive finite number, got {weight!r} (source {path!r})")
+            weight = int(weight) if isinstance(weight, numbers.Integral) else float(weight)  # NumPy's: exact shares, JSON states
         if rows_per_epoch is not None and weight is not None:
             raise ValueError(f"Source {path!r} has both rows_per_epoch and weight; pass one of them")
-        self.path = path
+        # str paths (a PathLike too, as a plain dataset takes): a state records the path as JSON
+        self.path = os.fspath(path) if isinstance(path, os.PathLike) else [os.fspath(p) for p in path] if isinstance(path, (list, tuple)) else path
         self.format = format
         self.rows_per_epoch = rows_per_epoch
         self.weight = weight

@@ -14,7 +14,12 @@ The rule (documented in docs/reliability.md):
   which a shuffle window mixing two dictionaries can overflow).
 - ``fixed_size_list<T>[n]`` + ``list<U>`` -> ``fixed_size_list`` of T and U unified: a list row
   of another length raises when the piece is read (``WideningError``, naming the file).
-- Anything else must be equal (nested types included). Otherwise the column is a conflict: a
+- Timestamps of one time zone widen to the finer unit (ORC and Spark's INT96 read as ns): a value
+  the finer unit cannot hold raises when the piece is read.
+- Decimals widen to the larger scale with enough integer digits for both (10,2 + 18,2 -> 18,2).
+- ``list`` + ``large_list`` -> ``large_list``, a struct with the same field names in the same order,
+  and a map unify part by part (Polars writes large lists and strings where pyarrow does not).
+- Anything else must be equal. Otherwise the column is a conflict: a
   ValueError naming the column, both types and files on each side when the column is selected
   (columns that are not selected are never read, so they may disagree).
 - A selected column that a file holds twice or more is refused, naming the file.
@@ -61,12 +66,51 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return pa.float64()
     if LARGE_TYPES.get(a, a) == LARGE_TYPES.get(b, b):
         return LARGE_TYPES.get(a, a)
+    if pa.types.is_decimal(a) and pa.types.is_decimal(b):
+        return _merge_decimals(a, b)
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and a.tz == b.tz:  # ORC and INT96 read as ns, Parquet mostly as us
+        return a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b
     if pa.types.is_fixed_size_list(b) and _is_list(a):
         a, b = b, a
     if pa.types.is_fixed_size_list(a) and (_is_list(b) or pa.types.is_fixed_size_list(b)):
         values = merge_types(a.value_type, b.value_type)
         same_size = not pa.types.is_fixed_size_list(b) or b.list_size == a.list_size
         return pa.list_(a.value_field.with_type(values), a.list_size) if values is not None and same_size else None
+    return _merge_nested(a, b)
+
+
+_UNITS = ("s", "ms", "us", "ns")
+
+
+def _merge_decimals(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The decimal that holds both exactly: the larger scale and enough integer digits for either
+    (DuckDB writes DECIMAL(18, s) where pyarrow and pandas write a narrower precision)."""
+    scale = max(a.scale, b.scale)
+    precision = max(a.precision - a.scale, b.precision - b.scale) + scale
+    if precision <= 38:
+        return pa.decimal128(precision, scale)
+    return pa.decimal256(precision, scale) if precision <= 76 else None
+
+
+def _merge_nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Lists, structs and maps whose parts unify: Polars and DuckDB write large lists and large
+    strings inside them where pyarrow writes 32-bit offsets, so the same data differs only there."""
+    if _is_list(a) and _is_list(b):
+        values = merge_types(a.value_type, b.value_type)
+        if values is None:
+            return None
+        field = a.value_field.with_type(values)
+        return pa.large_list(field) if pa.types.is_large_list(a) or pa.types.is_large_list(b) else pa.list_(field)
+    if pa.types.is_struct(a) and pa.types.is_struct(b) and [f.name for f in a] == [f.name for f in b]:
+        kinds = [merge_types(x.type, y.type) for x, y in zip(a, b)]
+        if any(kind is None for kind in kinds):
+            return None
+        return pa.struct([pa.field(x.name, kind, nullable=x.nullable or y.nullable) for x, y, kind in zip(a, b, kinds)])
+    if pa.types.is_map(a) and pa.types.is_map(b) and a.keys_sorted == b.keys_sorted:
+        key, item = merge_types(a.key_type, b.key_type), merge_types(a.item_type, b.item_type)
+        if key is None or item is None:
+            return None
+        return pa.map_(a.key_field.with_type(key), a.item_field.with_type(item), keys_sorted=a.keys_sorted)
     return None
 
 
@@ -123,8 +167,8 @@ def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa
     old_files = sorted({f for kind in incompatible for f in seen[kind]})
     return (
         f"files have incompatible schemas: column {column!r} is {incompatible[0]} in {_files_text(old_files)} "
-        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and integer/float/string "
-        "widening are unified; rewrite the odd files with one type for the column, or pass a path without them."
+        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and widening (numbers, strings, "
+        "decimals, timestamp units, lists, structs, maps) are unified; rewrite the odd files with one type for the column, or pass a path without them."
     )
 
 

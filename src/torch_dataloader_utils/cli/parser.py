@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--weight", type=float, nargs="+", default=[], metavar="W", help="plan a mixture: a weight per PATH")
     plan.add_argument("--epoch-rows", type=positive_int, default=None, metavar="N", help="rows per epoch the weights share")
     plan.add_argument("--shuffle-buffer-rows", type=positive_int, default=1 << 18, metavar="N", help="a mixture's window rows")
+    plan.add_argument("--columns", help="a mixture's columns, comma-separated (default: all; sources that lack some need it)")
     plan.add_argument("--all", action="store_true", help="list every (rank, worker), however many")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(plan)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .options import storage_options
 from .output import EXIT_OK, human_bytes, print_json
-from .plan_mixture import is_mixture_plan, mixture_plan, print_sources
+from .plan_mixture import check_plain_plan, is_mixture_plan, mixture_plan, print_sources
 
 log = logging.getLogger("torch_dataloader_utils.cli")  # one logger for all of tdu's commands
 
@@ -155,6 +155,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if is_mixture_plan(args):
         plan = mixture_plan(args, compute_plan)
     else:
+        check_plain_plan(args)
         catalog = build_catalog(args.path, args.format, storage_options(args), args.split_bytes)
         if args.filters is not None:
             from ..read.filtering import filter_catalog

@@ -13,6 +13,12 @@ def is_mixture_plan(args: argparse.Namespace) -> bool:
     return bool(args.rows_per_epoch or args.weight or args.epoch_rows is not None)
 
 
+def check_plain_plan(args: argparse.Namespace) -> None:
+    """ValueError for options only a mixture's plan takes."""
+    if args.columns:
+        raise ValueError("--columns applies to a mixture's plan (with --rows-per-epoch or --weight): a plain plan reads no column")
+
+
 def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     """The plan of ``tdu plan`` for the sources ``args.path``, with a "sources" table."""
     from ..catalog.mixture import Source, build_mixture_catalog
@@ -23,10 +29,13 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     for name, values in (("--rows-per-epoch", args.rows_per_epoch), ("--weight", args.weight)):
         if values and len(values) != len(args.path):
             raise ValueError(f"{name} takes one value per PATH: {len(args.path)} paths, {len(values)} values")
+    if args.rows_per_epoch and args.weight:  # as Source() and create_dataloader refuse them together
+        raise ValueError("pass --rows-per-epoch or --weight, not both: weights share --epoch-rows, rows per epoch fix each source's rows")
     shares = [dict(rows_per_epoch=n) for n in args.rows_per_epoch] or [dict(weight=w) for w in args.weight] or [{} for _ in args.path]
     sources = [Source(path, **share) for path, share in zip(args.path, shares)]
     order = (args.shuffle, args.shuffle_seed, args.shuffle_buffer_rows)
-    catalog = build_mixture_catalog(sources, (args.format, storage_options(args), None, None), None, args.split_bytes, IOOptions(), args.epoch_rows, order)
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
+    catalog = build_mixture_catalog(sources, (args.format, storage_options(args), None, None), columns, args.split_bytes, IOOptions(), args.epoch_rows, order)
     assert catalog.plan is not None
     plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize)
     book = MixtureBook(catalog.plan)

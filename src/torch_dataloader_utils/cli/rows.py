@@ -39,13 +39,23 @@ def _plain(value: Any, width: int) -> Any:
     return value
 
 
-def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[dict]:
-    """The selected rows as dicts: global row, file, row within the file, and the values (read in one gather)."""
+def _unmasked(values: dict[str, Any]) -> dict[str, Any]:
+    """A row read with nulls="mask": a null as None, without the masks (a mask's name is never a column's)."""
+    from ..read.nulls import MASK_SUFFIX  # (pyarrow: not at the CLI's start)
+
+    masks = {name for name in values if name.endswith(MASK_SUFFIX) and name[: -len(MASK_SUFFIX)] in values}
+    nulls = {name[: -len(MASK_SUFFIX)] for name in masks if not bool(values[name])}
+    return {name: None if name in nulls else value for name, value in values.items() if name not in masks}
+
+
+def select_rows(dataset: Any, key: int | slice | list[int], width: int, masked: bool = False) -> list[dict]:
+    """The selected rows as dicts: global row, file, row within the file, and the values (read in
+    one gather; ``masked``: the dataset reads with nulls="mask", and a null shows as None)."""
     from ..read.row_keys import split_rows
 
     rows = list(range(*key.indices(dataset.num_rows))) if isinstance(key, slice) else [key] if isinstance(key, int) else key
     try:
-        values = split_rows(dataset[rows], len(rows))
+        values = [_unmasked(value) if masked else value for value in split_rows(dataset[rows], len(rows))]
         located = [dataset.locate(row) for row in rows]
     except IndexError as error:
         raise UsageError(str(error)) from None
@@ -55,14 +65,30 @@ def select_rows(dataset: Any, key: int | slice | list[int], width: int) -> list[
     ]
 
 
+def _text(rows: slice) -> str:
+    parts = ["" if part is None else str(part) for part in (rows.start, rows.stop, rows.step)]
+    return ":".join(parts if rows.step is not None else parts[:2])
+
+
 def cmd_rows(args: argparse.Namespace) -> int:
     from ..dataset import StructuredDataset
 
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    dataset = StructuredDataset(args.path, args.format, num_workers=0, columns=columns, storage_options=storage_options(args))
-    if isinstance(args.rows, slice) and len(range(*args.rows.indices(dataset.num_rows))) > args.limit:
-        raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
-    rows = select_rows(dataset, args.rows, 0 if args.json else args.width)
+    options: dict[str, Any] = dict(num_workers=0, columns=columns, storage_options=storage_options(args))
+    try:  # nulls="mask": a null number prints as None instead of refusing the files (real data has them)
+        dataset, masked = StructuredDataset(args.path, args.format, nulls="mask", **options), True
+    except ValueError as error:
+        if "would name the masks" not in str(error):  # a column already named '<column>.valid': no masks
+            raise
+        dataset, masked = StructuredDataset(args.path, args.format, **options), False
+    if isinstance(args.rows, slice):
+        count = len(range(*args.rows.indices(dataset.num_rows)))
+        if count > args.limit:
+            raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
+        if count == 0:
+            total = dataset.num_rows
+            raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {total:,} rows (valid: -{total} to {total - 1})")
+    rows = select_rows(dataset, args.rows, 0 if args.json else args.width, masked)
     if args.json:
         print_json({"num_rows": dataset.num_rows, "rows": rows})
         return EXIT_OK

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import warnings
 from concurrent.futures import Future
 from typing import Iterator, Sequence
 
@@ -26,7 +27,7 @@ class ThreadedChunks:
     def __init__(self, reader: ChunkReader, threads: int, ahead: int = 2, pin_memory: bool = False):
         self._readers = [_own_reader(reader) for _ in range(threads)]
         self._ahead = ahead
-        self._pin = pin_memory
+        self._pin = pin_memory and _can_pin()
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
         track(self)
@@ -62,6 +63,17 @@ class ThreadedChunks:
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+
+
+def _can_pin() -> bool:
+    """Whether pinned memory is there to use; without an accelerator pin_memory=True is ignored
+    with the DataLoader's own warning, as worker processes do."""
+    import torch
+
+    if torch.accelerator.is_available():
+        return True
+    warnings.warn("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used.", stacklevel=3)
+    return False
 
 
 def _own_reader(reader: ChunkReader) -> ChunkReader:

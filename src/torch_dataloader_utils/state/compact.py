@@ -48,11 +48,13 @@ def _digest(value: Any, chars: int = 32) -> str:
     return hashlib.sha256(json.dumps(value, separators=(",", ":")).encode()).hexdigest()[:chars]
 
 
-def use_compact(form: str, num_splits: int) -> bool:
-    """Whether ``state_dict(form=...)`` writes the compact form for a plan of ``num_splits`` splits."""
+def use_compact(form: str, num_splits: int, mixture: bool = False) -> bool:
+    """Whether ``state_dict(form=...)`` writes the compact form for a plan of ``num_splits`` splits.
+    A mixture's is compact under "auto" at any size: its full form lists a split per upsampled
+    copy, and a mixture's state must not grow with the upsampling (no upstream tool reads it)."""
     if form not in FORMS:
         raise ValueError(f"form must be one of {list(FORMS)}, got {form!r}")
-    return form == "compact" or (form == "auto" and num_splits > AUTO_FULL_MAX_SPLITS)
+    return form == "compact" or (form == "auto" and (mixture or num_splits > AUTO_FULL_MAX_SPLITS))
 
 
 # ----------------------------------------------------------------------------- lanes

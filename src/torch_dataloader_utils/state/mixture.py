@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-_FIELDS = ("path", "format", "rows_per_epoch", "weight", "rows")
+#: causes before their effects: a weight or a source's row count (its data) sets its rows per epoch
+_FIELDS = ("path", "format", "weight", "rows", "rows_per_epoch")
 
 
 def mixture_causes(saved: Any, current: Any) -> list[str]:
@@ -21,9 +22,22 @@ def mixture_causes(saved: Any, current: Any) -> list[str]:
     causes = []
     if len(saved) != len(current):
         causes.append(f"the number of sources changed: checkpoint={len(saved)}, current={len(current)}")
-    for index, (old, new) in enumerate(zip(saved, current)):
-        for key in _FIELDS:
+    same_rows = len(saved) == len(current) and all(old.get("rows") == new.get("rows") for old, new in zip(saved, current))
+    if same_rows and _weighted(saved) and _weighted(current) and _epoch_rows(saved) != _epoch_rows(current):  # (a default follows the data)
+        causes.append(f"epoch_rows changed: checkpoint={_epoch_rows(saved)}, current={_epoch_rows(current)}")
+    for key in _FIELDS:  # a field's changes in every source before the next field's: the cause before its effects
+        for index, (old, new) in enumerate(zip(saved, current)):
             if old.get(key) != new.get(key):
                 what = "rows (its data changed)" if key == "rows" else key
                 causes.append(f"source {index}'s {what} changed: checkpoint={old.get(key)!r}, current={new.get(key)!r}")
     return causes or ["the sources changed"]
+
+
+def _weighted(sources: list[dict]) -> bool:
+    return any(entry.get("weight") is not None for entry in sources)
+
+
+def _epoch_rows(sources: list[dict]) -> Any:
+    """A weighted mixture's epoch_rows: the weights' shares and the other sources' rows add up to it."""
+    counts = [entry.get("rows_per_epoch") for entry in sources]
+    return sum(counts) if all(isinstance(count, int) for count in counts) else None
