@@ -32,3 +32,17 @@ def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, seek
     jumping = _reads(dataset, 25, shuffled)
     for i in range(count):
         assert forward[i].equals(whole[i]) and jumping[i].equals(whole[i]), i
+
+
+def test_a_window_of_several_pieces_is_one_chunk_and_reads_take_from_it():
+    """A mixture's or shuffled window is combined once; a table that cannot be stays as it is and
+    is gathered chunk by chunk, with the same rows."""
+    from torch_dataloader_utils.read.reader import _gather, _one_chunk
+
+    parts = [pa.table({"id": list(range(start, start + 5)), "s": [str(i) for i in range(5)]}) for start in (0, 5, 10)]
+    table = pa.concat_tables(parts)
+    combined = _one_chunk(table)
+    assert all(column.num_chunks == 1 for column in combined.columns) and combined.equals(table)
+    rows = pa.array([14, 0, 7, 3, 11]).to_numpy()
+    assert _gather(combined, rows).equals(table.take(rows)) and _gather(table, rows).equals(table.take(rows))
+    assert _one_chunk(combined) is combined

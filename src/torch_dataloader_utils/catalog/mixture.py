@@ -126,7 +126,12 @@ def check_mixture_arguments(path: Any, epoch_rows: Any, canonical_lanes: Any) ->
             raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
         return None
     if canonical_lanes is not None:
-        raise ValueError("canonical_lanes= does not apply to a mixture of Sources: a mixture deals its own blocks")
+        raise ValueError(
+            "canonical_lanes= does not apply to a mixture of Sources: canonical lanes cut the epoch's splits into equal runs, "
+            "while a mixture's epoch is made of blocks that each hold every source in proportion (which keeps each batch in "
+            "proportion and each row's multiplicity exact). Leave canonical_lanes out: a mixture still resumes exactly, also on "
+            "another world size (merge_states / elastic=True), but its order then depends on the topology (docs/mixing.md)"
+        )  # fmt: skip
     return epoch_rows
 
 

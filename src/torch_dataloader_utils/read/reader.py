@@ -202,9 +202,10 @@ class StreamReader:
         table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
         permutation = stream.window_permutation(index)
         if not skipped:
-            # rows stay decoded in piece order; each read gathers its rows (see _gather), so a
-            # window costs its decoded bytes once instead of twice
-            return _Window(table, None, skipped, permutation)
+            # rows stay decoded in piece order and each read takes its rows from them: a window of
+            # several pieces (a mixture's sources, a shuffled window) is made one Arrow chunk first,
+            # a copy at memcpy speed that makes every later take one plain take (see _gather)
+            return _Window(_one_chunk(table) if permutation is not None else table, None, skipped, permutation)
         valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
         position = np.cumsum(valid) - 1  # planned row -> row of `table`
         order = permutation if permutation is not None else np.arange(len(valid))
@@ -353,8 +354,20 @@ class _StreamedPiece:
             self._first += self._held.pop(0).num_rows
 
 
+def _one_chunk(table: pa.Table) -> pa.Table:
+    """The table in one chunk per column; as it is when that cannot be (a string column of more
+    than 2 GiB in one window), and then ``_gather`` takes from each chunk."""
+    if all(column.num_chunks <= 1 for column in table.columns):
+        return table
+    try:
+        return table.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError, pa.ArrowNotImplementedError):  # e.g. offsets that do not fit one chunk
+        return table
+
+
 def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``table.take(rows)`` for a table of many chunks, one take per chunk (no concatenation)."""
+    """``table.take(rows)``; for a table of many chunks one take per chunk (older pyarrow
+    concatenates a chunked column whole to take from it, per call)."""
     batches = table.to_batches()
     if len(batches) <= 1:
         return table.take(rows)
