@@ -28,6 +28,7 @@ the caller reads another way.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 from collections import OrderedDict
 from collections.abc import Callable
@@ -46,12 +47,14 @@ from ._parquet_footer import (
     FILE_ENCRYPTION_ALGORITHM,
     GROUP_COLUMNS,
     GROUP_NUM_ROWS,
+    META_CODEC,
     META_COMPRESSED,
     META_DATA_OFFSET,
     META_DICT_OFFSET,
     META_NUM_VALUES,
     row_group,
 )
+from ._parquet_dictionary import ZSTD, stored_dictionary_page
 from ._parquet_pages import HEADER_READ, Cut, Page, data_page, page_locations
 from ._parquet_seek import _leaves, _values_per_row
 from ._parquet_splice import in_place_footer, spliced_bytes
@@ -60,6 +63,8 @@ from ._thrift_compact import Struct, ThriftError
 #: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each):
 #: every chunk of a file of 128 row groups of 4 columns.
 KEPT_CHUNKS = 512
+#: bytes of dictionary pages a reader keeps decompressed (``_parquet_dictionary``)
+KEPT_DICTIONARY_BYTES = 16 << 20
 
 Fetch = Callable[[list[tuple[int, int]]], None]
 
@@ -79,15 +84,16 @@ def worth_reading_rows(footer: pq.FileMetaData, unit: int, columns: list[str] | 
 
 
 class _Chunk:
-    """A column chunk's page index as decoded, and the rows each page's header counts (None:
-    not read yet)."""
+    """A column chunk's page index as decoded, and the rows each page's header counts and the
+    headers of the pages kept by a read (None: not read yet)."""
 
-    __slots__ = ("counts", "firsts", "locations")
+    __slots__ = ("counts", "firsts", "headers", "locations")
 
     def __init__(self, locations: tuple[tuple[int, int, int], ...]) -> None:
         self.locations = locations
         self.firsts = [first for _, _, first in locations]
         self.counts: list[int | None] = [None] * len(locations)
+        self.headers: list[Page | None] = [None] * len(locations)
 
 
 class PageIndexes:
@@ -96,6 +102,11 @@ class PageIndexes:
 
     def __init__(self) -> None:
         self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
+        # (row group, leaf) -> the chunk's dictionary page with its values stored, or None: read
+        # as it is (a page of few values, or used once so far); the KEPT_DICTIONARY_BYTES used last
+        self._dictionaries: OrderedDict[tuple[int, int], bytes | None] = OrderedDict()
+        self._dictionary_bytes = 0
+        self._seen: set[tuple[int, int]] = set()  # asked for once
 
     def get(self, key: tuple[int, int]) -> _Chunk | None:
         chunk = self._chunks.get(key)
@@ -107,6 +118,24 @@ class PageIndexes:
         self._chunks[key] = chunk
         while len(self._chunks) > KEPT_CHUNKS:
             self._chunks.popitem(last=False)
+
+    def dictionary(self, key: tuple[int, int], make: Callable[[], bytes | None]) -> bytes | None:
+        """The chunk's dictionary page with its values stored: None the first time (decompressing
+        it once costs more than the read that asks), ``make()`` the second."""
+        if key not in self._dictionaries:
+            self._dictionaries[key] = None
+            self._seen.add(key)
+        elif key in self._seen:
+            self._seen.discard(key)
+            page = self._dictionaries[key] = make()
+            self._dictionary_bytes += len(page or b"")
+        self._dictionaries.move_to_end(key)
+        page = self._dictionaries[key]
+        while self._dictionary_bytes > KEPT_DICTIONARY_BYTES or len(self._dictionaries) > KEPT_CHUNKS:
+            evicted, dropped = self._dictionaries.popitem(last=False)
+            self._dictionary_bytes -= len(dropped or b"")
+            self._seen.discard(evicted)
+        return page
 
 
 class _Column(NamedTuple):
@@ -121,6 +150,7 @@ class _Column(NamedTuple):
     end: int
     num_values: int
     per_row: int | None
+    codec: int
 
 
 class Decoded(NamedTuple):
@@ -172,13 +202,13 @@ def read_range(
         data = meta.integer(META_DATA_OFFSET)
         first = min(meta.integer(META_DICT_OFFSET, data) or data, data)
         per_row = _values_per_row(footer, unit, leaf, schema.field(name).type)
-        wanted.append(_Column(name, leaf, chunk, first, data, first + meta.integer(META_COMPRESSED), meta.integer(META_NUM_VALUES), per_row))
+        wanted.append(_Column(name, leaf, chunk, first, data, first + meta.integer(META_COMPRESSED), meta.integer(META_NUM_VALUES), per_row, meta.integer(META_CODEC, 0)))
     _load_indexes(source, unit, wanted, group_rows, indexes, fetch)
     spans = {column.name: _span(indexes.get((unit, column.leaf)), column, start, stop, group_rows) for column in wanted}  # type: ignore[arg-type]
     if fetch is not None:
         fetch([r for column in wanted for r in _ranges(column, spans[column.name], indexes.get((unit, column.leaf)))])  # type: ignore[arg-type]
     cuts = {column.name: _cut(source, indexes.get((unit, column.leaf)), column, spans[column.name], group_rows) for column in wanted}  # type: ignore[arg-type]
-    first, table = _decode(source, thrift, schema, unit, wanted, cuts, list(leaves), stop, threads)
+    first, table = _decode(source, thrift, schema, unit, wanted, cuts, list(leaves), stop, threads, indexes)
     return Decoded(first, table, group_rows)
 
 
@@ -244,9 +274,12 @@ def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: i
     locations = chunk.locations
     values, dictionary = 0, False
     for page in range(span.first, span.last + 1):
-        offset, size, _ = locations[page]
-        header = data_page(source, offset, size)
-        chunk.counts[page] = _rows(header, column.per_row)
+        header = chunk.headers[page]
+        if header is None:
+            offset, size, _ = locations[page]
+            header = data_page(source, offset, size)
+            chunk.counts[page] = _rows(header, column.per_row)
+            chunk.headers[page] = header
         values += header.values
         dictionary = dictionary or header.dictionary
     first_row = chunk.firsts[span.first]
@@ -306,40 +339,84 @@ def _in_place(cut: Cut) -> bool:
 
 def _decode(
     source: Any,
-    thrift: Struct, schema: pa.Schema, unit: int, wanted: list[_Column], cuts: _Cuts, names: list[str], stop: int, threads: bool
+    thrift: Struct,
+    schema: pa.Schema,
+    unit: int,
+    wanted: list[_Column],
+    cuts: _Cuts,
+    names: list[str],
+    stop: int,
+    threads: bool,
+    indexes: PageIndexes,
 ) -> tuple[int, pa.Table]:
     """Decode the cuts up to row ``stop``, those starting at the same row as one file each, and
     keep the rows all have. (pyarrow decodes the rows a file's footer says it has, and no more of
-    the pages that hold more.)"""
+    the pages that hold more.) With ``threads``, each file but the last is decoded on a thread
+    (pyarrow lets go of the GIL) while this one prepares the next (its footer: Python)."""
     by_first: dict[int, list[_Column]] = {}
     for column in wanted:
         by_first.setdefault(cuts[column.name][0].first_row, []).append(column)
     first = max(by_first)
-    def decode(first_row: int, group: list[_Column]) -> pa.Table:
-        group.sort(key=lambda column: column.leaf)
-        rows = stop - first_row
-        names = [c.name for c in group]
-        if isinstance(source, pa.NativeFile) and all(_in_place(cuts[c.name][0]) for c in group):
-            # pyarrow reads the kept pages from the file itself, under a footer of their own
-            metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
-            table = pq.ParquetFile(source, metadata=metadata, pre_buffer=False).read(columns=names, use_threads=False)
-        else:
-            held = {c.leaf: (c.name, cuts[c.name][0], _read(source, *cuts[c.name][0].dictionary), _read(source, *cuts[c.name][0].pages)) for c in group}
-            data = spliced_bytes(thrift, schema, unit, held, rows)
-            table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(columns=names, use_threads=False)
+    # the largest first (by kept bytes), so that its decoding starts while the others are prepared
+    groups = sorted(by_first.items(), key=lambda item: -sum(cuts[c.name][0].dictionary[1] + cuts[c.name][0].pages[1] for c in item[1]))
+
+    def decode(file: pq.ParquetFile, group_names: list[str], rows: int, first_row: int) -> pa.Table:
+        table = file.read(columns=group_names, use_threads=False)
         if table.num_rows != rows:
-            raise ThriftError(f"the pages of {[c.name for c in group]} decode to {table.num_rows} rows where the page index says {rows}")
+            raise ThriftError(f"the pages of {group_names} decode to {table.num_rows} rows where the page index says {rows}")
         return table.slice(first - first_row)
 
-    if threads and len(by_first) > 1:  # pyarrow lets go of the GIL while it decodes
-        (first_row, group), *others = by_first.items()
-        futures = [_pool().submit(decode, *other) for other in others]
-        tables = [decode(first_row, group)] + [future.result() for future in futures]  # (this thread decodes one too)
-    else:
-        tables = [decode(first_row, group) for first_row, group in by_first.items()]
+    futures, tables = [], []
+    for index, (first_row, group) in enumerate(groups):
+        job = (*_prepared(source, thrift, schema, unit, group, cuts, stop - first_row, indexes), first_row)
+        if threads and index < len(groups) - 1:  # (this thread decodes the last)
+            futures.append(_pool().submit(decode, *job))
+        else:
+            tables.append(decode(*job))
+    tables += [future.result() for future in futures]
     decoded = {name: table.column(name) for table in tables for name in table.column_names}
     fields = [schema.field(name) for name in names]
     return first, pa.Table.from_arrays([decoded[name] for name in names], schema=pa.schema(fields, metadata=schema.metadata))
+
+
+def _prepared(
+    source: Any, thrift: Struct, schema: pa.Schema, unit: int, group: list[_Column], cuts: _Cuts, rows: int, indexes: PageIndexes
+) -> tuple[pq.ParquetFile, list[str], int]:
+    """One file of the cuts of ``group`` (columns that start at the same row) ending after ``rows``
+    rows: (the file, its columns, ``rows``). A zstd dictionary
+    page of many values goes in with its values stored, decompressed once (``_parquet_dictionary``)."""
+    group.sort(key=lambda column: column.leaf)
+    names = [c.name for c in group]
+    stored = {c.leaf: _stored_dictionary(source, indexes, unit, c, cuts[c.name][0]) for c in group}
+    if isinstance(source, pa.NativeFile) and not any(stored.values()) and all(_in_place(cuts[c.name][0]) for c in group):
+        # pyarrow reads the kept pages from the file itself, under a footer of their own
+        metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
+        return pq.ParquetFile(source, metadata=metadata, pre_buffer=False), names, rows
+    held = {}
+    for c in group:
+        cut, dictionary = cuts[c.name][0], stored[c.leaf]
+        if dictionary is None:
+            dictionary = _read(source, *cut.dictionary)
+        else:
+            cut = dataclasses.replace(cut, dictionary=(cut.dictionary[0], len(dictionary)))
+        held[c.leaf] = (c.name, cut, dictionary, _read(source, *cut.pages))
+    data = spliced_bytes(thrift, schema, unit, held, rows)
+    return pq.ParquetFile(pa.BufferReader(data), pre_buffer=False), names, rows
+
+
+def _stored_dictionary(source: Any, indexes: PageIndexes, unit: int, column: _Column, cut: Cut) -> bytes | None:
+    """The cut's zstd dictionary page with its values stored, kept per chunk; None for a cut
+    without one or a page that is better read as it is."""
+    if column.codec != ZSTD or not cut.dictionary[1]:
+        return None
+
+    def make() -> bytes | None:
+        try:
+            return stored_dictionary_page(_read(source, *cut.dictionary))
+        except (ThriftError, pa.ArrowException):  # (pyarrow's read of the page as it is says what is wrong)
+            return None
+
+    return indexes.dictionary((unit, column.leaf), make)
 
 
 _POOL: ThreadPoolExecutor | None = None
