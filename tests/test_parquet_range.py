@@ -12,7 +12,8 @@ from test_parquet_seek import _DAMAGES, ROWS, _table, write_damaged
 
 from torch_dataloader_utils.formats import _parquet_dictionary
 from torch_dataloader_utils.formats._parquet_footer import footer_struct
-from torch_dataloader_utils.formats._parquet_range import PageIndexes, read_range
+from torch_dataloader_utils.formats._parquet_index_cache import PageIndexes
+from torch_dataloader_utils.formats._parquet_range import read_range
 from torch_dataloader_utils.formats.parquet import _ParquetReader
 
 

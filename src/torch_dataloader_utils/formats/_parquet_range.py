@@ -15,8 +15,10 @@ at different rows are decoded on threads (``threads``). The decoded rows of all 
 [start, stop); ``read_range`` returns the rows every column has (``first`` on), so that a
 caller may cache the neighbours that came along.
 
-Each chunk's page index is decoded once and kept (``PageIndexes``), with the rows of the pages
-whose headers have been read. A cut that does not start at the chunk's first page is checked
+Each chunk's page index is decoded once and kept in the reader's ``PageIndexes``
+(``_parquet_index_cache``, which filter pruning shares), with the headers of the pages read. A
+zstd dictionary page of many values is kept decompressed from its second use on
+(``_parquet_dictionary``). A cut that does not start at the chunk's first page is checked
 like ``_parquet_pages.check_cut``: the headers of the kept pages and of one side of them must
 count the rows the page index gives. A column whose pages count values, not rows (V1 pages of
 a variable-length list), starts at its first page, so that no row can shift. pyarrow must
@@ -30,7 +32,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -39,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _parquet_seek as seek
+from ._parquet_dictionary import ZSTD, stored_dictionary_page
 from ._parquet_footer import (
     CHUNK_CRYPTO,
     CHUNK_ENCRYPTED_META,
@@ -54,17 +56,11 @@ from ._parquet_footer import (
     META_NUM_VALUES,
     row_group,
 )
-from ._parquet_dictionary import ZSTD, stored_dictionary_page
-from ._parquet_pages import HEADER_READ, Cut, Page, data_page, page_locations
+from ._parquet_index_cache import ChunkPages, PageIndexes, index_range
+from ._parquet_pages import HEADER_READ, Cut, Page, data_page
 from ._parquet_seek import _leaves, _values_per_row
 from ._parquet_splice import in_place_footer, spliced_bytes
 from ._thrift_compact import Struct, ThriftError
-
-#: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each):
-#: every chunk of a file of 128 row groups of 4 columns.
-KEPT_CHUNKS = 512
-#: bytes of dictionary pages a reader keeps decompressed (``_parquet_dictionary``)
-KEPT_DICTIONARY_BYTES = 16 << 20
 
 Fetch = Callable[[list[tuple[int, int]]], None]
 
@@ -81,61 +77,6 @@ def worth_reading_rows(footer: pq.FileMetaData, unit: int, columns: list[str] | 
     outside = sum(chunk.total_compressed_size for chunk in chunks) * (group.num_rows - (stop - start)) // max(1, group.num_rows)
     cost = seek.footer_cost(footer) + len(chunks) * 2 * seek.HEADER_COST
     return cost <= outside and all(chunk.has_offset_index for chunk in chunks)
-
-
-class _Chunk:
-    """A column chunk's page index as decoded, and the rows each page's header counts and the
-    headers of the pages kept by a read (None: not read yet)."""
-
-    __slots__ = ("counts", "firsts", "headers", "locations")
-
-    def __init__(self, locations: tuple[tuple[int, int, int], ...]) -> None:
-        self.locations = locations
-        self.firsts = [first for _, _, first in locations]
-        self.counts: list[int | None] = [None] * len(locations)
-        self.headers: list[Page | None] = [None] * len(locations)
-
-
-class PageIndexes:
-    """Decoded page indexes of one file's column chunks by (row group, leaf column), the
-    ``KEPT_CHUNKS`` used last."""
-
-    def __init__(self) -> None:
-        self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
-        # (row group, leaf) -> the chunk's dictionary page with its values stored, or None: read
-        # as it is (a page of few values, or used once so far); the KEPT_DICTIONARY_BYTES used last
-        self._dictionaries: OrderedDict[tuple[int, int], bytes | None] = OrderedDict()
-        self._dictionary_bytes = 0
-        self._seen: set[tuple[int, int]] = set()  # asked for once
-
-    def get(self, key: tuple[int, int]) -> _Chunk | None:
-        chunk = self._chunks.get(key)
-        if chunk is not None:
-            self._chunks.move_to_end(key)
-        return chunk
-
-    def put(self, key: tuple[int, int], chunk: _Chunk) -> None:
-        self._chunks[key] = chunk
-        while len(self._chunks) > KEPT_CHUNKS:
-            self._chunks.popitem(last=False)
-
-    def dictionary(self, key: tuple[int, int], make: Callable[[], bytes | None]) -> bytes | None:
-        """The chunk's dictionary page with its values stored: None the first time (decompressing
-        it once costs more than the read that asks), ``make()`` the second."""
-        if key not in self._dictionaries:
-            self._dictionaries[key] = None
-            self._seen.add(key)
-        elif key in self._seen:
-            self._seen.discard(key)
-            page = self._dictionaries[key] = make()
-            self._dictionary_bytes += len(page or b"")
-        self._dictionaries.move_to_end(key)
-        page = self._dictionaries[key]
-        while self._dictionary_bytes > KEPT_DICTIONARY_BYTES or len(self._dictionaries) > KEPT_CHUNKS:
-            evicted, dropped = self._dictionaries.popitem(last=False)
-            self._dictionary_bytes -= len(dropped or b"")
-            self._seen.discard(evicted)
-        return page
 
 
 class _Column(NamedTuple):
@@ -202,7 +143,8 @@ def read_range(
         data = meta.integer(META_DATA_OFFSET)
         first = min(meta.integer(META_DICT_OFFSET, data) or data, data)
         per_row = _values_per_row(footer, unit, leaf, schema.field(name).type)
-        wanted.append(_Column(name, leaf, chunk, first, data, first + meta.integer(META_COMPRESSED), meta.integer(META_NUM_VALUES), per_row, meta.integer(META_CODEC, 0)))
+        end = first + meta.integer(META_COMPRESSED)
+        wanted.append(_Column(name, leaf, chunk, first, data, end, meta.integer(META_NUM_VALUES), per_row, meta.integer(META_CODEC, 0)))
     _load_indexes(source, unit, wanted, group_rows, indexes, fetch)
     spans = {column.name: _span(indexes.get((unit, column.leaf)), column, start, stop, group_rows) for column in wanted}  # type: ignore[arg-type]
     if fetch is not None:
@@ -216,19 +158,9 @@ def _load_indexes(source: Any, unit: int, wanted: list[_Column], group_rows: int
     """Decode the page indexes of ``wanted`` not kept yet (fetched first, in one call)."""
     missing = [column for column in wanted if indexes.get((unit, column.leaf)) is None]
     if fetch is not None and missing:
-        fetch([(offset, offset + length) for offset, length in (_index_range(column) for column in missing)])
+        fetch([(offset, offset + length) for offset, length in (index_range(column.chunk) for column in missing)])
     for column in missing:
-        offset, length = _index_range(column)
-        locations = page_locations(source, offset, length, group_rows)
-        offsets = [offset for offset, _, _ in locations]
-        ends = [offset + size for offset, size, _ in locations]
-        if offsets[0] != column.data or ends[-1] != column.end or offsets[1:] != ends[:-1]:
-            raise ThriftError(f"the page index of column {column.name!r} does not match its column chunk")
-        indexes.put((unit, column.leaf), _Chunk(locations))
-
-
-def _index_range(column: _Column) -> tuple[int, int]:
-    return column.chunk.integer(CHUNK_INDEXES[0]), column.chunk.integer(CHUNK_INDEXES[1])
+        indexes.load(source, (unit, column.leaf), column.chunk, group_rows, column.name)
 
 
 class _Span(NamedTuple):
@@ -238,7 +170,7 @@ class _Span(NamedTuple):
     last: int
 
 
-def _span(chunk: _Chunk, column: _Column, start: int, stop: int, group_rows: int) -> _Span:
+def _span(chunk: ChunkPages, column: _Column, start: int, stop: int, group_rows: int) -> _Span:
     """The pages overlapping [start, stop); from the first page for a column whose headers count
     values, not rows (the start could not be checked). Of pages that start at the same row, all
     but the last are empty (pyarrow writes such pages)."""
@@ -247,7 +179,7 @@ def _span(chunk: _Chunk, column: _Column, start: int, stop: int, group_rows: int
     return _Span(0 if column.per_row is None else first, last)
 
 
-def _ranges(column: _Column, span: _Span, chunk: _Chunk) -> list[tuple[int, int]]:
+def _ranges(column: _Column, span: _Span, chunk: ChunkPages) -> list[tuple[int, int]]:
     """What ``_cut`` reads of a column: its dictionary page, the kept pages and the first bytes
     of the headers of the side it counts."""
     locations = chunk.locations
@@ -258,7 +190,7 @@ def _ranges(column: _Column, span: _Span, chunk: _Chunk) -> list[tuple[int, int]
     return ranges
 
 
-def _side(chunk: _Chunk, span: _Span) -> tuple[range, bool]:
+def _side(chunk: ChunkPages, span: _Span) -> tuple[range, bool]:
     """The pages whose headers check where the kept pages start, and whether they are those
     before them: those before or those after, whichever has fewer not counted yet (none when
     the kept pages start at the first page)."""
@@ -269,7 +201,7 @@ def _side(chunk: _Chunk, span: _Span) -> tuple[range, bool]:
     return (before, True) if unknown(before) <= unknown(after) else (after, False)
 
 
-def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int]:
+def _cut(source: Any, chunk: ChunkPages, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int]:
     """The column's cut for ``span``, checked, and its rows."""
     locations = chunk.locations
     values, dictionary = 0, False
@@ -301,7 +233,7 @@ def _rows(header: Page, per_row: int | None) -> int | None:
     return header.values // per_row
 
 
-def _check(source: Any, chunk: _Chunk, span: _Span, first_row: int, end_row: int, group_rows: int, per_row: int) -> None:
+def _check(source: Any, chunk: ChunkPages, span: _Span, first_row: int, end_row: int, group_rows: int, per_row: int) -> None:
     """The kept pages hold the rows the index gives them, and so do the pages on one side."""
     kept = chunk.counts[span.first : span.last + 1]
     if None in kept or sum(kept) != end_row - first_row:  # type: ignore[arg-type]
