@@ -137,7 +137,13 @@ class _ParquetReader:
 
     def _footer_thrift(self, unit: int) -> Struct:
         thrift = self._thrift.get(unit)
-        if thrift is None:
+        if thrift is None and self._thrift and self._footer.num_row_groups <= DECODED_FOOTERS:
+            # a second row group: all of them decoded at once, cheaper than each one with the
+            # others skipped (a single seek decodes only its own)
+            thrift = footer_struct(self._footer, None, self._footer_bytes())
+            self._thrift.update((group, thrift) for group in range(self._footer.num_row_groups))
+            return thrift  # (row_group says so when it has no row group ``unit``)
+        elif thrift is None:
             thrift = self._thrift[unit] = footer_struct(self._footer, unit, self._footer_bytes())
             while len(self._thrift) > DECODED_FOOTERS:
                 self._thrift.popitem(last=False)
