@@ -21,6 +21,9 @@ from ._thrift_compact import Struct, ThriftError
 KEPT_CHUNKS = 512
 #: bytes of dictionary pages a reader keeps decompressed (``_parquet_dictionary``)
 KEPT_DICTIONARY_BYTES = 16 << 20
+#: a dictionary page is kept decompressed from this use on: decompressing it to keep it costs
+#: more than the read that asks (about 1.2x), so it pays from the next use on
+STORED_FROM_USE = 3
 
 Key = tuple[int, int]  # (row group, leaf column)
 
@@ -47,10 +50,10 @@ class PageIndexes:
     def __init__(self) -> None:
         self._chunks: OrderedDict[Key, ChunkPages] = OrderedDict()
         # -> the chunk's dictionary page with its values stored, or None: read as it is (a page
-        # of few values, or one used once so far)
+        # of few values, or one used less than STORED_FROM_USE times so far)
         self._dictionaries: OrderedDict[Key, bytes | None] = OrderedDict()
         self._dictionary_bytes = 0
-        self._seen: set[Key] = set()  # dictionaries asked for once
+        self._uses: dict[Key, int] = {}  # of the dictionaries not stored (yet)
 
     def get(self, key: Key) -> ChunkPages | None:
         chunk = self._chunks.get(key)
@@ -73,21 +76,23 @@ class PageIndexes:
         return found
 
     def dictionary(self, key: Key, make: Callable[[], bytes | None]) -> bytes | None:
-        """The chunk's dictionary page with its values stored: None the first time (decompressing
-        it once costs more than the read that asks), ``make()`` the second."""
+        """The chunk's dictionary page with its values stored: None before its
+        ``STORED_FROM_USE``-th use, then ``make()`` (once; None: never)."""
         if key not in self._dictionaries:
             self._dictionaries[key] = None
-            self._seen.add(key)
-        elif key in self._seen:
-            self._seen.discard(key)
-            made = self._dictionaries[key] = make()
-            self._dictionary_bytes += len(made or b"")
+            self._uses[key] = 0
+        if key in self._uses:
+            self._uses[key] += 1
+            if self._uses[key] >= STORED_FROM_USE:
+                del self._uses[key]
+                made = self._dictionaries[key] = make()
+                self._dictionary_bytes += len(made or b"")
         self._dictionaries.move_to_end(key)
         page = self._dictionaries[key]
         while self._dictionary_bytes > KEPT_DICTIONARY_BYTES or len(self._dictionaries) > KEPT_CHUNKS:
             evicted, dropped = self._dictionaries.popitem(last=False)
             self._dictionary_bytes -= len(dropped or b"")
-            self._seen.discard(evicted)
+            self._uses.pop(evicted, None)
         return page
 
 

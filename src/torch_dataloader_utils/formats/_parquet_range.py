@@ -17,7 +17,7 @@ caller may cache the neighbours that came along.
 
 Each chunk's page index is decoded once and kept in the reader's ``PageIndexes``
 (``_parquet_index_cache``, which filter pruning shares), with the headers of the pages read. A
-zstd dictionary page of many values is kept decompressed from its second use on
+zstd dictionary page of many values is kept decompressed from its third use on
 (``_parquet_dictionary``). A cut that does not start at the chunk's first page is checked
 like ``_parquet_pages.check_cut``: the headers of the kept pages and of one side of them must
 count the rows the page index gives. A column whose pages count values, not rows (V1 pages of
