@@ -1,7 +1,7 @@
 """Random access (``dataset[idx]``) against a hand-written pyarrow gather, and slices against the loader.
 
     python benchmarks/random_access.py [--data-dir DIR] [--size-gb 1.0] [--calls 6] \
-        [--slices 200] [--columns all|numeric] [--parts gathers,slices] [--json OUT]
+        [--slices 200] [--warm-slices 0] [--columns all|numeric] [--parts gathers,slices] [--json OUT]
 
 On generate.py's files (8 Parquet files, 64Ki-row row groups, page index), in one process:
 
@@ -17,7 +17,10 @@ On generate.py's files (8 Parquet files, 64Ki-row row groups, page index), in on
   (each slice decoded from the file: each column only from its pages that hold the slice, by
   the page index, the columns that start at different rows decoded on threads of their own),
   interleaved slice by slice with the same slices read the way before ``_parquet_range``
-  (``seek_only``: each column from the page holding the first row, through ``_parquet_seek``);
+  (``seek_only``: each column from the page holding the first row, through ``_parquet_seek``),
+  after ``--warm-slices`` untimed slices (default 0: the first reads of each file and row group,
+  which decode its footer and page indexes in Python, are timed too; with a few hundred, the
+  slices of a process that has used its files a while, its reader-level caches filled);
   and at random places in units already decoded and cached, median and 90th percentile ms per
   slice; and every row in order as consecutive 1024-row slices
   (default cache) against ``create_dataloader(num_workers=0, batch_size=1024)`` over the same
@@ -137,12 +140,14 @@ def _seek_only(call: Callable[[], Any]) -> Any:
         random_access.read_rows_conformed = kept
 
 
-def slices(root: str, columns: list[str] | None, count: int, sequential_rows: int) -> dict:
+def slices(root: str, columns: list[str] | None, count: int, sequential_rows: int, warm_slices: int = 0) -> dict:
     from torch_dataloader_utils import StructuredDataset
 
     cold = StructuredDataset(root, num_workers=0, columns=columns, row_cache_bytes=0)
     rng = np.random.default_rng(7)
     starts = rng.integers(0, cold.num_rows - GATHER_ROWS, count + 1)
+    for start in rng.integers(0, cold.num_rows - GATHER_ROWS, warm_slices):  # untimed: the files' footers, page indexes...
+        cold[int(start) : int(start) + GATHER_ROWS]
     contenders = {
         "pages": lambda start: cold[start : start + GATHER_ROWS],
         "seek_only": lambda start: _seek_only(lambda: cold[start : start + GATHER_ROWS]),
@@ -202,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--calls", type=int, default=6, help="timed gathers of 1024 random rows per contender")
     parser.add_argument("--slices", type=int, default=200, help="timed random 1024-row slices")
+    parser.add_argument(
+        "--warm-slices", type=int, default=0, help="untimed random slices read first, as by a process that has used its files a while"
+    )
     parser.add_argument("--sequential-rows", type=int, default=1 << 20, help="rows walked in order (slices and the loader)")
     parser.add_argument("--columns", choices=sorted(COLUMN_SETS), default="all")
     parser.add_argument("--parts", default="gathers,slices", help="what to measure: gathers, slices or both (comma-separated)")
@@ -220,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     if "gathers" in parts:
         results["gathers"] = gathers(root, paths, columns, args.calls)
     if "slices" in parts:
-        results["slices"] = slices(root, columns, args.slices, args.sequential_rows)
+        results["slices"] = slices(root, columns, args.slices, args.sequential_rows, args.warm_slices)
     results["load_average_at_end"] = os.getloadavg()[0]
     text = json.dumps(results, indent=2)
     print(text)

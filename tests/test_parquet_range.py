@@ -10,8 +10,10 @@ import pytest
 from datagen import PAGED
 from test_parquet_seek import _DAMAGES, ROWS, _table, write_damaged
 
+from torch_dataloader_utils.formats import _parquet_dictionary, _parquet_index_cache
 from torch_dataloader_utils.formats._parquet_footer import footer_struct
-from torch_dataloader_utils.formats._parquet_range import PageIndexes, read_range
+from torch_dataloader_utils.formats._parquet_index_cache import PageIndexes
+from torch_dataloader_utils.formats._parquet_range import read_range
 from torch_dataloader_utils.formats.parquet import _ParquetReader
 
 
@@ -38,10 +40,15 @@ def _read(path, unit, columns, start, stop, fetching=False, indexes=None):
     return read_range(source, footer, footer.schema.to_arrow_schema(), footer_struct(footer, unit), unit, columns, start, stop, indexes or PageIndexes(), fetch)
 
 
-@pytest.mark.parametrize("version, dictionary, fetching", [("1.0", True, False), ("2.0", False, False), ("1.0", False, True), ("2.0", True, True)])
-def test_any_rows_match_pyarrows_read(tmp_path, version, dictionary, fetching):
+@pytest.mark.parametrize(
+    "version, dictionary, fetching, compression", [("1.0", True, False, "zstd"), ("2.0", False, False, "snappy"), ("1.0", False, True, "snappy"), ("2.0", True, True, "zstd")]
+)
+def test_any_rows_match_pyarrows_read(tmp_path, monkeypatch, version, dictionary, fetching, compression):
+    """(zstd: every dictionary page goes in with its values stored from its second use on (STORED_FROM_USE set to 2).)"""
+    monkeypatch.setattr(_parquet_dictionary, "MIN_VALUE_BYTES", 0)
+    monkeypatch.setattr(_parquet_index_cache, "STORED_FROM_USE", 2)
     path = tmp_path / "f.parquet"
-    pq.write_table(_table(), path, row_group_size=120, data_page_version=version, use_dictionary=dictionary, **PAGED)
+    pq.write_table(_table(), path, row_group_size=120, data_page_version=version, use_dictionary=dictionary, compression=compression, **PAGED)
     whole = pq.ParquetFile(path)
     indexes = PageIndexes()  # kept across reads, as a reader keeps them
     for unit in range(whole.metadata.num_row_groups):

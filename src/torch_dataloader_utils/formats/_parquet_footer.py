@@ -29,7 +29,7 @@ GROUP_COLUMNS, GROUP_BYTES, GROUP_NUM_ROWS, GROUP_OFFSET, GROUP_COMPRESSED = 1, 
 CHUNK_FILE_OFFSET, CHUNK_META, CHUNK_CRYPTO, CHUNK_ENCRYPTED_META = 2, 3, 8, 9
 CHUNK_INDEXES = (4, 5, 6, 7)  # offset index offset and length, column index offset and length
 # ColumnMetaData:
-META_NUM_VALUES, META_UNCOMPRESSED, META_COMPRESSED, META_DATA_OFFSET, META_INDEX_OFFSET = 5, 6, 7, 9, 10
+META_CODEC, META_NUM_VALUES, META_UNCOMPRESSED, META_COMPRESSED, META_DATA_OFFSET, META_INDEX_OFFSET = 4, 5, 6, 7, 9, 10
 META_DICT_OFFSET, META_STATISTICS, META_SIZE_STATISTICS = 11, 12, 16
 META_BLOOM = (14, 15)
 # PageHeader and its data page headers:
@@ -48,16 +48,17 @@ def read_exact(source: Any, offset: int, size: int) -> bytes:
     return bytes(data)
 
 
-def footer_struct(footer: pq.FileMetaData, unit: int, data: bytes | None = None) -> Struct:
+def footer_struct(footer: pq.FileMetaData, unit: int | None, data: bytes | None = None) -> Struct:
     """The footer as decoded Thrift, with row group ``unit`` alone decoded (the others are None:
-    see ``row_group``). ``data``: the footer's bytes as the file holds them, when the caller has
-    them (else pyarrow serialises ``footer``, which is slower than reading them)."""
+    see ``row_group``; ``unit`` None: all of them). ``data``: the footer's bytes as the file holds
+    them, when the caller has them (else pyarrow serialises ``footer``, which is slower than
+    reading them)."""
     if data is None:
         sink = pa.BufferOutputStream()
         footer.write_metadata_file(sink)
         written = sink.getvalue().to_pybytes()
         data = written[len(MAGIC) : len(written) - 4 - len(MAGIC)]
-    return decode_struct(data, only=(FILE_ROW_GROUPS, unit))[0]
+    return decode_struct(data, only=None if unit is None else (FILE_ROW_GROUPS, unit))[0]
 
 
 def footer_bytes(source: Any, footer: pq.FileMetaData) -> bytes | None:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from . import _parquet_seek
 from ._parquet_footer import CHUNK_CRYPTO, CHUNK_ENCRYPTED_META, CHUNK_INDEXES, FILE_ENCRYPTION_ALGORITHM, GROUP_COLUMNS, read_exact, row_group
-from ._parquet_pages import page_locations
+from ._parquet_index_cache import PageIndexes
 from ._parquet_seek import PAGE_LOCATION_BYTES, footer_cost, leaf_columns
 from ._thrift_compact import Struct, ThriftError, ThriftList, decode_struct
 
@@ -63,19 +63,25 @@ def worth_reading_bounds(footer: pq.FileMetaData, unit: int, names: list[str], r
     return cost <= saved
 
 
-def column_pages(source: Any, footer: pq.FileMetaData, thrift: Struct, unit: int, names: list[str]) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
+def column_pages(
+    source: Any, footer: pq.FileMetaData, thrift: Struct, unit: int, names: list[str], indexes: PageIndexes
+) -> dict[str, tuple[pa.DataType, list[PageBounds]]]:
     """Per column of ``names`` (top-level, one leaf) that has a page index in row group ``unit``:
-    its Arrow type in the file and its pages' bounds. Columns without one (or nested, or
+    its Arrow type in the file and its pages' bounds, decoded once and kept in ``indexes`` (the
+    reader's, which random access's page reads share). Columns without one (or nested, or
     encrypted) are left out; ThriftError for an index that does not decode or does not fit the
-    row group."""
+    row group and its column chunk."""
     arrow = footer.schema.to_arrow_schema()
     rows = footer.row_group(unit).num_rows
+    chunks = row_group(thrift, unit).structs(GROUP_COLUMNS)
     found = {}
-    for name, (leaf, offset_at, offset_length, column_at, column_length) in _indexes(thrift, footer, unit, names).items():
-        locations = page_locations(source, offset_at, offset_length, rows)
-        index = decode_struct(read_exact(source, column_at, column_length))[0]
+    for name, (leaf, _, _, column_at, column_length) in _indexes(thrift, footer, unit, names).items():
+        pages = indexes.load(source, (unit, leaf), chunks[leaf], rows, name)
         kind = arrow.field(name).type
-        found[name] = (kind, _pages(index, [first for _, _, first in locations], rows, footer.schema.column(leaf).physical_type, kind))
+        if pages.bounds is None:
+            index = decode_struct(read_exact(source, column_at, column_length))[0]
+            pages.bounds = _pages(index, pages.firsts, rows, footer.schema.column(leaf).physical_type, kind)
+        found[name] = (kind, pages.bounds)
     return found
 
 

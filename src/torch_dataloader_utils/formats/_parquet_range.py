@@ -15,8 +15,10 @@ at different rows are decoded on threads (``threads``). The decoded rows of all 
 [start, stop); ``read_range`` returns the rows every column has (``first`` on), so that a
 caller may cache the neighbours that came along.
 
-Each chunk's page index is decoded once and kept (``PageIndexes``), with the rows of the pages
-whose headers have been read. A cut that does not start at the chunk's first page is checked
+Each chunk's page index is decoded once and kept in the reader's ``PageIndexes``
+(``_parquet_index_cache``, which filter pruning shares), with the headers of the pages read. A
+zstd dictionary page of many values is kept decompressed from its third use on
+(``_parquet_dictionary``). A cut that does not start at the chunk's first page is checked
 like ``_parquet_pages.check_cut``: the headers of the kept pages and of one side of them must
 count the rows the page index gives. A column whose pages count values, not rows (V1 pages of
 a variable-length list), starts at its first page, so that no row can shift. pyarrow must
@@ -28,8 +30,8 @@ the caller reads another way.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -38,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _parquet_seek as seek
+from ._parquet_dictionary import ZSTD, stored_dictionary_page
 from ._parquet_footer import (
     CHUNK_CRYPTO,
     CHUNK_ENCRYPTED_META,
@@ -46,20 +49,18 @@ from ._parquet_footer import (
     FILE_ENCRYPTION_ALGORITHM,
     GROUP_COLUMNS,
     GROUP_NUM_ROWS,
+    META_CODEC,
     META_COMPRESSED,
     META_DATA_OFFSET,
     META_DICT_OFFSET,
     META_NUM_VALUES,
     row_group,
 )
-from ._parquet_pages import HEADER_READ, Cut, Page, data_page, page_locations
+from ._parquet_index_cache import ChunkPages, PageIndexes, index_range
+from ._parquet_pages import HEADER_READ, Cut, Page, data_page
 from ._parquet_seek import _leaves, _values_per_row
 from ._parquet_splice import in_place_footer, spliced_bytes
 from ._thrift_compact import Struct, ThriftError
-
-#: Column chunks whose decoded page index a reader keeps (a few hundred bytes to a few KB each):
-#: every chunk of a file of 128 row groups of 4 columns.
-KEPT_CHUNKS = 512
 
 Fetch = Callable[[list[tuple[int, int]]], None]
 
@@ -78,37 +79,6 @@ def worth_reading_rows(footer: pq.FileMetaData, unit: int, columns: list[str] | 
     return cost <= outside and all(chunk.has_offset_index for chunk in chunks)
 
 
-class _Chunk:
-    """A column chunk's page index as decoded, and the rows each page's header counts (None:
-    not read yet)."""
-
-    __slots__ = ("counts", "firsts", "locations")
-
-    def __init__(self, locations: tuple[tuple[int, int, int], ...]) -> None:
-        self.locations = locations
-        self.firsts = [first for _, _, first in locations]
-        self.counts: list[int | None] = [None] * len(locations)
-
-
-class PageIndexes:
-    """Decoded page indexes of one file's column chunks by (row group, leaf column), the
-    ``KEPT_CHUNKS`` used last."""
-
-    def __init__(self) -> None:
-        self._chunks: OrderedDict[tuple[int, int], _Chunk] = OrderedDict()
-
-    def get(self, key: tuple[int, int]) -> _Chunk | None:
-        chunk = self._chunks.get(key)
-        if chunk is not None:
-            self._chunks.move_to_end(key)
-        return chunk
-
-    def put(self, key: tuple[int, int], chunk: _Chunk) -> None:
-        self._chunks[key] = chunk
-        while len(self._chunks) > KEPT_CHUNKS:
-            self._chunks.popitem(last=False)
-
-
 class _Column(NamedTuple):
     """What one projected column reads: its chunk's index, its leaf's level values per row, and
     where its bytes are."""
@@ -121,6 +91,7 @@ class _Column(NamedTuple):
     end: int
     num_values: int
     per_row: int | None
+    codec: int
 
 
 class Decoded(NamedTuple):
@@ -172,13 +143,14 @@ def read_range(
         data = meta.integer(META_DATA_OFFSET)
         first = min(meta.integer(META_DICT_OFFSET, data) or data, data)
         per_row = _values_per_row(footer, unit, leaf, schema.field(name).type)
-        wanted.append(_Column(name, leaf, chunk, first, data, first + meta.integer(META_COMPRESSED), meta.integer(META_NUM_VALUES), per_row))
+        end = first + meta.integer(META_COMPRESSED)
+        wanted.append(_Column(name, leaf, chunk, first, data, end, meta.integer(META_NUM_VALUES), per_row, meta.integer(META_CODEC, 0)))
     _load_indexes(source, unit, wanted, group_rows, indexes, fetch)
     spans = {column.name: _span(indexes.get((unit, column.leaf)), column, start, stop, group_rows) for column in wanted}  # type: ignore[arg-type]
     if fetch is not None:
         fetch([r for column in wanted for r in _ranges(column, spans[column.name], indexes.get((unit, column.leaf)))])  # type: ignore[arg-type]
     cuts = {column.name: _cut(source, indexes.get((unit, column.leaf)), column, spans[column.name], group_rows) for column in wanted}  # type: ignore[arg-type]
-    first, table = _decode(source, thrift, schema, unit, wanted, cuts, list(leaves), stop, threads)
+    first, table = _decode(source, thrift, schema, unit, wanted, cuts, list(leaves), stop, threads, indexes)
     return Decoded(first, table, group_rows)
 
 
@@ -186,19 +158,9 @@ def _load_indexes(source: Any, unit: int, wanted: list[_Column], group_rows: int
     """Decode the page indexes of ``wanted`` not kept yet (fetched first, in one call)."""
     missing = [column for column in wanted if indexes.get((unit, column.leaf)) is None]
     if fetch is not None and missing:
-        fetch([(offset, offset + length) for offset, length in (_index_range(column) for column in missing)])
+        fetch([(offset, offset + length) for offset, length in (index_range(column.chunk) for column in missing)])
     for column in missing:
-        offset, length = _index_range(column)
-        locations = page_locations(source, offset, length, group_rows)
-        offsets = [offset for offset, _, _ in locations]
-        ends = [offset + size for offset, size, _ in locations]
-        if offsets[0] != column.data or ends[-1] != column.end or offsets[1:] != ends[:-1]:
-            raise ThriftError(f"the page index of column {column.name!r} does not match its column chunk")
-        indexes.put((unit, column.leaf), _Chunk(locations))
-
-
-def _index_range(column: _Column) -> tuple[int, int]:
-    return column.chunk.integer(CHUNK_INDEXES[0]), column.chunk.integer(CHUNK_INDEXES[1])
+        indexes.load(source, (unit, column.leaf), column.chunk, group_rows, column.name)
 
 
 class _Span(NamedTuple):
@@ -208,7 +170,7 @@ class _Span(NamedTuple):
     last: int
 
 
-def _span(chunk: _Chunk, column: _Column, start: int, stop: int, group_rows: int) -> _Span:
+def _span(chunk: ChunkPages, column: _Column, start: int, stop: int, group_rows: int) -> _Span:
     """The pages overlapping [start, stop); from the first page for a column whose headers count
     values, not rows (the start could not be checked). Of pages that start at the same row, all
     but the last are empty (pyarrow writes such pages)."""
@@ -217,7 +179,7 @@ def _span(chunk: _Chunk, column: _Column, start: int, stop: int, group_rows: int
     return _Span(0 if column.per_row is None else first, last)
 
 
-def _ranges(column: _Column, span: _Span, chunk: _Chunk) -> list[tuple[int, int]]:
+def _ranges(column: _Column, span: _Span, chunk: ChunkPages) -> list[tuple[int, int]]:
     """What ``_cut`` reads of a column: its dictionary page, the kept pages and the first bytes
     of the headers of the side it counts."""
     locations = chunk.locations
@@ -228,7 +190,7 @@ def _ranges(column: _Column, span: _Span, chunk: _Chunk) -> list[tuple[int, int]
     return ranges
 
 
-def _side(chunk: _Chunk, span: _Span) -> tuple[range, bool]:
+def _side(chunk: ChunkPages, span: _Span) -> tuple[range, bool]:
     """The pages whose headers check where the kept pages start, and whether they are those
     before them: those before or those after, whichever has fewer not counted yet (none when
     the kept pages start at the first page)."""
@@ -239,14 +201,17 @@ def _side(chunk: _Chunk, span: _Span) -> tuple[range, bool]:
     return (before, True) if unknown(before) <= unknown(after) else (after, False)
 
 
-def _cut(source: Any, chunk: _Chunk, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int]:
+def _cut(source: Any, chunk: ChunkPages, column: _Column, span: _Span, group_rows: int) -> tuple[Cut, int]:
     """The column's cut for ``span``, checked, and its rows."""
     locations = chunk.locations
     values, dictionary = 0, False
     for page in range(span.first, span.last + 1):
-        offset, size, _ = locations[page]
-        header = data_page(source, offset, size)
-        chunk.counts[page] = _rows(header, column.per_row)
+        header = chunk.headers[page]
+        if header is None:
+            offset, size, _ = locations[page]
+            header = data_page(source, offset, size)
+            chunk.counts[page] = _rows(header, column.per_row)
+            chunk.headers[page] = header
         values += header.values
         dictionary = dictionary or header.dictionary
     first_row = chunk.firsts[span.first]
@@ -268,7 +233,7 @@ def _rows(header: Page, per_row: int | None) -> int | None:
     return header.values // per_row
 
 
-def _check(source: Any, chunk: _Chunk, span: _Span, first_row: int, end_row: int, group_rows: int, per_row: int) -> None:
+def _check(source: Any, chunk: ChunkPages, span: _Span, first_row: int, end_row: int, group_rows: int, per_row: int) -> None:
     """The kept pages hold the rows the index gives them, and so do the pages on one side."""
     kept = chunk.counts[span.first : span.last + 1]
     if None in kept or sum(kept) != end_row - first_row:  # type: ignore[arg-type]
@@ -306,40 +271,84 @@ def _in_place(cut: Cut) -> bool:
 
 def _decode(
     source: Any,
-    thrift: Struct, schema: pa.Schema, unit: int, wanted: list[_Column], cuts: _Cuts, names: list[str], stop: int, threads: bool
+    thrift: Struct,
+    schema: pa.Schema,
+    unit: int,
+    wanted: list[_Column],
+    cuts: _Cuts,
+    names: list[str],
+    stop: int,
+    threads: bool,
+    indexes: PageIndexes,
 ) -> tuple[int, pa.Table]:
     """Decode the cuts up to row ``stop``, those starting at the same row as one file each, and
     keep the rows all have. (pyarrow decodes the rows a file's footer says it has, and no more of
-    the pages that hold more.)"""
+    the pages that hold more.) With ``threads``, each file but the last is decoded on a thread
+    (pyarrow lets go of the GIL) while this one prepares the next (its footer: Python)."""
     by_first: dict[int, list[_Column]] = {}
     for column in wanted:
         by_first.setdefault(cuts[column.name][0].first_row, []).append(column)
     first = max(by_first)
-    def decode(first_row: int, group: list[_Column]) -> pa.Table:
-        group.sort(key=lambda column: column.leaf)
-        rows = stop - first_row
-        names = [c.name for c in group]
-        if isinstance(source, pa.NativeFile) and all(_in_place(cuts[c.name][0]) for c in group):
-            # pyarrow reads the kept pages from the file itself, under a footer of their own
-            metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
-            table = pq.ParquetFile(source, metadata=metadata, pre_buffer=False).read(columns=names, use_threads=False)
-        else:
-            held = {c.leaf: (c.name, cuts[c.name][0], _read(source, *cuts[c.name][0].dictionary), _read(source, *cuts[c.name][0].pages)) for c in group}
-            data = spliced_bytes(thrift, schema, unit, held, rows)
-            table = pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(columns=names, use_threads=False)
+    # the largest first (by kept bytes), so that its decoding starts while the others are prepared
+    groups = sorted(by_first.items(), key=lambda item: -sum(cuts[c.name][0].dictionary[1] + cuts[c.name][0].pages[1] for c in item[1]))
+
+    def decode(file: pq.ParquetFile, group_names: list[str], rows: int, first_row: int) -> pa.Table:
+        table = file.read(columns=group_names, use_threads=False)
         if table.num_rows != rows:
-            raise ThriftError(f"the pages of {[c.name for c in group]} decode to {table.num_rows} rows where the page index says {rows}")
+            raise ThriftError(f"the pages of {group_names} decode to {table.num_rows} rows where the page index says {rows}")
         return table.slice(first - first_row)
 
-    if threads and len(by_first) > 1:  # pyarrow lets go of the GIL while it decodes
-        (first_row, group), *others = by_first.items()
-        futures = [_pool().submit(decode, *other) for other in others]
-        tables = [decode(first_row, group)] + [future.result() for future in futures]  # (this thread decodes one too)
-    else:
-        tables = [decode(first_row, group) for first_row, group in by_first.items()]
+    futures, tables = [], []
+    for index, (first_row, group) in enumerate(groups):
+        job = (*_prepared(source, thrift, schema, unit, group, cuts, stop - first_row, indexes), first_row)
+        if threads and index < len(groups) - 1:  # (this thread decodes the last)
+            futures.append(_pool().submit(decode, *job))
+        else:
+            tables.append(decode(*job))
+    tables += [future.result() for future in futures]
     decoded = {name: table.column(name) for table in tables for name in table.column_names}
     fields = [schema.field(name) for name in names]
     return first, pa.Table.from_arrays([decoded[name] for name in names], schema=pa.schema(fields, metadata=schema.metadata))
+
+
+def _prepared(
+    source: Any, thrift: Struct, schema: pa.Schema, unit: int, group: list[_Column], cuts: _Cuts, rows: int, indexes: PageIndexes
+) -> tuple[pq.ParquetFile, list[str], int]:
+    """One file of the cuts of ``group`` (columns that start at the same row) ending after ``rows``
+    rows: (the file, its columns, ``rows``). A zstd dictionary
+    page of many values goes in with its values stored, decompressed once (``_parquet_dictionary``)."""
+    group.sort(key=lambda column: column.leaf)
+    names = [c.name for c in group]
+    stored = {c.leaf: _stored_dictionary(source, indexes, unit, c, cuts[c.name][0]) for c in group}
+    if isinstance(source, pa.NativeFile) and not any(stored.values()) and all(_in_place(cuts[c.name][0]) for c in group):
+        # pyarrow reads the kept pages from the file itself, under a footer of their own
+        metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
+        return pq.ParquetFile(source, metadata=metadata, pre_buffer=False), names, rows
+    held = {}
+    for c in group:
+        cut, dictionary = cuts[c.name][0], stored[c.leaf]
+        if dictionary is None:
+            dictionary = _read(source, *cut.dictionary)
+        else:
+            cut = dataclasses.replace(cut, dictionary=(cut.dictionary[0], len(dictionary)))
+        held[c.leaf] = (c.name, cut, dictionary, _read(source, *cut.pages))
+    data = spliced_bytes(thrift, schema, unit, held, rows)
+    return pq.ParquetFile(pa.BufferReader(data), pre_buffer=False), names, rows
+
+
+def _stored_dictionary(source: Any, indexes: PageIndexes, unit: int, column: _Column, cut: Cut) -> bytes | None:
+    """The cut's zstd dictionary page with its values stored, kept per chunk; None for a cut
+    without one or a page that is better read as it is."""
+    if column.codec != ZSTD or not cut.dictionary[1]:
+        return None
+
+    def make() -> bytes | None:
+        try:
+            return stored_dictionary_page(_read(source, *cut.dictionary))
+        except (ThriftError, pa.ArrowException):  # (pyarrow's read of the page as it is says what is wrong)
+            return None
+
+    return indexes.dictionary((unit, column.leaf), make)
 
 
 _POOL: ThreadPoolExecutor | None = None

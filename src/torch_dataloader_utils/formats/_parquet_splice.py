@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import bisect
 import io
+import weakref
 from typing import Any
 
 import pyarrow as pa
@@ -51,7 +52,10 @@ from ._parquet_footer import (
     row_group,
 )
 from ._parquet_pages import Cut
-from ._thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError, ThriftList, encode_struct
+from ._thrift_compact import BINARY, I32, I64, LIST, STRUCT, Struct, ThriftError, ThriftList, encode_struct, frozen
+
+# a decoded footer -> what its cut files' footers share, built once (``_templates``)
+_TEMPLATES: weakref.WeakKeyDictionary[Struct, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
 def cut_file(source: Any, thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut]], rows: int) -> SplicedFile:
@@ -87,7 +91,7 @@ def in_place_footer(thrift: Struct, schema: pa.Schema, unit: int, columns: dict[
 def _parts(
     thrift: Struct, schema: pa.Schema, unit: int, columns: dict[int, tuple[str, Cut]], rows: int, in_place: bool = False
 ) -> list[bytes | tuple[int, int]]:
-    chunks = row_group(thrift, unit).structs(GROUP_COLUMNS)
+    templates = _templates(thrift)
     parts: list[bytes | tuple[int, int]] = [MAGIC]
     new_chunks, offset, uncompressed, first_offset = [], len(MAGIC), 0, None
     for leaf in sorted(columns):  # the file's column order, as the schema's
@@ -95,17 +99,15 @@ def _parts(
         if in_place:
             offset = cut.dictionary[0] if cut.dictionary[1] else cut.pages[0]
         first_offset = offset if first_offset is None else first_offset
-        meta = Struct([list(field) for field in chunks[leaf].struct(CHUNK_META).fields])
-        uncompressed += meta.integer(META_UNCOMPRESSED)
+        chunk_template, meta_template, chunk_uncompressed = templates.get(("chunk", unit, leaf)) or _chunk_template(thrift, unit, leaf)
+        uncompressed += chunk_uncompressed
+        meta = Struct([list(field) for field in meta_template.fields])
         meta.set(META_NUM_VALUES, I64, cut.num_values)
         meta.set(META_COMPRESSED, I64, cut.dictionary[1] + cut.pages[1])
         meta.set(META_DATA_OFFSET, I64, offset + cut.dictionary[1])
-        meta.drop(META_INDEX_OFFSET, META_STATISTICS, *META_BLOOM, META_SIZE_STATISTICS)
         if cut.dictionary[1]:
             meta.set(META_DICT_OFFSET, I64, offset)
-        else:
-            meta.drop(META_DICT_OFFSET)
-        chunk = Struct([list(field) for field in chunks[leaf].fields if field[0] not in CHUNK_INDEXES])
+        chunk = Struct([list(field) for field in chunk_template.fields])
         chunk.set(CHUNK_FILE_OFFSET, I64, offset)
         chunk.set(CHUNK_META, STRUCT, meta)
         new_chunks.append(chunk)
@@ -124,9 +126,41 @@ def _parts(
     return parts + [encoded + len(encoded).to_bytes(4, "little") + MAGIC]
 
 
+def _templates(thrift: Struct) -> dict[tuple, Any]:
+    found = _TEMPLATES.get(thrift)
+    if found is None:
+        found = _TEMPLATES[thrift] = {}
+    return found
+
+
+def _chunk_template(thrift: Struct, unit: int, leaf: int) -> tuple[Struct, Struct, int]:
+    """Column chunk ``leaf`` of row group ``unit`` without what a cut changes or drops (its
+    ColumnMetaData apart), the rest encoded once, and its uncompressed size."""
+    original = row_group(thrift, unit).structs(GROUP_COLUMNS)[leaf]
+    meta = Struct([list(field) for field in original.struct(CHUNK_META).fields])
+    size = meta.integer(META_UNCOMPRESSED)
+    meta.drop(META_INDEX_OFFSET, META_STATISTICS, *META_BLOOM, META_SIZE_STATISTICS, META_DICT_OFFSET)
+    chunk = Struct([list(field) for field in original.fields if field[0] not in CHUNK_INDEXES and field[0] != CHUNK_META])
+    made = _templates(thrift)[("chunk", unit, leaf)] = (frozen(chunk), frozen(meta), size)
+    return made
+
+
 def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: int, group: Struct) -> Struct:
     """The file footer ``thrift`` cut down to the top-level columns ``leaves`` (first leaf ->
     name; one leaf each, in the file's order) and to the one row group ``group``."""
+    key = ("footer", *leaves.items())
+    templates = _templates(thrift)
+    template = templates.get(key)
+    if template is None:
+        template = templates[key] = frozen(_footer_template(thrift, schema, leaves))
+    footer = Struct([list(field) for field in template.fields])
+    footer.set(FILE_NUM_ROWS, I64, rows)
+    footer.set(FILE_ROW_GROUPS, LIST, ThriftList(STRUCT, [group]))
+    return footer
+
+
+def _footer_template(thrift: Struct, schema: pa.Schema, leaves: dict[int, str]) -> Struct:
+    """``_footer_of``'s footer without its rows and row group."""
     elements = thrift.structs(FILE_SCHEMA)
     subtrees = _subtrees(elements)
     if any(subtrees.get(leaf, (None, 0))[1] != 1 for leaf in leaves):  # (one leaf each, as the Arrow types said)
@@ -137,8 +171,6 @@ def _footer_of(thrift: Struct, schema: pa.Schema, leaves: dict[int, str], rows: 
         [
             [FILE_VERSION, I32, thrift.integer(FILE_VERSION)],
             [FILE_SCHEMA, LIST, ThriftList(STRUCT, [root] + [element for leaf in leaves for element in subtrees[leaf][0]])],
-            [FILE_NUM_ROWS, I64, rows],
-            [FILE_ROW_GROUPS, LIST, ThriftList(STRUCT, [group])],
         ]
     )
     pairs = thrift.get(FILE_KEY_VALUES)

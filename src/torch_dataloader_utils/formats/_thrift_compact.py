@@ -80,6 +80,23 @@ class ThriftList:
         self.values = values
 
 
+class Encoded(bytes):
+    """A list or struct value already encoded (``frozen``): written as it is."""
+
+
+def frozen(value: Struct) -> Struct:
+    """A copy of ``value`` whose list and struct fields are encoded once (``Encoded``), for a
+    struct written many times with only its other fields changed."""
+    fields = []
+    for fid, kind, item in value.fields:
+        if kind in (LIST, SET, STRUCT):
+            out = bytearray()
+            _write_value(out, kind, item)
+            item = Encoded(out)
+        fields.append([fid, kind, item])
+    return Struct(fields)
+
+
 def decode_struct(data: bytes | memoryview, offset: int = 0, only: tuple[int, int] | None = None) -> tuple[Struct, int]:
     """The struct at ``offset`` and the offset after it. ``only=(field_id, index)``: of the list
     in that field of the struct, only the element at ``index`` is decoded; the others are
@@ -238,9 +255,11 @@ def _zigzag(out: bytearray, n: int) -> None:
 
 
 def _write_value(out: bytearray, kind: int, value: Any) -> None:
-    if kind in (TRUE, FALSE):
+    if type(value) is Encoded:
+        out += value
+    elif kind in (TRUE, FALSE):
         return  # in the field header
-    if kind == BYTE:
+    elif kind == BYTE:
         out += _struct.pack("b", value)
     elif kind in _INTEGERS:
         _zigzag(out, value)

@@ -14,8 +14,9 @@ from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
 from ._parquet_footer import footer_bytes, footer_struct
+from ._parquet_index_cache import PageIndexes
 from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading_bounds
-from ._parquet_range import Decoded, PageIndexes, read_range, worth_reading_rows
+from ._parquet_range import Decoded, read_range, worth_reading_rows
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
 from ._parquet_tail import KeptFooter, footer_tail, local_footer_tail, metadata, parsed_footer
 from ._thrift_compact import Struct, ThriftError
@@ -55,7 +56,7 @@ class _ParquetReader:
         self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
         self._footer: pq.FileMetaData = footer if footer is not None else self._file.metadata
         self._use_threads = use_threads
-        self._pages = PageIndexes()  # the page indexes read_rows decoded
+        self._pages = PageIndexes()  # the page indexes read_rows and column_pages decoded
         self._schema: pa.Schema | None = None
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
@@ -113,7 +114,7 @@ class _ParquetReader:
         save, or from a file that cannot be read at an offset (an fsspec file: nor can it seek)."""
         if not hasattr(self._source, "read_at") or not worth_reading_bounds(self._footer, unit, names, read):
             return {}
-        return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names)
+        return column_pages(self._source, self._footer, self._footer_thrift(unit), unit, names, self._pages)
 
     def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Decoded | None:
         """At least rows [start, stop) of the row group, each column decoded from its pages that
@@ -136,7 +137,13 @@ class _ParquetReader:
 
     def _footer_thrift(self, unit: int) -> Struct:
         thrift = self._thrift.get(unit)
-        if thrift is None:
+        if thrift is None and self._thrift and self._footer.num_row_groups <= DECODED_FOOTERS:
+            # a second row group: all of them decoded at once, cheaper than each one with the
+            # others skipped (a single seek decodes only its own)
+            thrift = footer_struct(self._footer, None, self._footer_bytes())
+            self._thrift.update((group, thrift) for group in range(self._footer.num_row_groups))
+            return thrift  # (row_group says so when it has no row group ``unit``)
+        elif thrift is None:
             thrift = self._thrift[unit] = footer_struct(self._footer, unit, self._footer_bytes())
             while len(self._thrift) > DECODED_FOOTERS:
                 self._thrift.popitem(last=False)
