@@ -60,7 +60,7 @@ class Catalog:
     format: FileFormat
     files: Sequence[FileEntry]  # a FileTable when planned here (a mixture's: a list)
     layouts: Sequence[FileLayout]  # a LayoutTable when planned here
-    footers: list[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
+    footers: Sequence[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
     splits: Sequence[Split]  # a SplitTable when planned here
     split_rows: Sequence[SplitRows]
     file_offsets: Sequence[np.ndarray]
