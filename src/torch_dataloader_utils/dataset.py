@@ -26,8 +26,8 @@ from .read.chunks import ChunkReader
 from .read.filtering import filter_catalog
 from .read.output_formats import check_output
 from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
-from .read.shared_footers import with_shared_footers
 from .read.rows_dataset import RowsDataset
+from .read.shared_footers import with_shared_footers
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.canonical import check_lanes_key, restore_canonical, saved_lanes

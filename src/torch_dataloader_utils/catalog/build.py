@@ -36,8 +36,8 @@ from ..plan.streams import SplitRows
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
-from .file_table import FileTable
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from .file_table import FileTable
 from .plan_cache import PlanCache, cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
@@ -78,6 +78,8 @@ class Catalog:
     @property
     def fingerprint(self) -> list[list]:
         """(url, size, tag) of every file, in plan order: what a checkpoint is checked against."""
+        if isinstance(self.files, FileTable):
+            return self.files.fingerprint()
         return [[f.url, f.size, f.tag] for f in self.files]
 
     def footer(self, index: int) -> Any:

@@ -29,6 +29,10 @@ class FileTable(Column[FileEntry]):
     def _item(self, index: int) -> FileEntry:
         return FileEntry(self._fs_paths[index], self.urls[index], int(self._sizes[index]), self._tags[index])
 
+    def fingerprint(self) -> list[list]:
+        """(url, size, tag) of every file, without making each entry."""
+        return [[url, size, tag] for url, size, tag in zip(self.urls, self._sizes.tolist(), self._tags)]
+
 
 def as_file_table(files: Sequence[FileEntry]) -> FileTable:
     """``files`` as a FileTable (itself if it is one)."""

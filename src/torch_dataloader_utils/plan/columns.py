@@ -6,6 +6,7 @@ SplitRows) on access, so code written for lists reads them unchanged. Pure: no I
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar, overload
 
@@ -33,11 +34,12 @@ class Column(Sequence[T], Generic[T]):
     def __getitem__(self, index: int | slice) -> T | list[T]:
         if isinstance(index, slice):
             return [self._item(i) for i in range(*index.indices(len(self)))]
-        size = len(self)
         i = index.__index__()
-        if not -size <= i < size:
-            raise IndexError(f"index {index} out of range for {size} items")
-        return self._item(i + size if i < 0 else i)
+        if i < 0 or i >= len(self):
+            if not -len(self) <= i < 0:
+                raise IndexError(f"index {index} out of range for {len(self)} items")
+            i += len(self)
+        return self._item(i)
 
     def __iter__(self) -> Iterator[T]:
         return (self._item(i) for i in range(len(self)))
@@ -66,7 +68,7 @@ class Strings(Column[str]):
                 none.append(i)
             parts.append(b"" if item is None else item.encode(*_ENCODING))
         self._blob = b"".join(parts)
-        self._ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
+        self._ends = array("q", np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))).tobytes())
         self._none = frozenset(none)
 
     def __len__(self) -> int:
@@ -75,12 +77,22 @@ class Strings(Column[str]):
     def _item(self, index: int) -> str | None:  # type: ignore[override]
         if index in self._none:
             return None
-        start = int(self._ends[index - 1]) if index else 0
-        return self._blob[start : int(self._ends[index])].decode(*_ENCODING)
+        start = self._ends[index - 1] if index else 0
+        return self._blob[start : self._ends[index]].decode(*_ENCODING)
+
+    def __iter__(self) -> Iterator[str]:
+        text = self._blob.decode(*_ENCODING)
+        if self._none or len(text) != len(self._blob):  # offsets count bytes: only ASCII slices the text by them
+            yield from super().__iter__()
+            return
+        start = 0
+        for end in self._ends:
+            yield text[start:end]
+            start = end
 
     def same(self, other: Strings) -> bool:
         """Whether both hold the same strings (to share one copy)."""
-        return self._none == other._none and self._blob == other._blob and np.array_equal(self._ends, other._ends)
+        return self._none == other._none and self._blob == other._blob and self._ends == other._ends
 
 
 class LayoutTable(Column[FileLayout]):
@@ -160,17 +172,29 @@ class SplitTable(Column[Split]):
     __slots__ = ("paths", "file", "start", "stop", "whole")
 
     def __init__(self, paths: Sequence[str], file: np.ndarray, start: np.ndarray, stop: np.ndarray, whole: np.ndarray):
-        self.paths, self.file, self.start, self.stop, self.whole = paths, file, start, stop, whole
+        # (arrays of Python's array module: an item is a Python int without NumPy's scalar)
+        self.paths = paths
+        self.file, self.start, self.stop = (array("q", np.asarray(a, dtype=np.int64).tobytes()) for a in (file, start, stop))
+        self.whole = array("b", np.asarray(whole, dtype=np.int8).tobytes())
 
     def __len__(self) -> int:
         return len(self.file)
 
     def _item(self, index: int) -> Split:
-        path = self.paths[int(self.file[index])]
+        path = self.paths[self.file[index]]
         if self.whole[index]:
             return Split(path)
-        start = int(self.start[index])
-        return Split(path, start, int(self.stop[index]) - start)
+        start = self.start[index]
+        return Split(path, start, self.stop[index] - start)
+
+    def entries(self, indices: Iterable[int]) -> list[list]:
+        """``list(split.to_dict().values())`` of the splits at ``indices``, without making each split."""
+        item, file, start, stop, whole = self.paths.__getitem__, self.file, self.start, self.stop, self.whole
+        return [[item(file[i]), None, None] if whole[i] else [item(file[i]), start[i], stop[i] - start[i]] for i in indices]
+
+    def lengths(self) -> np.ndarray:
+        """Every split's row count."""
+        return np.frombuffer(self.stop, dtype=np.int64) - np.frombuffer(self.start, dtype=np.int64)
 
     @property
     def rows(self) -> Sequence[SplitRows]:
@@ -188,7 +212,24 @@ class _SplitRowsView(Column[SplitRows]):
 
     def _item(self, index: int) -> SplitRows:
         t = self._table
-        return SplitRows(int(t.file[index]), int(t.start[index]), int(t.stop[index]))
+        return SplitRows(t.file[index], t.start[index], t.stop[index])
+
+    def lengths(self) -> np.ndarray:
+        return self._table.lengths()
+
+
+def split_entries(splits: Sequence[Split], indices: Iterable[int]) -> list[list]:
+    """The state entries' values (``to_dict``) of the splits at ``indices``."""
+    if isinstance(splits, SplitTable):
+        return splits.entries(indices)
+    return [list(splits[i].to_dict().values()) for i in indices]
+
+
+def split_lengths(split_rows: Sequence[SplitRows], indices: Sequence[int]) -> np.ndarray:
+    """The row counts of the splits at ``indices``."""
+    if isinstance(split_rows, _SplitRowsView):
+        return split_rows.lengths()[np.asarray(indices, dtype=np.int64)]
+    return np.fromiter((split_rows[s].num_rows for s in indices), dtype=np.int64, count=len(indices))
 
 
 def plan_split_table(layouts: LayoutTable, split_bytes: int, split_rows: int | None = None) -> SplitTable:
