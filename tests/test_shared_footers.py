@@ -1,4 +1,4 @@
-"""read/shared_footers.py: remote Parquet footers in shared memory; what a worker receives
+"""catalog/shared_footers.py: remote Parquet footers in shared memory; what a worker receives
 does not grow with the number of files."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from datagen import write_dataset
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.catalog.shared_footers import SharedFooters
 from torch_dataloader_utils.formats._parquet_tail import KeptFooter
-from torch_dataloader_utils.read.shared_footers import SharedFooters
 
 
 def footers(count: int) -> list:

@@ -27,7 +27,6 @@ from .read.filtering import filter_catalog
 from .read.output_formats import check_output
 from .read.random_access import DEFAULT_ROW_CACHE_BYTES, RowAccess
 from .read.rows_dataset import RowsDataset
-from .read.shared_footers import with_shared_footers
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.canonical import check_lanes_key, restore_canonical, saved_lanes
@@ -333,7 +332,7 @@ class StructuredDataset(IterableDataset):
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
             defaults = (format, storage_options, self._max_split_rows, self._source)
             return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *self._mixture_filters)
-        return with_shared_footers(build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source))
+        return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
         """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""

@@ -41,6 +41,7 @@ from .file_table import FileTable
 from .plan_cache import PlanCache, cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
+from .shared_footers import shared_footers
 from .sources import SourceOptions, prepare_source
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,6 @@ def catalog_of_files(
     splits = plan_split_table(kept, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, table, kept, footers, splits, splits.rows, kept.offsets, split_bytes,
+        fs, fmt, table, kept, shared_footers(footers), splits, splits.rows, kept.offsets, split_bytes,
         schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows, nulls=nulls,
     )

@@ -11,13 +11,11 @@ copying a list whose objects' reference counts it writes to.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..catalog.build import Catalog
 from ..formats._parquet_tail import KeptFooter
 from ..plan.columns import Column
 
@@ -52,8 +50,6 @@ class SharedFooters(Column[Any]):
         return KeptFooter(self._blob.numpy()[start:stop].tobytes())
 
 
-def with_shared_footers(catalog: Catalog) -> Catalog:
-    """``catalog`` with its kept footers in shared memory (itself when it keeps none)."""
-    if not any(isinstance(footer, KeptFooter) for footer in catalog.footers):
-        return catalog
-    return replace(catalog, footers=SharedFooters(catalog.footers))
+def shared_footers(footers: list[Any]) -> Sequence[Any]:
+    """``footers`` with the kept ones in shared memory (the list itself when none is kept)."""
+    return SharedFooters(footers) if any(isinstance(footer, KeptFooter) for footer in footers) else footers
