@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -152,17 +152,22 @@ class LayoutTable(Column[FileLayout]):
 
 
 class _Offsets(Column[np.ndarray]):
-    __slots__ = ("_flat", "_units", "_kind")
+    __slots__ = ("_views", "_kind")
 
     def __init__(self, flat: np.ndarray, units: np.ndarray, kind: np.ndarray):
-        self._flat, self._units, self._kind = flat, units, kind
+        self._views = [flat[int(units[k]) + k : int(units[k + 1]) + k + 1] for k in range(len(units) - 1)]
+        self._kind = array("i", np.asarray(kind, dtype=np.int32).tobytes())  # (items as Python ints: a stream looks up every split's)
 
     def __len__(self) -> int:
         return len(self._kind)
 
     def _item(self, index: int) -> np.ndarray:
-        k = int(self._kind[index])
-        return self._flat[int(self._units[k]) + k : int(self._units[k + 1]) + k + 1]
+        return self._views[self._kind[index]]
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is int and index >= 0:  # the common case first (the array raises past the end)
+            return self._views[self._kind[index]]
+        return super().__getitem__(index)
 
 
 class SplitTable(Column[Split]):
@@ -213,6 +218,12 @@ class _SplitRowsView(Column[SplitRows]):
     def _item(self, index: int) -> SplitRows:
         t = self._table
         return SplitRows(t.file[index], t.start[index], t.stop[index])
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is int and index >= 0:  # the common case first (the arrays raise past the end)
+            t = self._table
+            return SplitRows(t.file[index], t.start[index], t.stop[index])
+        return super().__getitem__(index)
 
     def lengths(self) -> np.ndarray:
         return self._table.lengths()
