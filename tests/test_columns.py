@@ -14,7 +14,7 @@ import pytest
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.catalog.file_table import FileTable
-from torch_dataloader_utils.plan.columns import LayoutTable, Strings, flat_unit_rows, plan_split_table, row_counts
+from torch_dataloader_utils.plan.columns import LayoutTable, Strings, flat_unit_rows, plan_split_table, row_counts, unit_rows_at
 from torch_dataloader_utils.plan.row_index import RowIndex
 from torch_dataloader_utils.plan.splits import FileLayout, plan_splits
 from torch_dataloader_utils.plan.streams import SplitRows, unit_offsets
@@ -47,6 +47,9 @@ def test_a_layout_table_reads_back_the_layouts_and_their_offsets():
     assert counts.tolist() == [2, 3, 0, 2, 1] and rows.tolist() == [10, 20, 30, 30, 30, 10, 20, 25]
     assert [a.tolist() for a in flat_unit_rows(table)] == [a.tolist() for a in flat_unit_rows(LAYOUTS)]
     assert pickle.loads(pickle.dumps(table)) == LAYOUTS
+    assert [unit_rows_at(t, 1, 2) for t in (table, LAYOUTS)] == [30, 30]
+    with pytest.raises(IndexError):
+        unit_rows_at(table, 4, 1)
 
 
 @pytest.mark.parametrize("split_bytes, split_rows", [(500, None), (500, 12), (10**9, None), (1, 1)])

@@ -138,6 +138,13 @@ class LayoutTable(Column[FileLayout]):
         a, b = int(self._units[k]), int(self._units[k + 1])
         return FileLayout(self.paths[index], int(self.sizes[index]), tuple(self._unit_rows[a:b].tolist()), tuple(self._unit_bytes[a:b].tolist()))
 
+    def unit_rows_at(self, file: int, unit: int) -> int:
+        k = self._kind[file]
+        first, stop = self._units[k], self._units[k + 1]
+        if not 0 <= unit < stop - first:
+            raise IndexError(f"file {file} has {stop - first} units, not {unit + 1}")
+        return int(self._unit_rows[first + unit])
+
     def flat_unit_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """(each file's unit count, every file's unit rows laid end to end in file order)."""
         per_kind = np.diff(self._units)
@@ -227,6 +234,14 @@ class _SplitRowsView(Column[SplitRows]):
 
     def lengths(self) -> np.ndarray:
         return self._table.lengths()
+
+
+def unit_rows_at(layouts: Sequence[FileLayout], file: int, unit: int) -> int:
+    """Rows of unit ``unit`` of file ``file`` (without making the file's layout: a reader asks
+    for every piece it reads)."""
+    if isinstance(layouts, LayoutTable):
+        return layouts.unit_rows_at(file, unit)
+    return layouts[file].unit_rows[unit]
 
 
 def split_entries(splits: Sequence[Split], indices: Iterable[int]) -> list[list]:
