@@ -18,6 +18,13 @@ step in a fresh process:
    emulator's CPU per file, and the bound the latency sets at the store client's concurrency;
 5. 1,000,000 files on paper: the compact state's file summary of a synthetic 1M-file listing.
 
+One step alone, in a fresh process (``--cache DIR``: the plan cache's directory, warm from the
+second run; ``--state FILE``: where the epoch step saves its 50% state and the resume step reads it):
+
+    python benchmarks/many_files.py --step plan --dir DATA [--cache DIR]
+    python benchmarks/many_files.py --step epoch --dir DATA --cache DIR --state FILE
+    python benchmarks/many_files.py --step resume --dir DATA --cache DIR --state FILE
+
 Wall seconds on a shared machine depend on its load: the CPU seconds of the measuring process
 (and of the DataLoader workers) are reported next to them.
 """

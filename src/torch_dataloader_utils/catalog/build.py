@@ -30,15 +30,18 @@ import pyarrow as pa
 from ..errors import RemoteReadError, UnsupportedFileError
 from ..formats import FileFormat, get_format
 from ..formats._parquet_tail import metadata
-from ..plan.splits import FileLayout, Split, plan_splits
-from ..plan.streams import SplitRows, unit_offsets
+from ..plan.columns import LayoutTable, plan_split_table
+from ..plan.splits import FileLayout, Split
+from ..plan.streams import SplitRows
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from .file_table import FileTable
 from .plan_cache import PlanCache, cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
+from .shared_footers import shared_footers
 from .sources import SourceOptions, prepare_source
 
 log = logging.getLogger(__name__)
@@ -56,18 +59,18 @@ _POOL_BATCH = 1024
 class Catalog:
     fs: Any
     format: FileFormat
-    files: list[FileEntry]
-    layouts: list[FileLayout]
-    footers: list[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
-    splits: list[Split]
-    split_rows: list[SplitRows]
-    file_offsets: list[np.ndarray]
+    files: Sequence[FileEntry]  # a FileTable when planned here (a mixture's: a list)
+    layouts: Sequence[FileLayout]  # a LayoutTable when planned here
+    footers: Sequence[Any]  # per file: the footer for ``format.open``; None for local files (read again on open)
+    splits: Sequence[Split]  # a SplitTable when planned here
+    split_rows: Sequence[SplitRows]
+    file_offsets: Sequence[np.ndarray]
     split_bytes: int
     schema: pa.Schema | None = None  # all files' schemas unified (schema.py); pieces are conformed to it
     missing_columns: list[tuple[str, ...]] = field(default_factory=list)  # per file: unified columns it lacks
     repeated_columns: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (a file holding it twice or more, count)
     row_filter: Any = None  # a filter_prune.RowFilter: layouts then count the rows that match, and readers keep only those
-    source_layouts: list[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
+    source_layouts: Sequence[FileLayout] | None = None  # with a row filter: the files' own row counts (layouts: the matching rows)
     max_split_rows: int | None = None  # split_rows: the most rows of a split (None: no limit)
     conflicts: dict[str, str] = field(default_factory=dict)  # column -> why its files' types do not unify (raised if selected)
     # per file whose footer is not kept: the columns its statistics say hold nulls (None: unknown, or the footer is kept)
@@ -76,6 +79,8 @@ class Catalog:
     @property
     def fingerprint(self) -> list[list]:
         """(url, size, tag) of every file, in plan order: what a checkpoint is checked against."""
+        if isinstance(self.files, FileTable):
+            return self.files.fingerprint()
         return [[f.url, f.size, f.tag] for f in self.files]
 
     def footer(self, index: int) -> Any:
@@ -158,23 +163,12 @@ def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[t
                 yield from pool.map(read, rest[first : first + _POOL_BATCH])
 
 
-def _split_rows(splits: Sequence[Split], layouts: Sequence[FileLayout]) -> list[SplitRows]:
-    index = {layout.path: i for i, layout in enumerate(layouts)}
-    rows = []
-    for split in splits:
-        file = index[split.path]
-        if split.row_offset is None or split.row_length is None:  # (both None: the whole file)
-            rows.append(SplitRows(file, 0, layouts[file].num_rows))
-        else:
-            rows.append(SplitRows(file, split.row_offset, split.row_offset + split.row_length))
-    return rows
-
-
-def replanned(catalog: Catalog, layouts: list[FileLayout]) -> Catalog:
+def replanned(catalog: Catalog, layouts: Sequence[FileLayout]) -> Catalog:
     """``catalog`` with other row counts per unit (a row filter's) and the splits planned from them."""
-    splits = plan_splits(layouts, catalog.split_bytes, catalog.max_split_rows)
-    offsets = [unit_offsets(layout) for layout in layouts]
-    return replace(catalog, layouts=layouts, splits=splits, split_rows=_split_rows(splits, layouts), file_offsets=offsets)
+    paths = catalog.layouts.paths if isinstance(catalog.layouts, LayoutTable) else None
+    table = LayoutTable(layouts, paths)
+    splits = plan_split_table(table, catalog.split_bytes, catalog.max_split_rows)
+    return replace(catalog, layouts=table, splits=splits, split_rows=splits.rows, file_offsets=table.offsets)
 
 
 class _SharedSchemas:
@@ -199,27 +193,6 @@ def _young_collected(items: Iterable[Any], every: int = 4096) -> Iterator[Any]:
         yield item
         if count % every == 0:
             gc.collect(1)
-
-
-def _shared_layout(layout: FileLayout, seen: dict[tuple[int, ...], tuple[int, ...]]) -> FileLayout:
-    """The layout with its unit tuples shared with equal ones ``seen`` before (files written
-    alike have equal units)."""
-    rows = seen.setdefault(layout.unit_rows, layout.unit_rows)
-    sizes = seen.setdefault(layout.unit_bytes, layout.unit_bytes)
-    return layout if rows is layout.unit_rows and sizes is layout.unit_bytes else FileLayout(layout.path, layout.size, rows, sizes)
-
-
-def _offsets(layouts: Sequence[FileLayout]) -> list[np.ndarray]:
-    """Every file's unit offsets, one read-only array per distinct list of unit rows."""
-    arrays: dict[tuple[int, ...], np.ndarray] = {}
-    out = []
-    for layout in layouts:
-        found = arrays.get(layout.unit_rows)
-        if found is None:
-            found = arrays[layout.unit_rows] = unit_offsets(layout)
-            found.flags.writeable = False
-        out.append(found)
-    return out
 
 
 @contextlib.contextmanager
@@ -311,13 +284,12 @@ def catalog_of_files(
     schemas: list[pa.Schema] = []
     nulls: list[dict[str, int] | None] = []
     shared = _SharedSchemas()
-    units: dict[tuple[int, ...], tuple[int, ...]] = {}
     with _prefetched_tails(fs, unread):
         read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
         for known in cached:
             if known is None:
                 layout, footer, file_schema, file_nulls = next(read)
-                layout, file_schema = _shared_layout(layout, units), shared(file_schema)
+                file_schema = shared(file_schema)
             else:
                 (layout, file_schema), footer, file_nulls = known, None, None
             layouts.append(layout)
@@ -338,9 +310,15 @@ def catalog_of_files(
     lacking = {key: missing_columns(s, schema) for key, (s, _) in first_with.items()}
     missing = [lacking[id(s)] for s in schemas]
     repeated = repeated_columns([s for s, _ in first_with.values()], [url for _, url in first_with.values()])
-    splits = plan_splits(layouts, split_bytes, split_rows)
+    del schemas
+    # The per-file records kept as columns (plan/columns.py): the objects read above are freed
+    # together when planning returns, so the allocator can hand their memory back.
+    table = FileTable(files)
+    kept = LayoutTable(layouts, table.urls)
+    del layouts
+    splits = plan_split_table(kept, split_bytes, split_rows)
     log.debug("planned %d splits over %d files", len(splits), len(files))
     return Catalog(
-        fs, fmt, files, layouts, footers, splits, _split_rows(splits, layouts), _offsets(layouts), split_bytes,
+        fs, fmt, table, kept, shared_footers(footers), splits, splits.rows, kept.offsets, split_bytes,
         schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows, nulls=nulls,
     )

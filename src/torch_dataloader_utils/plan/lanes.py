@@ -13,6 +13,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from .columns import split_lengths
 from .splits import assign_splits, epoch_order
 from .streams import Piece, SplitRows, Stream, build_stream, split_rows_between
 
@@ -111,12 +112,12 @@ class StreamBook:
 
     def split_lengths(self, splits: Sequence[int]) -> np.ndarray:
         """Rows of each of these splits."""
-        return np.fromiter((self._split_rows[s].num_rows for s in splits), dtype=np.int64, count=len(splits))
+        return split_lengths(self._split_rows, splits)
 
     def stream_rows(self, key: StreamKey) -> int:
         """Rows of a stream, without building its pieces."""
         splits = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
-        return sum(self._split_rows[s].num_rows for s in splits)
+        return int(split_lengths(self._split_rows, splits).sum())
 
     def stream(self, key: StreamKey) -> Stream:
         found = self._streams.get(key)

@@ -35,12 +35,19 @@ class RowIndex:
     @classmethod
     def from_unit_rows(cls, unit_rows: Sequence[Sequence[int]]) -> RowIndex:
         """The index of files whose units hold ``unit_rows[file][unit]`` rows."""
-        counts = np.array([rows for file in unit_rows for rows in file], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        unit_file = np.repeat(np.arange(len(unit_rows), dtype=np.int64), [len(file) for file in unit_rows])
-        unit_number = np.concatenate([np.arange(len(file), dtype=np.int64) for file in unit_rows]) if len(unit_rows) else np.zeros(0, np.int64)
-        file_rows = np.array([sum(file) for file in unit_rows], dtype=np.int64)
-        file_starts = np.concatenate([[0], np.cumsum(file_rows)]).astype(np.int64)
+        units = np.array([len(file) for file in unit_rows], dtype=np.int64)
+        return cls.from_flat(units, np.array([rows for file in unit_rows for rows in file], dtype=np.int64))
+
+    @classmethod
+    def from_flat(cls, units: np.ndarray, rows: np.ndarray) -> RowIndex:
+        """The index of files with ``units[file]`` units each, whose rows are ``rows`` (all
+        files' units end to end)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        unit_file = np.repeat(np.arange(len(units), dtype=np.int64), units)
+        first_unit = np.cumsum(units) - units
+        unit_number = np.arange(len(rows), dtype=np.int64) - np.repeat(first_unit, units)
+        file_starts = starts[np.concatenate([first_unit, [len(rows)]]).astype(np.int64)]
         return cls(starts, unit_file, unit_number, file_starts)
 
     @property

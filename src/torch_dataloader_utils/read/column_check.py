@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..catalog.schema import check_repeated_columns
+from ..plan.columns import row_counts
 from . import nested
 from .forms import batch_form, batch_form_problem, holds_mask
 from .nested import BatchColumn
@@ -35,8 +36,9 @@ def _listed(lines: list[str]) -> str:
 def _holders(catalog: Any, top: str) -> list[str]:
     """The files (non-empty ones first) that hold top-level column ``top``."""
     missing = catalog.missing_columns or [()] * len(catalog.files)
-    holding = [(layout.num_rows == 0, f.url) for f, layout, lacks in zip(catalog.files, catalog.layouts, missing) if top not in lacks]
-    return [url for _, url in sorted(holding, key=lambda item: item[0])] or [catalog.files[0].url]
+    rows = row_counts(catalog.layouts).tolist()
+    holding = [(rows[i] == 0, i) for i, lacks in enumerate(missing) if top not in lacks]
+    return [catalog.files[i].url for _, i in sorted(holding, key=lambda item: item[0])] or [catalog.files[0].url]
 
 
 def check_conflicts(catalog: Any, selected: Sequence[BatchColumn]) -> None:
@@ -67,10 +69,11 @@ def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnP
     if policy.nulls != "raise" or not catalog.missing_columns:
         return
     lines = []
+    rows = row_counts(catalog.layouts).tolist()
     for column in selected:
         if batch_form(column.type) not in ("tensor", "ragged"):
             continue
-        lacking = [f.url for f, layout, lacks in zip(catalog.files, catalog.layouts, catalog.missing_columns) if layout.num_rows and column.top in lacks]
+        lacking = [catalog.files[i].url for i, lacks in enumerate(catalog.missing_columns) if rows[i] and column.top in lacks]
         if lacking:
             lines.append(f"column {column.name!r} ({column.type}) is missing from {_files_text(lacking)}")
     if lines:
@@ -92,19 +95,20 @@ def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy
     found: dict[str, list[tuple[str, int]]] = {}
     budget = NULL_STATS_CHUNKS
     kept_nulls = catalog.nulls or [None] * len(catalog.files)
-    for entry, footer, layout, file_nulls in zip(catalog.files, catalog.footers, catalog.layouts, kept_nulls):
-        if not layout.num_rows:
+    rows = row_counts(catalog.layouts).tolist()
+    for file, (footer, file_nulls) in enumerate(zip(catalog.footers, kept_nulls)):
+        if not rows[file]:
             continue
         if footer is None:  # the counts kept at planning; none for a file planned from the plan cache (checked when read)
-            counts = {name: file_nulls[name] for name in names if name in file_nulls} if file_nulls is not None else {}
+            counts = {name: file_nulls[name] for name in names if name in file_nulls} if file_nulls else {}
         else:
-            budget -= len(layout.unit_rows) * len(names)
+            budget -= len(catalog.layouts[file].unit_rows) * len(names)
             if budget < 0:
                 break
             counts = counts_of(footer, names)
         for name, count in counts.items():
             if count:
-                found.setdefault(name, []).append((entry.url, count))
+                found.setdefault(name, []).append((catalog.files[file].url, count))
     if not found:
         return
     lines = [
@@ -140,7 +144,7 @@ def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, po
     if catalog.schema is None:
         return None
     selected = nested.select(catalog.schema, columns)
-    if not any(layout.num_rows for layout in catalog.layouts):
+    if not row_counts(catalog.layouts).any():
         return selected  # nothing will be converted (files without rows may type a column as null)
     check_conflicts(catalog, selected)
     check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)

@@ -9,6 +9,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import pyarrow as pa
 
 from ..errors import FileChangedError, RemoteReadError, WideningError
+from ..plan.columns import unit_rows_at
 
 
 @lru_cache(maxsize=64)
@@ -67,7 +68,7 @@ class _UnitRead(NamedTuple):
 def _unit_read(unit: int, columns: Sequence[str] | None, catalog: Any, file: int) -> _UnitRead:
     missing = catalog.missing_columns[file] if catalog.missing_columns else ()
     wanted = None if columns is None else [c for c in columns if c not in missing]
-    rows = catalog.layouts[file].unit_rows[unit]
+    rows = unit_rows_at(catalog.layouts, file, unit)
     target = None if catalog.schema is None else _projected(catalog.schema, None if columns is None else tuple(columns))
     nulls = None
     if wanted == [] and target is not None and len(target) > 0:

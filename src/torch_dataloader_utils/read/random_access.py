@@ -10,6 +10,7 @@ in a bounded cache (``unit_cache.py``), so neighbouring accesses read nothing ag
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -20,6 +21,7 @@ from torch.utils.data import get_worker_info
 
 from ..catalog.build import Catalog
 from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningError
+from ..plan.columns import flat_unit_rows
 from ..plan.row_index import RowIndex, normalize_rows, unit_groups
 from ..storage.paths import is_local
 from ..storage.versions import check_version
@@ -63,10 +65,15 @@ class RowAccess:
         self.selected = selected
         self.policy = policy
         self.cache_bytes = cache_bytes
-        self.index = RowIndex.from_unit_rows([layout.unit_rows for layout in catalog.layouts])
         self.cache = UnitCache(cache_bytes)
         self._readers: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def index(self) -> RowIndex:
+        """Every unit's first global row, made on first use (a worker that reads no row by
+        number neither receives nor builds it)."""
+        return RowIndex.from_flat(*flat_unit_rows(self.catalog.layouts))
 
     @property
     def num_rows(self) -> int:
@@ -224,6 +231,7 @@ class RowAccess:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
+        state.pop("index", None)
         state["_readers"] = OrderedDict()
         state["cache"] = UnitCache(self.cache.limit_bytes)
         del state["_lock"]

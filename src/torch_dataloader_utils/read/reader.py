@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..catalog.build import Catalog
 from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningError
+from ..plan.columns import unit_rows_at
 from ..plan.lanes import Segment, StreamBook
 from ..plan.streams import Piece, Stream
 from ..storage.paths import is_local, is_remote
@@ -186,7 +187,7 @@ class StreamReader:
             row = piece.start + first
             iterate = iter_conformed if self._catalog.row_filter is None else iter_filtered
             batches = iterate(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file, self._stream_rows, row)
-            unit_rows = self._catalog.layouts[piece.file].unit_rows[piece.unit]
+            unit_rows = unit_rows_at(self._catalog.layouts, piece.file, piece.unit)
             for table in batches:
                 stop = min(piece.stop - row, table.num_rows)
                 row += table.num_rows

@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..plan.columns import split_entries
 from ..plan.lanes import Lane, Segment, StreamBook
 from ..plan.splits import Split
 from ..plan.streams import Stream
@@ -84,7 +85,7 @@ class LaneOrder:
                     last[piece.split] = None
             self.splits, self.bounds = list(last), None
         self.position = {split: i for i, split in enumerate(self.splits)}
-        self.digest = _digest([list(splits[i].to_dict().values()) for i in self.splits])  # (a mixture's: also source and copy)
+        self.digest = _digest(split_entries(splits, self.splits))  # (a mixture's: also source and copy)
 
 
 def _whole_stream_runs(book: StreamBook, segments: Sequence[Segment]) -> tuple[list[int], list[int], list[int]] | None:

@@ -139,6 +139,8 @@ def _owed_ends(progress: Progress, ends: Sequence[int], target: int, base: Epoch
 
 def _restore_skipped(saved: Any, splits: Sequence[Split]) -> dict[int, str]:
     """The skipped-split report of a state (informational: unknown entries are ignored)."""
+    if not saved or not isinstance(saved, list):
+        return {}  # (no index of every split to build)
     index = {_entry_key(split.to_dict()): i for i, split in enumerate(splits)}
     restored = {}
     for entry in saved if isinstance(saved, list) else []:
