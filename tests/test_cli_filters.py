@@ -57,3 +57,13 @@ def test_inspect_checks_a_state_saved_with_a_filter(capsys, data, tmp_path):
     assert code == 0 and json.loads(out)[0]["matches_data"]["rows_remaining"] == MATCHING - 8
     code, out, _ = run(capsys, "inspect", tmp_path / "state.json", data, "--json")
     assert code == 1 and "filters changed" in out
+
+
+def test_plan_of_a_mixture_shares_the_matching_rows(capsys, data, tmp_path):
+    write_dataset(tmp_path / "other", [[20, 20]])  # ids 0..39
+    other = str(tmp_path / "other")
+    code, out, _ = run(capsys, "plan", data, other, "--weight", 1, 1, "--epoch-rows", 40, "--filters", "label < 3", "--json")
+    assert code == 0
+    sources = json.loads(out)["sources"]
+    assert [s["rows"] for s in sources] == [MATCHING, sum(1 for i in range(40) if i % 7 < 3)]
+    assert [s["rows_per_epoch"] for s in sources] == [20, 20]

@@ -130,8 +130,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo" and not 0 < args.checkpoint_at < 1:
         parser.error("demo --checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
-    if args.command == "plan" and args.filters is not None and (args.rows_per_epoch or args.weight or args.epoch_rows):
-        parser.error("plan --filters applies to one dataset, not a mixture (--rows-per-epoch, --weight, --epoch-rows)")
     if args.command == "bench" and not (math.isfinite(args.seconds) and args.seconds > 0):
         parser.error(f"bench --seconds must be a positive number of seconds, got {args.seconds}")
     return args

@@ -35,7 +35,13 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     sources = [Source(path, **share) for path, share in zip(args.path, shares)]
     order = (args.shuffle, args.shuffle_seed, args.shuffle_buffer_rows)
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    catalog = build_mixture_catalog(sources, (args.format, storage_options(args), None, None), columns, args.split_bytes, IOOptions(), args.epoch_rows, order)
+    filtering: tuple = ()
+    if args.filters is not None:  # each source planned over the rows the filter matches, as create_dataloader does
+        from ..read.filtering import filter_catalog
+
+        filtering = (args.filters, filter_catalog)
+    defaults = (args.format, storage_options(args), None, None)
+    catalog = build_mixture_catalog(sources, defaults, columns, args.split_bytes, IOOptions(), args.epoch_rows, order, *filtering)
     assert catalog.plan is not None
     plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize)
     book = MixtureBook(catalog.plan)
