@@ -1,4 +1,4 @@
-"""tdu's --filters: the simple and the JSON syntax, and plan, bench and inspect with a filter."""
+"""tdu's --filters: the simple and the JSON syntax, and plan (of one dataset and of a mixture), bench and inspect with a filter."""
 
 import argparse
 import json
@@ -67,3 +67,9 @@ def test_plan_of_a_mixture_shares_the_matching_rows(capsys, data, tmp_path):
     sources = json.loads(out)["sources"]
     assert [s["rows"] for s in sources] == [MATCHING, sum(1 for i in range(40) if i % 7 < 3)]
     assert [s["rows_per_epoch"] for s in sources] == [20, 20]
+
+
+def test_plan_of_a_mixture_names_each_sources_format(capsys, data, tmp_path):
+    write_dataset(tmp_path / "stripes", [[20, 20]], fmt="orc")
+    code, out, _ = run(capsys, "plan", data, tmp_path / "stripes", "--weight", 1, 1)
+    assert code == 0 and "(orc+parquet)" in out and "row groups / stripes" in out

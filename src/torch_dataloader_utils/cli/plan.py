@@ -111,11 +111,14 @@ def plan_advice(plan: dict) -> list[str]:
     return advice
 
 
+_UNITS = {"parquet": "row groups", "orc": "stripes"}
+
+
 def print_plan(plan: dict, path: str, show_all: bool) -> None:
     """The plan as a table, with its balance and advice."""
     print(f"plan of {path} ({plan['format']})")
     print(f"  files     {plan['files']:,}: {plan['rows']:,} rows, {human_bytes(plan['bytes'])}, "
-          f"{plan['units']:,} {'row groups' if plan['format'] == 'parquet' else 'stripes'}, "
+          f"{plan['units']:,} {_UNITS.get(plan['format'], 'row groups / stripes')}, "
           f"largest file {human_bytes(plan['largest_file_bytes'])}")
     rows = plan["split_rows"]
     print(f"  splits    {plan['splits']:,} at split_bytes {human_bytes(plan['split_bytes'])}: rows per split "

@@ -65,7 +65,8 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
          "share": round(source["rows_per_epoch"] / total, 4) if total else 0.0}
         for source in catalog.sources
     ]  # fmt: skip
-    plan.update(workers=workers, ranks=ranks, epoch_rows=total, blocks=catalog.plan.block_count)
+    formats = sorted({source["format"] for source in catalog.sources})  # each source's own, not the first's
+    plan.update(workers=workers, ranks=ranks, epoch_rows=total, blocks=catalog.plan.block_count, format="+".join(formats))
     return plan
 
 
