@@ -405,3 +405,16 @@ def test_planning_progress_bar_when_slow_and_silent_otherwise(capsys, data, monk
     monkeypatch.setenv("TDU_PROGRESS", "1")
     build_catalog(data, "parquet", None, SPLIT_BYTES)
     assert capsys.readouterr().err == ""
+
+
+def test_bench_reads_nulls_in_number_columns_with_the_nulls_option(capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "nulls").mkdir()
+    pq.write_table(pa.table({"x": pa.array([1, None, 3] * 10, pa.int64())}), tmp_path / "nulls" / "a.parquet")
+    code, _, err = run(capsys, "bench", tmp_path / "nulls", "--num-workers", 0, "--batch-size", 8, "--no-resume")
+    assert code == 2 and "--nulls fill" in err and "nulls='" not in err
+    for policy in ("fill", "mask"):
+        code, out, _ = run(capsys, "bench", tmp_path / "nulls", "--num-workers", 0, "--batch-size", 8, "--no-resume", "--nulls", policy, "--json")
+        assert code == 0 and json.loads(out)["rows"] == 30

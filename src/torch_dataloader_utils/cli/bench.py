@@ -24,6 +24,8 @@ def run_bench(args: argparse.Namespace) -> dict:
         config["chunk_rows"] = args.chunk_rows
     if args.filters is not None:
         config["filters"] = args.filters
+    if args.nulls != "raise":
+        config["nulls"] = args.nulls
     started = time.perf_counter()
     loader, dataset = StructuredDataset.create_dataloader(list(args.path), **config)
     constructed = time.perf_counter() - started

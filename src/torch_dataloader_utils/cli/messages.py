@@ -15,6 +15,12 @@ _PYTHON_TO_OPTIONS = (
     ("pass format= one of", "pass --format, one of"),
     ("; pass None for all columns", "; leave out --columns for all columns"),
     (", or pass on_error='skip' to leave out rows that cannot be read", ""),
+    ("Pass nulls='fill' (0 / False / NaN, or fill_values={column: value}) or nulls='mask' (also a '<column>.valid' bool tensor)",
+     "Pass --nulls fill (0 / False / NaN) or --nulls mask (also a '<column>.valid' bool tensor)"),
+    ("Pass nulls='fill' (fill_values={column: value} for other values than 0 / False / NaN) or nulls='mask' for a validity mask",
+     "Pass --nulls fill (0 / False / NaN) or --nulls mask for a validity mask"),
+    ("Pass nulls='fill' (or 'mask')", "Pass --nulls fill (or mask)"),
+    ("out with columns=[...]", "out with --columns"),
 )
 
 

@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=30.0, metavar="S", help="time budget (default 30)")
     bench.add_argument("--max-batches", type=positive_int, default=None, metavar="N", help="stop after N batches")
     bench.add_argument("--no-resume", action="store_true", help="skip the resume measurement")
+    bench.add_argument("--nulls", choices=("raise", "fill", "mask"), default="raise",
+                       help="nulls in number columns: raise (the default, as create_dataloader), fill with 0, or mask (a COLUMN.valid mask per column)")
     bench.add_argument("--json", action="store_true", help="machine-readable output")
     _add_data_options(bench)
     bench.set_defaults(run=cmd_bench)
