@@ -112,14 +112,26 @@ def test_changed_files_are_named(tmp_path):
     os.utime(tmp_path / "d1" / "part-005.parquet")  # rewritten in place: a newer modification time
     pq.write_table(pa.table({"id": np.arange(3, dtype=np.int64), "x": np.zeros(3, np.float32)}), tmp_path / "d0" / "part-100.parquet")
     os.remove(tmp_path / "d1" / "part-030.parquet")
-    message = refusal(tmp_path, state)
-    assert "d1/part-005.parquet" in message and "d0/part-100.parquet" in message  # by name: modified after the checkpoint
-    assert "1 removed (16 files then, 15 now)" in message and "d1/part-024.parquet to " in message  # the group holding it
-    assert "1 added" in message
+    message = refusal(tmp_path, state)  # 80 files: the summary lists them, so every change is named
+    assert "files removed since the checkpoint (1): " in message and "d1/part-030.parquet" in message
+    assert "files added since the checkpoint (1): " in message and "d0/part-100.parquet" in message
+    assert "file rewritten since the checkpoint: " in message and "d1/part-005.parquet (tag checkpoint=" in message
     assert "The data changed since the checkpoint" in message
 
 
-def test_a_rewritten_file_with_an_old_mtime_is_located_to_its_group(tmp_path):
+def test_changes_in_a_large_listing_are_located_to_their_group():
+    listing = [[f"/data/d{i // 100}/part-{i % 100:03d}.parquet", 1000, f"mtime:{i}"] for i in range(compact.NAMED_FILES_MAX + 44)]
+    summary = compact.files_summary(listing)
+    assert "files" not in summary  # past NAMED_FILES_MAX, groups of files only
+    now = [f for f in listing if f[0] != "/data/d1/part-030.parquet"] + [["/data/d0/part-100.parquet", 3, "mtime:1"]]
+    now[5] = [now[5][0], 1001, now[5][2]]  # rewritten with an old modification time: only its group's digest tells
+    causes = " ".join(compact.summary_causes(summary, now))
+    assert "files from /data/d1/part-028.parquet to /data/d1/part-043.parquet: 1 removed (16 files then, 15 now)" in causes
+    assert "1 added (16 files then, 17 now)" in causes
+    assert "rewritten or renamed" in causes and "form='full'" in causes
+
+
+def test_a_rewritten_file_with_an_old_mtime_is_named(tmp_path):
     write_files(tmp_path, 1, 40)
     state = saved_mid_epoch(tmp_path)
     target = tmp_path / "d0" / "part-020.parquet"
@@ -128,7 +140,7 @@ def test_a_rewritten_file_with_an_old_mtime_is_located_to_its_group(tmp_path):
     pq.write_table(write_files_one, target)
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns - 10**9))  # an older time: only its size tells
     message = refusal(tmp_path, state)
-    assert "files from" in message and "rewritten or renamed" in message and "form='full'" in message
+    assert "file rewritten since the checkpoint: " in message and "d0/part-020.parquet (size checkpoint=" in message
 
 
 def test_other_settings_and_damage_are_named(data):

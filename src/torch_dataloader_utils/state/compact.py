@@ -13,7 +13,9 @@ keeps the same checks in a size that does not grow with completed splits:
 - ``files_summary``: the file count, a digest of every ``[url, size, tag]`` in plan order,
   and one digest per group of consecutive files (sorted by URL, at most ``MAX_GROUPS``
   groups), so that a change is located to the group of files it happened in; local files'
-  newest modification time names the files modified after the checkpoint exactly.
+  newest modification time names the files modified after the checkpoint exactly. Up to
+  ``NAMED_FILES_MAX`` files, the summary also lists every ``[url, size, tag]`` (``files``), so
+  that every added, removed or rewritten file is named, as the full form names them.
 
 Both are pure functions of the plan and a lane's position; the full list is recovered on
 demand from the plan (``dataset.state_dict(form="full")``, ``expand_state``).
@@ -39,6 +41,8 @@ from ..plan.streams import Stream
 #: the most file groups a summary keeps (each about 60 bytes of JSON)
 MAX_GROUPS = 1024
 MIN_GROUP_FILES = 16
+#: up to this many files, a summary lists them all (about 100 bytes each), naming every change
+NAMED_FILES_MAX = 256
 #: ``form="auto"`` writes the full form up to this many splits, the compact form above
 AUTO_FULL_MAX_SPLITS = 1000
 FORMS = ("auto", "full", "compact")
@@ -216,7 +220,7 @@ def files_summary(fingerprint: Sequence[Sequence[Any]]) -> dict:
     groups = [[ordered[i][0][len(prefix):], len(ordered[i : i + size]), _digest(ordered[i : i + size], 12)] for i in range(0, len(ordered), size)]
     times = [_mtime(f[2]) for f in ordered]
     newest = max((t for t in times if t is not None), default=None)
-    return {
+    summary = {
         "count": len(ordered),
         "digest": _digest([list(f) for f in fingerprint]),
         "prefix": prefix,
@@ -224,6 +228,9 @@ def files_summary(fingerprint: Sequence[Sequence[Any]]) -> dict:
         "newest_mtime": newest,
         "total_bytes": sum(int(f[1]) for f in ordered),
     }
+    if len(ordered) <= NAMED_FILES_MAX:
+        summary["files"] = [list(f) for f in ordered]
+    return summary
 
 
 def _well_formed(summary: Any) -> bool:

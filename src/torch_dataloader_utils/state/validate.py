@@ -141,6 +141,16 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
     return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE))
 
 
+def _summary_file_causes(summary: Any, current: list[list]) -> list[str]:
+    """A compact state's file changes: by name where its summary lists the files (small
+    listings), else located to their group of files (``summary_causes``)."""
+    causes = summary_causes(summary, current)
+    listed = summary.get("files") if isinstance(summary, dict) else None
+    if causes and isinstance(listed, list):
+        return file_causes(listed, current) or causes  # the same files in another order: the summary says so
+    return causes
+
+
 def file_causes(saved: Any, current: list[list]) -> list[str]:
     """What changed in the file list: added, removed or rewritten files, by name."""
     def well_formed(entry: Any) -> bool:
@@ -228,7 +238,7 @@ def validate_rank_state(
     for key in CONFIG_KEYS:
         if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
-    changed_files = summary_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
+    changed_files = _summary_file_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config) + changed_files
     if causes:
         advice = None
