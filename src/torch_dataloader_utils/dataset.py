@@ -127,7 +127,7 @@ class StructuredDataset(IterableDataset):
         self._source = SourceOptions(csv_options, json_options, partitioning)
         self._max_split_rows = options.split_rows
         self._selected: list[nested.BatchColumn] = []
-        self._epoch_rows = check_mixture_arguments(path, epoch_rows, canonical_lanes)
+        self._epoch_rows = check_mixture_arguments(path, epoch_rows)
         self._mixture_filters = (filters, functools.partial(filter_catalog, io=io, skip_errors=options.on_error == "skip"))  # per source
         stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog: Catalog
@@ -331,7 +331,7 @@ class StructuredDataset(IterableDataset):
         if is_mixture(path):
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
             defaults = (format, storage_options, self._max_split_rows, self._source)
-            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *self._mixture_filters)
+            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *self._mixture_filters, self.canonical_lanes)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
@@ -347,7 +347,7 @@ class StructuredDataset(IterableDataset):
         book_args = (catalog.split_rows, catalog.file_offsets, self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
         lanes = self.canonical_lanes
         book = StreamBook(*book_args) if lanes is None else CanonicalBook(*book_args, lanes=lanes)
-        book = mixture_book(catalog) or book
+        book = mixture_book(catalog, lanes) or book
         if lanes is not None:
             book.reader_windows = lanes // self.world_size + 2  # a worker reads its rank's lanes in turn
         self._base_plan = (EpochPlan if lanes is None else CanonicalPlan)(

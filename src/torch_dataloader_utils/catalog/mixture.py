@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from ..formats import FileFormat
 from ..plan.mixing import MixtureBook, MixturePlan, SourceLayout, allocate_rows
+from ..plan.mixing_canonical import CanonicalMixtureBook
 from ..plan.splits import MAX_ROW_COUNT, Split
 from ..plan.streams import SplitRows
 from ..storage.remote import IOOptions
@@ -119,25 +120,21 @@ def _check_source_columns(index: int, source: Source, catalog: Catalog, columns:
     return pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)
 
 
-def check_mixture_arguments(path: Any, epoch_rows: Any, canonical_lanes: Any) -> int | None:
-    """``epoch_rows``; ValueError for arguments a mixture (or a plain dataset) does not take."""
+def check_mixture_arguments(path: Any, epoch_rows: Any) -> int | None:
+    """``epoch_rows``; ValueError when a plain dataset is given it."""
     if not is_mixture(path):
         if epoch_rows is not None:
             raise ValueError("epoch_rows= applies to a mixture: pass a list of Source(path, weight=...) instead of paths")
         return None
-    if canonical_lanes is not None:
-        raise ValueError(
-            "canonical_lanes= does not apply to a mixture of Sources: canonical lanes cut the epoch's splits into equal runs, "
-            "while a mixture's epoch is made of blocks that each hold every source in proportion (which keeps each batch in "
-            "proportion and each row's multiplicity exact). Leave canonical_lanes out: a mixture still resumes exactly, also on "
-            "another world size (merge_states / elastic=True), but its order then depends on the topology (docs/mixing.md)"
-        )  # fmt: skip
     return epoch_rows
 
 
-def mixture_book(catalog: Catalog) -> MixtureBook | None:
-    """The stream book of a mixture's catalog (None for any other catalog)."""
-    return MixtureBook(catalog.plan) if isinstance(catalog, MixCatalog) and catalog.plan is not None else None
+def mixture_book(catalog: Catalog, lanes: int | None = None) -> MixtureBook | None:
+    """The stream book of a mixture's catalog (None for any other catalog); with ``lanes``, one
+    that also serves its canonical lanes."""
+    if not isinstance(catalog, MixCatalog) or catalog.plan is None:
+        return None
+    return MixtureBook(catalog.plan) if lanes is None else CanonicalMixtureBook(catalog.plan, lanes=lanes)
 
 
 def build_mixture_catalog(
@@ -150,12 +147,14 @@ def build_mixture_catalog(
     order: tuple[bool, int, int],
     filters: Any = None,
     count_filtered: Callable[[Catalog, Any], Catalog] | None = None,
+    canonical_lanes: int | None = None,
 ) -> MixCatalog:
     """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
     dataset's (format, storage_options), for sources without their own, then its split_rows and
     source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows). With
     ``filters``, ``count_filtered(catalog, filters)`` (read/filtering.py) plans each source over
-    the rows the filter matches, and the sources' shares are of those rows."""
+    the rows the filter matches, and the sources' shares are of those rows. ``canonical_lanes``:
+    plan the epoch's blocks for that many canonical lanes (plan/mixing_canonical.py)."""
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
@@ -193,11 +192,11 @@ def build_mixture_catalog(
     if empty:
         matching = " that match filters=" if filters is not None else ""
         raise ValueError(f"{empty[0]} has no rows{matching}, so it cannot contribute rows to an epoch; leave it out of the mixture")
-    mixture = _combine(sources, catalogs, unified, rows, split_bytes, order)
+    mixture = _combine(sources, catalogs, unified, rows, split_bytes, order, canonical_lanes)
     if filters is not None:
         mixture.row_filter = row_filter(filters, unified)  # the filter on the columns as read (conformed to the unified schema)
         mixture.source_layouts = [layout for c in catalogs for layout in (c.source_layouts or c.layouts)]
-        mixture.unfiltered = _combine(sources, stored, unified, rows, split_bytes, order)
+        mixture.unfiltered = _combine(sources, stored, unified, rows, split_bytes, order, canonical_lanes)
     return mixture
 
 
@@ -210,7 +209,13 @@ def _filter_columns(label: str, catalog: Catalog, filters: Any) -> tuple[str, ..
 
 
 def _combine(
-    sources: Sequence[Source], catalogs: Sequence[Catalog], unified: pa.Schema | None, rows: Sequence[int], split_bytes: int, order: tuple[bool, int, int]
+    sources: Sequence[Source],
+    catalogs: Sequence[Catalog],
+    unified: pa.Schema | None,
+    rows: Sequence[int],
+    split_bytes: int,
+    order: tuple[bool, int, int],
+    lanes: int | None = None,
 ) -> MixCatalog:
     """The sources' catalogs laid end to end (file indices shifted), with the mixture's plan."""
     files: list[Any] = []
@@ -245,6 +250,6 @@ def _combine(
         catalogs[0].fs, catalogs[0].format, files, [x for c in catalogs for x in c.layouts], [x for c in catalogs for x in c.footers],
         [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
         stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
-        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows), max_split_rows=catalogs[0].max_split_rows,
+        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows, lanes), max_split_rows=catalogs[0].max_split_rows,
         nulls=[x for c in catalogs for x in (c.nulls or [None] * len(c.files))],
     )  # fmt: skip

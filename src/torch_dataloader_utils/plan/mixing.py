@@ -33,7 +33,9 @@ from .streams import Piece, SplitRows, Stream, split_pieces
 _CACHED_EPOCHS = 2
 _CACHED_STREAMS = 16
 # the last seed word of each permutation, so that no two of them share a seed
-_PASS_ORDER, _WALK_ORDER, _BLOCK_ORDER, _WINDOW_ROWS = 11, 12, 13, 14
+_PASS_ORDER, _WALK_ORDER, _BLOCK_ORDER, _WINDOW_ROWS, _LANE_PHASE = 11, 12, 13, 14, 15
+#: the merge's phases: per source the numerator a_k of a_k / m, and m
+Phase = tuple[tuple[int, ...], int]
 
 
 @dataclass(frozen=True)
@@ -125,16 +127,17 @@ class EpochMix:
 class MixedStream(Stream):
     """A stream of mixture windows: ``window_sources[w]`` holds window ``w``'s rows of each
     source (its pieces come source after source); rows come out interleaved (``shuffle`` is
-    True: every window has an order of its own)."""
+    True: every window has an order of its own) by the merge of ``phase`` (``merge_positions``)."""
 
     window_sources: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     random: bool = False  # rows of each source permuted before the merge
+    phase: Phase | None = None
 
     def window_permutation(self, window: int) -> np.ndarray:
         counts = tuple(int(c) for c in self.window_sources[window])
         out = np.empty(sum(counts), dtype=np.int64)
         base = 0
-        for source, (count, positions) in enumerate(zip(counts, merge_layout(counts))):
+        for source, (count, positions) in enumerate(zip(counts, merge_layout(counts, self.phase))):
             if count:
                 local = stable_permutation([*self.key, _WINDOW_ROWS, window, source], count) if self.random else np.arange(count)
                 out[positions] = base + local
@@ -142,37 +145,58 @@ class MixedStream(Stream):
         return out
 
 
-@functools.lru_cache(maxsize=4)
-def merge_layout(counts: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+@functools.lru_cache(maxsize=8)
+def merge_layout(counts: tuple[int, ...], phase: Phase | None = None) -> tuple[np.ndarray, ...]:
     """``merge_positions`` of every source (windows of an epoch have only a few distinct counts)."""
-    return tuple(merge_positions(counts, source) for source in range(len(counts)))
+    return tuple(merge_positions(counts, source, phase) for source in range(len(counts)))
 
 
-def merge_positions(counts: Sequence[int], source: int) -> np.ndarray:
+def merge_positions(counts: Sequence[int], source: int, phase: Phase | None = None) -> np.ndarray:
     """Where the rows of ``source`` go when sources of ``counts`` rows are merged by the key
-    (j + 1/2) / count of their row j (ties: the earlier source first). Integer arithmetic, no sort:
-    row j is preceded by the rows of every other source whose key is smaller."""
+    (j + a_k / m) / count_k of row j of source k, ``phase`` = ((a_0, a_1, ...), m) with
+    0 < a_k < m (None: 1/2 for every source, which centres each row in its share of the window;
+    ties: the earlier source first). Integer arithmetic, no sort: row j is preceded by the rows of
+    every other source whose key is smaller. Canonical lanes give each lane phases of its own, so
+    that the lanes' rounding errors cancel in a global step instead of adding up."""
+    starts, m = phase or ((1,) * len(counts), 2)
     own = counts[source]
-    j2 = 2 * np.arange(own, dtype=np.int64) + 1  # 2j + 1
+    key = m * np.arange(own, dtype=np.int64) + starts[source]  # m j + a_source
     position = np.arange(own, dtype=np.int64)
     for other, count in enumerate(counts):
         if other == source or not count:
             continue
-        t = j2 * count  # other's row i is smaller when (2i + 1) * own < t (or equal, for an earlier source)
-        before = (t // own + 1) // 2 if other < source else (-(-t // own)) // 2
-        position += np.minimum(before, count)
+        # other's row i is smaller when (m i + a_other) own < (m j + a_source) count (or equal, for an
+        # earlier source): i < ((m j + a_source) count - a_other own) / (m own)
+        numerator, denominator = key * count - starts[other] * own, m * own
+        before = numerator // denominator + 1 if other < source else -(-numerator // denominator)
+        position += np.clip(before, 0, count)
     return position
+
+
+def lane_of_block(block: int, blocks: int, lanes: int) -> int:
+    """The canonical lane holding ``block``: lane l holds blocks [l B / C, (l + 1) B / C)."""
+    return ((block + 1) * lanes - 1) // blocks
+
+
+def lane_phase(lane: int, lanes: int, sources: int) -> Phase:
+    """The phases of canonical lane ``l``'s sources (``merge_positions``): source k's is
+    (p_k(l) + 1/2) / C for a fixed permutation p_k of the lanes, so that the lanes' phases of one
+    source are spread evenly and each lane pairs the sources' phases differently."""
+    return tuple(2 * int(stable_permutation([lanes, k, _LANE_PHASE], lanes)[lane]) + 1 for k in range(sources)), 2 * lanes
 
 
 class MixturePlan:
     """The mixture's epochs, computed on demand (the last few kept)."""
 
-    def __init__(self, sources: Sequence[SourceLayout], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int):
+    def __init__(
+        self, sources: Sequence[SourceLayout], file_offsets: Sequence[np.ndarray], shuffle: bool, seed: int, buffer_rows: int, lanes: int | None = None
+    ):
         self.sources = list(sources)
         self.file_offsets = file_offsets
         self.shuffle = shuffle
         self.seed = seed
         self.buffer_rows = buffer_rows
+        self.lanes = lanes  # canonical lanes (plan/mixing_canonical.py): C lanes of whole blocks, windows of buffer_rows / C
         self._epochs: OrderedDict[int, EpochMix] = OrderedDict()
 
     @property
@@ -183,9 +207,17 @@ class MixturePlan:
     def block_count(self) -> int:
         """Blocks per epoch: as many as the source with the most splits' worth of rows per epoch has,
         so a block holds about a split of every source. (Smaller blocks would spread a small
-        mixture over more workers, but every worker that reads part of a row group decodes it whole.)"""
+        mixture over more workers, but every worker that reads part of a row group decodes it whole.)
+        With canonical lanes, the next multiple of C: each lane is B / C whole blocks."""
         worth = max((Fraction(len(s.splits) * s.rows_per_epoch, s.num_rows) for s in self.sources if s.num_rows), default=Fraction(1))
-        return max(1, math.ceil(worth))
+        blocks = max(1, math.ceil(worth))
+        return blocks if self.lanes is None else -(-blocks // self.lanes) * self.lanes
+
+    @property
+    def window_rows(self) -> int:
+        """Rows of a window: ``buffer_rows``, or ``buffer_rows / C`` with C canonical lanes (a
+        worker keeps a window of each lane it reads, as in a plain dataset's canonical lanes)."""
+        return self.buffer_rows if self.lanes is None else max(1, self.buffer_rows // self.lanes)
 
     def epoch(self, epoch: int) -> EpochMix:
         found = self._epochs.get(epoch)
@@ -238,16 +270,21 @@ class MixturePlan:
         columns, block_windows = [], [0]
         for block in range(blocks):
             lo, hi = block_bounds[:, block], block_bounds[:, block + 1]
-            windows = max(1, -(-int((hi - lo).sum()) // self.buffer_rows))
-            for w in range(windows):
-                columns.append(lo + (hi - lo) * w // windows)
+            windows = max(1, -(-int((hi - lo).sum()) // self.window_rows))
+            if self.lanes is None:
+                columns += [lo + (hi - lo) * w // windows for w in range(windows)]
+            else:  # cut with its lane's phases, as its windows are merged (plan/mixing_canonical.py)
+                phases, m = lane_phase(lane_of_block(block, blocks, self.lanes), self.lanes, len(rows))
+                a = np.array(phases, dtype=np.int64)
+                columns += [lo + ((hi - lo) * w * m + a * windows) // (m * windows) for w in range(windows)]
             block_windows.append(block_windows[-1] + windows)
         bounds = np.stack(columns + [block_bounds[:, -1]], axis=1) if len(rows) else np.zeros((0, 1), dtype=np.int64)
         order = stable_permutation([self.seed, epoch, _BLOCK_ORDER], blocks) if self.shuffle else np.arange(blocks, dtype=np.int64)
         return EpochMix(splits, split_rows, first_split, starts, bounds, np.array(block_windows, dtype=np.int64), order)
 
-    def build_stream(self, key: tuple[int, ...], epoch: int, blocks: Sequence[int]) -> MixedStream:
-        """The stream of a worker that reads ``blocks`` of ``epoch`` (in this order)."""
+    def build_stream(self, key: tuple[int, ...], epoch: int, blocks: Sequence[int], phase: Phase | None = None) -> MixedStream:
+        """The stream of a worker that reads ``blocks`` of ``epoch`` (in this order), its windows
+        merged with ``phase`` (``merge_positions``)."""
         mix = self.epoch(epoch)
         pieces: list[Piece] = []
         window_pieces, window_rows, window_sources = [0], [0], []
@@ -264,7 +301,7 @@ class MixturePlan:
         sources = np.array(window_sources, dtype=np.int64).reshape(len(window_sources), len(self.sources))
         return MixedStream(
             key, tuple(blocks), tuple(pieces), np.array(window_pieces, dtype=np.int64), np.array(window_rows, dtype=np.int64), True,
-            window_sources=sources, random=self.shuffle,
+            window_sources=sources, random=self.shuffle, phase=phase,
         )  # fmt: skip
 
     def _pieces(self, mix: EpochMix, source: int, first: int, stop: int) -> list[Piece]:
