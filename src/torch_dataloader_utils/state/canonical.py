@@ -17,7 +17,8 @@ from ..plan.epoch import Topology
 from .merge import check_global, rank_parts
 from .progress import Progress
 from .restore import PlanCheck
-from .schema import BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, FILES, NEXT_WORKER, RANKS, ROWS_DELIVERED
+from .mixture import mixture_causes
+from .schema import BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, FILES, MIXTURE, NEXT_WORKER, RANKS, ROWS_DELIVERED
 from .validate import MAX_EPOCH, config_causes, file_causes, is_count, mismatch
 
 CANONICAL_LANES = "canonical_lanes"  # C of a state saved with canonical lanes (absent: the planned order)
@@ -31,17 +32,19 @@ def saved_lanes(state: Mapping[str, Any]) -> Any:
     return state.get(CANONICAL_LANES)
 
 
-def check_lanes_key(state: Mapping[str, Any], lanes: int | None) -> None:
-    """CheckpointMismatchError unless the state was saved with ``canonical_lanes=lanes``."""
+def check_lanes_key(state: Mapping[str, Any], lanes: int | None, config: Mapping[str, Any] | None = None) -> None:
+    """CheckpointMismatchError unless the state was saved with ``canonical_lanes=lanes``; with
+    the current settings ``config``, a mixture's other changes are named too."""
     saved = saved_lanes(state)
     if saved == lanes:
         return
+    others = mixture_causes(state.get(MIXTURE), config.get(MIXTURE)) if config is not None and MIXTURE in state and MIXTURE in config else []
     def shown(value: Any) -> str:
         return "None (the topology's own order)" if value is None else f"{value!r:.40}"
     raise mismatch(
         "Checkpoint state was saved with another canonical order.",
         [],
-        [f"canonical_lanes changed: checkpoint={shown(saved)}, current={shown(lanes)}"],
+        [f"canonical_lanes changed: checkpoint={shown(saved)}, current={shown(lanes)}", *others],
         f"Create the dataset with canonical_lanes={saved!r} to resume this checkpoint exactly."
         if saved is None or is_count(saved) else None,
     )
@@ -57,7 +60,7 @@ def restore_canonical(state: Mapping[str, Any], scope: str, check: PlanCheck, la
     else:
         parts = [dict(state)]
     for part in parts:
-        check_lanes_key(part, lanes)
+        check_lanes_key(part, lanes, check.config())
     plan = cast(CanonicalPlan, check.plan)
     steps = [_saved_steps(part, check) for part in parts]
     epoch = parts[0][EPOCH]
