@@ -135,6 +135,14 @@ def test_a_state_of_other_canonical_lanes_is_refused_naming_them(data):
         both.load_state_dict(saved)
 
 
+def test_the_state_does_not_grow_with_progress_or_upsampling(data):
+    loader, dataset = StructuredDataset.create_dataloader(three_sources(data, 6000, C), rank=0, **_config(1, 0))  # B 240x
+    sizes = []
+    for _ in loader:
+        sizes.append(len(json.dumps(dataset.state_dict())))
+    assert len(sizes) == (100 + 6000 + C) // GLOBAL + 1 and max(sizes) - min(sizes) < 40 and max(sizes) < 2000
+
+
 def test_lanes_are_contiguous_block_ranges_and_phases_spread_the_rounding():
     assert lane_blocks(np.array([5, 0, 3, 1, 4, 2]), 3) == [[0, 1], [3, 2], [5, 4]]
     assert lane_blocks(np.array([1, 0]), 3) == [[], [0], [1]]  # fewer blocks than lanes (an epoch of fewer rows)
