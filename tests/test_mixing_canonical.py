@@ -143,6 +143,22 @@ def test_the_state_does_not_grow_with_progress_or_upsampling(data):
     assert len(sizes) == (100 + 6000 + C) // GLOBAL + 1 and max(sizes) - min(sizes) < 40 and max(sizes) < 2000
 
 
+def test_tdu_inspect_counts_each_sources_rows_delivered(data, tmp_path, capsys):
+    from torch_dataloader_utils.cli import main
+
+    (batches,), state = _rank_run(data, 0, 2, 2, stop=(0, 2))
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    assert main(["inspect", str(path), data["a"], data["b"], data["c"], "--json"]) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["matches_data"]["matches"], report["matches_data"]
+    delivered = collections.Counter(i // 1000 for batch in batches for i in batch)
+    assert [s["rows_delivered"] for s in report["mixture"]] == [delivered[k] for k in range(3)]
+    assert main(["inspect", str(path), "--json"]) == 0  # without the data: unknown, not 0 (the state records the step, not splits)
+    (report,) = json.loads(capsys.readouterr().out)
+    assert [s["rows_delivered"] for s in report["mixture"]] == [None] * 3
+
+
 def test_lanes_are_contiguous_block_ranges_and_phases_spread_the_rounding():
     assert lane_blocks(np.array([5, 0, 3, 1, 4, 2]), 3) == [[0, 1], [3, 2], [5, 4]]
     assert lane_blocks(np.array([1, 0]), 3) == [[], [0], [1]]  # fewer blocks than lanes (an epoch of fewer rows)

@@ -21,11 +21,13 @@ def mixture_sources(state: dict) -> list[dict] | None:
 
 def source_progress(state: dict, sources: list[dict]) -> list[int] | None:
     """Rows each source has delivered in the state's epoch, from a full-form state's split lists
-    (None for a compact state: its splits are named by position, so the plan is needed)."""
+    (None for a compact state: its splits are named by position, so the plan is needed; and for
+    a state of canonical lanes, which records the global step instead of splits)."""
+    from ..state.canonical import CANONICAL_LANES
     from ..state.schema import COMPLETED_SHARDS, IN_PROGRESS, LANES
 
-    if COMPLETED_SHARDS not in state or state.get(LANES) is not None:  # (lanes an elastic resume dealt may share a split)
-        return None
+    if COMPLETED_SHARDS not in state or state.get(LANES) is not None or state.get(CANONICAL_LANES) is not None:
+        return None  # (lanes an elastic resume dealt may share a split)
     rows = [0] * len(sources)
     for key, counted in ((COMPLETED_SHARDS, "row_length"), (IN_PROGRESS, "rows_done")):
         for entry in state.get(key) or []:
@@ -90,6 +92,13 @@ def rows_by_source(dataset: Any) -> list[int]:
     splits = dataset._catalog.splits_at(progress.epoch)
     rows = [0] * len(dataset._catalog.sources)
     for lane, position in zip(plan.lanes, progress.positions):
+        if getattr(lane, "canonical", False):  # slices of every canonical lane: their rows, segment by segment
+            from ..plan.streams import split_rows_between
+
+            for segment in lane.slice(0, position):
+                for split, done in split_rows_between(plan.book.stream(segment.key), segment.start, segment.stop).items():
+                    rows[splits[split].source] += done
+            continue
         for split, (done, _) in plan.book.rows_done(lane, position).items():
             rows[splits[split].source] += done
     return rows
