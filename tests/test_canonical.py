@@ -209,6 +209,15 @@ def test_stateful_dataloader_with_chunks_of_one_batch(data):
             steps[step] += batch["id"].tolist()
     assert [tuple(sorted(steps[s])) for s in sorted(steps)] == reference[0]
 
+    def make():  # its workers' states carry canonical_lanes, as a rank state does
+        dataset = StructuredDataset(data, rank=1, **_config(2, 2, chunk_rows=GLOBAL // 2))
+        return torchdata.StatefulDataLoader(dataset, batch_size=None, num_workers=2), dataset
+
+    assert_resumes_exactly(
+        make, epochs=1, batch_key=batch_key, points=[(0, 2)],
+        save=lambda loader, dataset: loader.state_dict(), load=lambda loader, dataset, state: loader.load_state_dict(state),
+    )  # fmt: skip
+
 
 def test_real_ddp_processes_with_torchrun(data, tmp_path):
     """Two gloo ranks (torchrun) run an epoch and save a global state after step 2; in this process

@@ -105,6 +105,19 @@ def test_resumes_exactly_at_every_point(data):
     assert_resumes_exactly(lambda: StructuredDataset.create_dataloader(three_sources(data, B, C), rank=1, **config), epochs=2, deep_stride=3)
 
 
+def test_stateful_dataloader_resumes_exactly(data):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def make():
+        dataset = StructuredDataset(three_sources(data, B, C), rank=1, **_config(2, 2, chunk_rows=GLOBAL // 2))
+        return StatefulDataLoader(dataset, batch_size=None, num_workers=2), dataset
+
+    assert_resumes_exactly(
+        make, epochs=1, batch_key=batch_key, points=[(0, 1), (0, 3)],
+        save=lambda loader, dataset: loader.state_dict(), load=lambda loader, dataset, state: loader.load_state_dict(state),
+    )  # fmt: skip
+
+
 def test_elastic_resume_from_two_ranks_to_three_continues_the_global_order(data):
     reference, _ = global_order(data, 1, 0)
     before, states = global_order(data, 2, 2, stop=(0, 2))

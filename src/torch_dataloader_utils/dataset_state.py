@@ -21,7 +21,10 @@ def checkpoint(dataset: Any, form: str) -> dict:
     info = get_worker_info()
     if info is not None:
         dataset._check_loader_workers(info.num_workers)
-        return worker_state(dataset._config(), dataset._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        state = worker_state(dataset._config(), dataset._digest(), progress.epoch, info.id, progress.positions[info.id], progress.deal_digest)
+        if dataset.canonical_lanes is not None:  # as a rank state records it: load_worker_state checks it
+            state[CANONICAL_LANES] = dataset.canonical_lanes
+        return state
     splits = dataset._catalog.splits_at(progress.epoch)
     compact = use_compact(form, len(splits), mixture=isinstance(dataset._catalog, MixCatalog))
     if compact and dataset.canonical_lanes is not None:
