@@ -15,9 +15,9 @@ from typing import Any, Mapping, cast
 from ..plan.canonical_plan import CanonicalPlan
 from ..plan.epoch import Topology
 from .merge import check_global, rank_parts
+from .mixture import mixture_causes
 from .progress import Progress
 from .restore import PlanCheck
-from .mixture import mixture_causes
 from .schema import BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, FILES, MIXTURE, NEXT_WORKER, RANKS, ROWS_DELIVERED
 from .validate import MAX_EPOCH, config_causes, file_causes, is_count, mismatch
 
