@@ -172,6 +172,14 @@ def test_tdu_inspect_counts_each_sources_rows_delivered(data, tmp_path, capsys):
     assert [s["rows_delivered"] for s in report["mixture"]] == [None] * 3
 
 
+def test_each_lane_holds_its_share_of_every_source(data):
+    dataset = StructuredDataset(three_sources(data, B, C), **_config(1, 0))
+    lanes = dataset._base_plan.book.lane_streams(0)
+    per_source = [stream.window_sources.sum(axis=0).tolist() for stream in lanes]
+    for k, n in enumerate((100, B, C)):  # lane l: rows [l n / C, (l + 1) n / C) of the source's epoch sequence
+        assert [rows[k] for rows in per_source] == [(lane + 1) * n // LANES - lane * n // LANES for lane in range(LANES)]
+
+
 def test_lanes_are_contiguous_block_ranges_and_phases_spread_the_rounding():
     assert lane_blocks(np.array([5, 0, 3, 1, 4, 2]), 3) == [[0, 1], [3, 2], [5, 4]]
     assert lane_blocks(np.array([1, 0]), 3) == [[], [0], [1]]  # fewer blocks than lanes (an epoch of fewer rows)
