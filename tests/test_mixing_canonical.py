@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -183,6 +184,15 @@ def test_each_lane_holds_its_share_of_every_source(data):
 def test_lanes_are_contiguous_block_ranges_and_phases_spread_the_rounding():
     assert lane_blocks(np.array([5, 0, 3, 1, 4, 2]), 3) == [[0, 1], [3, 2], [5, 4]]
     assert lane_blocks(np.array([1, 0]), 3) == [[], [0], [1]]  # fewer blocks than lanes (an epoch of fewer rows)
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # with phases, merge_positions is still the order of the keys (j + a_k / m) / count_k
+        counts = [int(c) for c in rng.integers(0, 20, size=int(rng.integers(1, 5)))]
+        m = 2 * int(rng.integers(1, 20))
+        starts = tuple(int(a) for a in rng.integers(1, m, size=len(counts)))
+        keys = sorted((Fraction(m * j + starts[k], m * c), k, j) for k, c in enumerate(counts) for j in range(c))
+        want = {(k, j): position for position, (_, k, j) in enumerate(keys)}
+        for k, c in enumerate(counts):
+            assert merge_positions(counts, k, (starts, m)).tolist() == [want[(k, j)] for j in range(c)]
     # 8 lanes, each a window of 3 rows of source 0 and 1 of source 1: with the same merge in every
     # lane, the first row of every lane is source 0's (8 : 0 where 6 : 2 is the proportion);
     # each lane's own phases spread the sources' first rows over the lanes

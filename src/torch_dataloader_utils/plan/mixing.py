@@ -182,7 +182,13 @@ def lane_phase(lane: int, lanes: int, sources: int) -> Phase:
     """The phases of canonical lane ``l``'s sources (``merge_positions``): source k's is
     (p_k(l) + 1/2) / C for a fixed permutation p_k of the lanes, so that the lanes' phases of one
     source are spread evenly and each lane pairs the sources' phases differently."""
-    return tuple(2 * int(stable_permutation([lanes, k, _LANE_PHASE], lanes)[lane]) + 1 for k in range(sources)), 2 * lanes
+    return tuple(2 * int(p[lane]) + 1 for p in _lane_permutations(lanes, sources)), 2 * lanes
+
+
+@functools.lru_cache(maxsize=4)
+def _lane_permutations(lanes: int, sources: int) -> tuple[np.ndarray, ...]:
+    """p_k of ``lane_phase`` for every source (asked once per block of an epoch)."""
+    return tuple(stable_permutation([lanes, k, _LANE_PHASE], lanes) for k in range(sources))
 
 
 class MixturePlan:

@@ -9,8 +9,9 @@ holds every source in proportion, and together they hold the epoch's rows once, 
 plans them (each row's multiplicity exact). Lane ``l`` cuts its blocks into windows and merges
 the windows' sources with phases of its own (``lane_phase``, ``merge_positions``): a global step
 takes the same rows of every lane, and with the same merge in every lane, each lane's rounding of
-the proportion would fall on the same rows and add up instead of cancelling. The global sequence, the steps and the restore are
-then those of a plain dataset's canonical lanes (plan/canonical.py, state/canonical.py).
+the proportion would fall on the same rows and add up instead of cancelling. The global
+sequence, the steps and the restore are then those of a plain dataset's canonical lanes
+(plan/canonical.py, state/canonical.py).
 """
 
 from __future__ import annotations
