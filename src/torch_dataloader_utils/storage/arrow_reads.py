@@ -198,7 +198,8 @@ def _classified(error: Exception) -> Exception:
 
 
 def arrow_tails(protocol: str, storage_options: dict, timeout: float | None, concurrency: int) -> ArrowTails | None:
-    """An ``ArrowTails`` for this store, or None: not S3, settings pyarrow cannot take, pyarrow
+    """An ``ArrowTails`` for this store (``concurrency``: the requests fsspec's reads have in
+    flight), or None: not S3, settings pyarrow cannot take, pyarrow
     built without S3, or ``TDU_ARROW_FOOTERS=0``."""
     if protocol not in ("s3", "s3a") or not enabled():
         return None
@@ -211,7 +212,9 @@ def arrow_tails(protocol: str, storage_options: dict, timeout: float | None, con
         pafs.S3FileSystem  # noqa: B018 - absent from pyarrow builds without S3
     except (ImportError, AttributeError):
         return None
-    return ArrowTails(arguments, concurrency)
+    # twice the files in flight: each costs two requests in a row (HEAD, GET), and a waiting
+    # thread holds no GIL
+    return ArrowTails(arguments, 2 * concurrency)
 
 
 def fetch_retrying(

@@ -338,6 +338,10 @@ class RemoteStore:
         data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False, arrow=True)  # just listed
         self._tails = {path: (start, blob) for (path, start, _), blob in zip(requests, data)}
 
+    def has_tails(self) -> bool:
+        """Whether prefetched tails are waiting to be taken."""
+        return bool(self._tails)
+
     def take_tail(self, path: str) -> tuple[int, bytes] | None:
         """The prefetched tail of ``path`` (handed out once), or None."""
         return self._tails.pop(path, None)
