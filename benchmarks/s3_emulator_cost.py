@@ -10,7 +10,8 @@ itself), (b) moto's app alone and (c) moto's app behind ``tests/servers.FaultyAp
 sleep), alternating, ``--rounds`` times; CPU microseconds per request, medians. Then the served
 emulator (``servers.start_store("s3")``, a threaded werkzeug server in a child process): its CPU
 per request for the same GETs over HTTP from one client thread, so that what the HTTP server
-adds is the difference. Prints a table and JSON.
+adds is the difference. Last, the GCS emulator's and Azurite's CPU per ranged GET (no added
+latency), for comparison. Prints a table and JSON.
 """
 
 from __future__ import annotations
@@ -103,6 +104,32 @@ def served(requests: int, blob: bytes) -> dict:
         store.server.stop()
 
 
+def other_emulators(requests: int, blob: bytes) -> dict:
+    """The CPU per ranged GET of the GCS emulator (gcp-storage-emulator, Python) and of Azurite
+    (Node.js), without added latency, each read once through its fsspec client from one thread."""
+    import servers
+
+    found = {}
+    for name in ("gcs", "azure"):
+        try:
+            store = servers.start_store(name)
+        except RuntimeError as error:  # Azurite not installed
+            found[name] = {"error": str(error)}
+            continue
+        try:
+            fs = store.fs
+            fs.pipe({f"{servers.BUCKET}/cost/f{i:06d}.parquet": blob for i in range(requests)})
+            paths = [f"{servers.BUCKET}/cost/f{i:06d}.parquet" for i in range(requests)]
+            pid = store.server._proc.pid
+            before, client = _process_cpu_s(pid), time.process_time()
+            for path in paths:
+                fs.cat_file(path, start=0, end=len(blob))
+            found[name] = {"server_us": 1e6 * (_process_cpu_s(pid) - before) / requests, "client_us": 1e6 * (time.process_time() - client) / requests}
+        finally:
+            store.server.stop()
+    return found
+
+
 def _process_cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -116,12 +143,15 @@ def main() -> None:
     args = parser.parse_args()
     blob = _blob()
     results = {"load_average": os.getloadavg(), "in_process_us": in_process(args.requests, args.rounds, blob), "served": served(args.requests, blob)}
+    results["other_emulators"] = other_emulators(args.requests, blob)
     print(f"load average: {', '.join(f'{x:.1f}' for x in results['load_average'])}")
     print("| emulator part | CPU µs per GET | per HEAD |\n|---|---|---|")
     for name, value in results["in_process_us"].items():
         print(f"| {name} (in process) | {value['GET']:.0f} | {value['HEAD']:.0f} |")
     for name, value in results["served"].items():
         print(f"| served over HTTP, {name} | {value['server_us']:.0f} | |")
+    for name, value in results["other_emulators"].items():
+        print(f"| {name} emulator, served (client CPU {value.get('client_us', 0):.0f} µs) | {value.get('server_us', float('nan')):.0f} | |")
     print(json.dumps(results))
 
 
