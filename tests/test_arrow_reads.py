@@ -74,6 +74,15 @@ def test_only_s3_and_only_when_switched_on(monkeypatch):
     assert arrow_reads.arrow_tails("s3", {"anon": True, "region_name": "us-east-1"}, None, 8) is None
 
 
+def test_an_aws_bucket_is_read_in_its_region_asked_once(monkeypatch):
+    asked = []
+    monkeypatch.setattr(arrow_reads, "_bucket_region", lambda bucket: asked.append(bucket) or "eu-west-1")
+    tails = arrow_reads.ArrowTails({"anonymous": True}, concurrency=60)
+    clients = tails._clients_for("data")
+    assert tails._clients_for("data") is clients and asked == ["data"]
+    assert len(clients) == 3 and clients[0].region == "eu-west-1"  # 25 requests in flight per client
+
+
 def test_pyarrow_refusals_are_not_retried():
     refused = arrow_reads._classified(OSError("AWS Error ACCESS_DENIED during HeadObject operation: denied"))
     assert isinstance(refused, ArrowStatusError) and not is_transient(refused)

@@ -121,6 +121,7 @@ class ArrowTails:
         self._arguments = arguments
         self._concurrency = max(1, concurrency)
         self._clients: dict[str | None, list[Any]] = {}
+        self._regions: dict[str, str | None] = {}  # AWS buckets' regions, asked once
         self._lock = threading.Lock()
 
     def _clients_for(self, bucket: str) -> list[Any]:
@@ -128,7 +129,9 @@ class ArrowTails:
         AWS without a region given: in the bucket's region, which s3fs finds out by itself)."""
         region = None
         if "region" not in self._arguments and "endpoint_override" not in self._arguments:
-            region = _bucket_region(bucket)
+            if bucket not in self._regions:
+                self._regions[bucket] = _bucket_region(bucket)
+            region = self._regions[bucket]
         with self._lock:
             if region not in self._clients:
                 from pyarrow import fs as pafs
