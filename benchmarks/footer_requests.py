@@ -40,6 +40,7 @@ def main() -> None:
     import pyarrow.parquet as pq
     import servers
 
+    from torch_dataloader_utils.catalog.arrow_tails import arrow_tails
     from torch_dataloader_utils.storage.remote import IOOptions, open_store
     from torch_dataloader_utils.storage.versions import FileEntry
 
@@ -62,9 +63,9 @@ def main() -> None:
                 remote.fs  # noqa: B018 - the client made before the clock starts
                 faults.reset_peak()
                 server, wall, cpu = _process_cpu_s(pid), time.perf_counter(), time.process_time()
-                remote.prefetch_tails(entries)
+                remote.prefetch_tails(entries, arrow_tails(remote))  # None (fsspec) with TDU_ARROW_FOOTERS=0
                 wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(pid) - server
-                assert remote.stats["arrow_reads"] == (args.files if path == "arrow" else 0), remote.stats
+                assert remote.stats["fetcher_reads"] == (args.files if path == "arrow" else 0), remote.stats
                 print(json.dumps({
                     "files": args.files, "footer_path": path, "round": round_, "wall_s": round(wall, 2),
                     "client_cpu_ms_per_file": round(1000 * cpu / args.files, 3), "server_cpu_ms_per_file": round(1000 * server / args.files, 3),

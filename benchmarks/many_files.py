@@ -198,7 +198,7 @@ def step_object_store(args: argparse.Namespace) -> dict:
                     requests = faults.counters()[1] - reads + faults.head_count() - heads  # GETs of objects and HEADs (listings not counted)
                     assert len(dataset.files) == size, len(dataset.files)
                     stats = dataset._catalog.fs.stats
-                    assert (stats["arrow_reads"] == size) == (path == "arrow"), stats
+                    assert (stats["fetcher_reads"] == size) == (path == "arrow"), stats
                     concurrency = dataset._catalog.fs.options.max_concurrency
                     results.append({
                         "files": size, "footer_path": path, "round": round_, "plan_s": wall, "client_cpu_s": cpu, "server_cpu_s": server_cpu,

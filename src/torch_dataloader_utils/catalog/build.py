@@ -36,6 +36,7 @@ from ..plan.streams import SplitRows
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, RemoteStore, open_store
 from ..storage.versions import FileEntry
+from .arrow_tails import arrow_tails
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .file_table import FileTable
 from .plan_cache import PlanCache, cache_for
@@ -205,7 +206,7 @@ def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
     if not is_remote(fs):
         yield
         return
-    fs.prefetch_tails(entries)
+    fs.prefetch_tails(entries, arrow_tails(fs))
     try:
         yield
     finally:

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import FileChangedError, RemoteReadError
-from .arrow_reads import ArrowTails, arrow_tails, fetch_retrying
 from .cache import RangeCache, entry_key
 from .pinned_reads import PinnedRead, pinned_read_for
 from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
+from .tail_fetch import TailFetcher, fetch_retrying
 from .versions import check_version
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ class RemoteStore:
         self._cache: RangeCache | None = None
         self._tails: dict[str, tuple[int, bytes]] = {}
         self._files: dict[str, tuple[str, str | None, int]] = {}
-        self._arrow: tuple[int, ArrowTails | None] | None = None  # (pid, reader) for footer reads
-        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0, "arrow_reads": 0}
+        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0, "fetcher_reads": 0}
 
     # ----------------------------------------------------------- plumbing
     @property
@@ -110,13 +109,13 @@ class RemoteStore:
         return self._cache
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "_arrow", "options"):
+        if name.startswith("__") or name in ("_fs", "_fs_class", "_storage_options", "_pid", "_cache", "_tails", "_files", "options"):
             raise AttributeError(name)
         return getattr(self.fs, name)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.update(_fs=None, _cache=None, _tails={}, _arrow=None)
+        state.update(_fs=None, _cache=None, _tails={})
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -158,7 +157,7 @@ class RemoteStore:
         return self.read_many([(path, start, end) for start, end in ranges], [ident] * len(ranges))
 
     def read_many(
-        self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True, arrow: bool = False
+        self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True, fetcher: TailFetcher | None = None
     ) -> list[bytes]:
         """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached.
 
@@ -167,9 +166,9 @@ class RemoteStore:
         condition (pinned_reads.py); on other stores, with ``verify``, each file's size and tag are
         fetched again after its ranges, before any of them is used or cached (otherwise the planned
         footer would be applied to other bytes, and the cache would keep them under the planned
-        version's key). Ranges served from the cache are the planned version's bytes. ``arrow``:
-        fetched through pyarrow's C++ client where it can take the store's settings
-        (arrow_reads.py; a file's size is checked instead of its tag)."""
+        version's key). Ranges served from the cache are the planned version's bytes. ``fetcher``:
+        the ranges not cached are fetched by it (retried; a file's size is checked instead of
+        its tag), those it cannot make for good through fsspec."""
         cache = self.cache
         keys = [entry_key(url, tag, size, s, e) for (_, s, e), (url, tag, size) in zip(requests, idents)] if cache else []
         results: list[bytes | None] = [None] * len(requests)
@@ -185,9 +184,8 @@ class RemoteStore:
         if not pending:
             return results  # type: ignore[return-value]
         pinned = pinned_read_for(self.fs)
-        native = self._arrow_tails() if arrow else None
-        if native is not None:
-            fetched = self._fetch_arrow(native, [(*requests[i], idents[i][2]) for i in pending], pinned, [idents[i][1] for i in pending])
+        if fetcher is not None:
+            fetched = self._fetch_with(fetcher, [(*requests[i], idents[i][2]) for i in pending], pinned, [idents[i][1] for i in pending])
         else:
             fetched = self._fetch_ranges([(*requests[i], idents[i][1]) for i in pending], pinned)
         if verify and pinned is None:
@@ -199,21 +197,14 @@ class RemoteStore:
                 self._cache_put(cache, keys[i], data)
         return results  # type: ignore[return-value]
 
-    def _arrow_tails(self) -> ArrowTails | None:
-        """This process's pyarrow reader of the store (None where its settings do not map)."""
-        if self._arrow is None or self._arrow[0] != os.getpid():
-            options = self.options
-            self._arrow = (os.getpid(), arrow_tails(self.protocol_name, self._storage_options, options.download_timeout, options.max_concurrency))
-        return self._arrow[1]
-
-    def _fetch_arrow(
-        self, native: ArrowTails, requests: Sequence[tuple[str, int, int, int]], pinned: PinnedRead | None, tags: Sequence[str | None]
+    def _fetch_with(
+        self, fetcher: TailFetcher, requests: Sequence[tuple[str, int, int, int]], pinned: PinnedRead | None, tags: Sequence[str | None]
     ) -> list[bytes]:
-        """Ranges of (path, start, end, size) through pyarrow, retried; those it could not read
-        for good (a permission, a missing file, a redirect) through fsspec, whose error names them."""
-        self.stats["requests"] += 2 * len(requests)  # a HEAD and a GET each
-        self.stats["arrow_reads"] += len(requests)
-        results, refused = fetch_retrying(native, requests, self.options.download_retry, self._count_retry, self.protocol_name)
+        """Ranges of (path, start, end, size) through ``fetcher``, retried; those it could not
+        read for good (a permission, a missing file, a redirect) through fsspec, whose error names them."""
+        self.stats["fetcher_reads"] += len(requests)
+        self.stats["requests"] += fetcher.requests_per_read * len(requests)
+        results, refused = fetch_retrying(fetcher, requests, self.options.download_retry, self._count_retry, self.protocol_name)
         if refused:
             again = self._fetch_ranges([(*requests[i][:3], tags[i]) for i in refused], pinned)
             for i, data in zip(refused, again):
@@ -331,11 +322,17 @@ class RemoteStore:
         return known
 
     # -------------------------------------------------------------- tails
-    def prefetch_tails(self, entries: Sequence[Any]) -> None:
-        """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there)."""
+    @property
+    def storage_options(self) -> dict:
+        """The fsspec filesystem's settings (what it is recreated from)."""
+        return self._storage_options
+
+    def prefetch_tails(self, entries: Sequence[Any], fetcher: TailFetcher | None = None) -> None:
+        """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there),
+        by ``fetcher`` where one is given, else through fsspec."""
         self.register(entries)
         requests = [(e.fs_path, max(0, e.size - TAIL_BYTES), e.size) for e in entries if e.size > 0]
-        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False, arrow=True)  # just listed
+        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False, fetcher=fetcher)  # just listed
         self._tails = {path: (start, blob) for (path, start, _), blob in zip(requests, data)}
 
     def has_tails(self) -> bool:

@@ -1,4 +1,4 @@
-"""Footer reads through pyarrow's C++ S3 client (storage/arrow_reads.py): s3fs's settings mapped,
+"""Footer reads through pyarrow's C++ S3 client (catalog/arrow_tails.py, retried by storage/tail_fetch.py): s3fs's settings mapped,
 the same plan as through s3fs, retries, and the fsspec path where pyarrow cannot go."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datagen import write_dataset
 from servers import BUCKET, s3, s3_options, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.catalog import arrow_tails as arrow_tails_module
+from torch_dataloader_utils.catalog.arrow_tails import ArrowStatusError, s3_arguments
 from torch_dataloader_utils.errors import FileChangedError, RemoteReadError
-from torch_dataloader_utils.storage import arrow_reads
-from torch_dataloader_utils.storage.arrow_reads import ArrowStatusError, s3_arguments
 from torch_dataloader_utils.storage.remote import IOOptions, RemoteStore
 from torch_dataloader_utils.storage.retry import is_transient
 from torch_dataloader_utils.storage.versions import FileEntry
@@ -68,26 +68,29 @@ def test_settings_pyarrow_cannot_take_keep_fsspec(options):
 
 
 def test_only_s3_and_only_when_switched_on(monkeypatch):
-    assert arrow_reads.arrow_tails("gcs", {}, None, 8) is None
-    assert arrow_reads.arrow_tails("s3", {"anon": True, "region_name": "us-east-1"}, None, 8) is not None
-    monkeypatch.setenv(arrow_reads.ENV_SWITCH, "0")
-    assert arrow_reads.arrow_tails("s3", {"anon": True, "region_name": "us-east-1"}, None, 8) is None
+    import fsspec
+
+    assert arrow_tails_module.arrow_tails(RemoteStore(fsspec.filesystem("memory"))) is None  # not S3
+    s3_store = RemoteStore(fsspec.filesystem("s3", anon=True, region_name="us-east-1", skip_instance_cache=True), IOOptions(max_concurrency=8))
+    assert arrow_tails_module.arrow_tails(s3_store)._concurrency == 16  # two requests per file
+    monkeypatch.setenv(arrow_tails_module.ENV_SWITCH, "0")
+    assert arrow_tails_module.arrow_tails(s3_store) is None
 
 
 def test_an_aws_bucket_is_read_in_its_region_asked_once(monkeypatch):
     asked = []
-    monkeypatch.setattr(arrow_reads, "_bucket_region", lambda bucket: asked.append(bucket) or "eu-west-1")
-    tails = arrow_reads.ArrowTails({"anonymous": True}, concurrency=60)
+    monkeypatch.setattr(arrow_tails_module, "_bucket_region", lambda bucket: asked.append(bucket) or "eu-west-1")
+    tails = arrow_tails_module.ArrowTails({"anonymous": True}, concurrency=60)
     clients = tails._clients_for("data")
     assert tails._clients_for("data") is clients and asked == ["data"]
     assert len(clients) == 3 and clients[0].region == "eu-west-1"  # 25 requests in flight per client
 
 
 def test_pyarrow_refusals_are_not_retried():
-    refused = arrow_reads._classified(OSError("AWS Error ACCESS_DENIED during HeadObject operation: denied"))
+    refused = arrow_tails_module._classified(OSError("AWS Error ACCESS_DENIED during HeadObject operation: denied"))
     assert isinstance(refused, ArrowStatusError) and not is_transient(refused)
-    assert is_transient(arrow_reads._classified(OSError("AWS Error SLOW_DOWN (HTTP status 503) during GetObject operation")))
-    assert is_transient(arrow_reads._classified(OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28")))
+    assert is_transient(arrow_tails_module._classified(OSError("AWS Error SLOW_DOWN (HTTP status 503) during GetObject operation")))
+    assert is_transient(arrow_tails_module._classified(OSError("AWS Error NETWORK_CONNECTION during GetObject operation: curlCode: 28")))
 
 
 # ----------------------------------------------------------------------------- on the emulator
@@ -102,7 +105,7 @@ def small(s3, tmp_path_factory):
 
 
 def _plan(url: str, options: dict, monkeypatch, arrow: bool, **extra):
-    monkeypatch.setenv(arrow_reads.ENV_SWITCH, "1" if arrow else "0")
+    monkeypatch.setenv(arrow_tails_module.ENV_SWITCH, "1" if arrow else "0")
     return StructuredDataset(url, num_workers=0, split_bytes=2000, storage_options=options, **extra)
 
 
@@ -110,7 +113,7 @@ def _plan(url: str, options: dict, monkeypatch, arrow: bool, **extra):
 def test_the_plan_is_the_one_fsspec_gives(s3, small, monkeypatch, fmt):
     through = {arrow: _plan(small[fmt], s3.options, monkeypatch, arrow, format=fmt) for arrow in (False, True)}
     old, new = through[False]._catalog, through[True]._catalog
-    assert old.fs.stats["arrow_reads"] == 0 and new.fs.stats["arrow_reads"] == len(LAYOUT)
+    assert old.fs.stats["fetcher_reads"] == 0 and new.fs.stats["fetcher_reads"] == len(LAYOUT)
     assert new.fingerprint == old.fingerprint and list(new.layouts) == list(old.layouts) and list(new.splits) == list(old.splits)
     assert [getattr(f, "data", None) for f in new.footers] == [getattr(f, "data", None) for f in old.footers]
     assert new.schema == old.schema
@@ -121,7 +124,7 @@ def test_the_plan_is_the_one_fsspec_gives(s3, small, monkeypatch, fmt):
 def test_settings_that_do_not_map_read_through_fsspec(s3, small, monkeypatch):
     options = {**s3.options, "config_kwargs": {"signature_version": "s3v4"}}
     dataset = _plan(small["parquet"], options, monkeypatch, arrow=True)
-    assert dataset._catalog.fs.stats["arrow_reads"] == 0 and len(dataset.files) == len(LAYOUT)
+    assert dataset._catalog.fs.stats["fetcher_reads"] == 0 and len(dataset.files) == len(LAYOUT)
 
 
 def test_a_corrupt_footer_is_named(s3, tmp_path, monkeypatch):
@@ -143,7 +146,7 @@ def test_transient_faults_are_retried(s3, small, faults, monkeypatch, mode):
     faults.inject(mode, 1, match="arrow-reads/parquet")  # the first read of every file fails
     dataset = _plan(small["parquet"], s3_options(s3.server.endpoint, client_retries=False), monkeypatch, arrow=True, download_retry=2)
     stats = dataset._catalog.fs.stats
-    assert faults.injected_count() == len(LAYOUT) and stats["arrow_reads"] == len(LAYOUT) and stats["retries"] == 1
+    assert faults.injected_count() == len(LAYOUT) and stats["fetcher_reads"] == len(LAYOUT) and stats["retries"] == 1
     assert sum(len(batch["id"]) for batch in dataset) == sum(map(sum, LAYOUT))
 
 
@@ -153,9 +156,14 @@ def test_a_fault_that_stays_names_the_file(s3, small, faults, monkeypatch):
         _plan(small["parquet"], s3_options(s3.server.endpoint, client_retries=False), monkeypatch, arrow=True, download_retry=1)
 
 
+class _Prefetching(RemoteStore):
+    def prefetch_tails(self, entries, fetcher=None):
+        return super().prefetch_tails(entries, arrow_tails_module.arrow_tails(self))
+
+
 def _store(s3, monkeypatch) -> RemoteStore:
-    monkeypatch.setenv(arrow_reads.ENV_SWITCH, "1")
-    return RemoteStore(s3.fs, IOOptions(download_retry=0))
+    monkeypatch.setenv(arrow_tails_module.ENV_SWITCH, "1")
+    return _Prefetching(s3.fs, IOOptions(download_retry=0))
 
 
 def test_a_missing_object_goes_through_fsspec_and_is_named(s3, small, monkeypatch):
