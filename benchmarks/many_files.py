@@ -14,7 +14,8 @@ step in a fresh process:
    compact form ``auto`` picks, and the full form at 50% for comparison) and the time to take it;
 3. resume: planning (warm) + ``load_state_dict`` of the 50% state + the first batch, wall and CPU;
 4. planning ``--object-store-files`` files (2,000 and 10,000 by default) cold on the S3 emulator
-   (moto's server) with 30 ms added to every request: wall seconds, the client's and the
+   (moto's server) with 30 ms added to every request, footers read through s3fs (``fsspec``) and
+   through pyarrow's C++ client (``arrow``), alternating: wall seconds, the client's and the
    emulator's CPU per file, and the bound the latency sets at the store client's concurrency;
 5. 1,000,000 files on paper: the compact state's file summary of a synthetic 1M-file listing.
 
@@ -24,6 +25,8 @@ second run; ``--state FILE``: where the epoch step saves its 50% state and the r
     python benchmarks/many_files.py --step plan --dir DATA [--cache DIR]
     python benchmarks/many_files.py --step epoch --dir DATA --cache DIR --state FILE
     python benchmarks/many_files.py --step resume --dir DATA --cache DIR --state FILE
+    python benchmarks/many_files.py --step object_store --object-store-files 2000,10000 \
+        [--object-store-rounds 2] [--footer-paths fsspec,arrow]
 
 Wall seconds on a shared machine depend on its load: the CPU seconds of the measuring process
 (and of the DataLoader workers) are reported next to them.
@@ -149,10 +152,12 @@ def _process_cpu_s(pid: int) -> float:
 
 def step_object_store(args: argparse.Namespace) -> dict:
     """Planning on the S3 emulator (moto's server, tests/servers.py) with ``LATENCY_S`` added to
-    every request (object reads, listings, HEADs), cold: no plan cache, a fresh process. The
-    files (each a 10-row Parquet file) are uploaded once, in two prefixes, so that one upload
-    gives two sizes: the first prefix alone, then both. The emulator runs on the same machine: its
-    CPU per request is reported next to the client's."""
+    every request (object reads, listings, HEADs), cold: no plan cache. The files (each a 10-row
+    Parquet file) are uploaded once, in two prefixes, so that one upload gives two sizes: the
+    first prefix alone, then both. Each size is planned ``--object-store-rounds`` times with each
+    footer path of ``--footer-paths`` (``fsspec``: s3fs; ``arrow``: pyarrow's C++ client), the
+    paths alternating. The emulator runs on the same machine: its CPU per file and per request is
+    reported next to the client's."""
     import io
 
     import pyarrow as pa
@@ -164,6 +169,7 @@ def step_object_store(args: argparse.Namespace) -> dict:
     from torch_dataloader_utils import StructuredDataset
 
     sizes = sorted({int(n) for n in args.object_store_files.split(",")})
+    paths = args.footer_paths.split(",")
     store = servers.start_store("s3")
     server_pid = store.server._proc.pid
     try:
@@ -176,24 +182,34 @@ def step_object_store(args: argparse.Namespace) -> dict:
             uploaded = size
         upload_s = time.perf_counter() - started
         fs.invalidate_cache()
-        store.server.faults.inject("stall", -1, stall_seconds=LATENCY_S)
-        store.server.faults.stall_metadata(seconds=LATENCY_S)
+        faults = store.server.faults
+        faults.inject("stall", -1, stall_seconds=LATENCY_S)
+        faults.stall_metadata(seconds=LATENCY_S)
         for part, size in enumerate(sizes):
             urls = [store.url(f"many/p{p}") for p in range(part + 1)]
-            server_cpu, wall, cpu = _process_cpu_s(server_pid), time.perf_counter(), time.process_time()
-            dataset = StructuredDataset(urls, num_workers=0, storage_options=store.options)
-            wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(server_pid) - server_cpu
-            assert len(dataset.files) == size, len(dataset.files)
-            footers_pickled = len(pickle.dumps(dataset._catalog.footers))  # what every DataLoader worker receives of them
-            requests = dataset._catalog.fs.stats["requests"]
-            concurrency = dataset._catalog.fs.options.max_concurrency
-            results.append({
-                "files": size, "plan_s": wall, "client_cpu_s": cpu, "server_cpu_s": server_cpu, "object_reads": requests,
-                "client_cpu_ms_per_file": 1000 * cpu / size, "server_cpu_ms_per_read": 1000 * server_cpu / max(requests, 1),
-                "latency_bound_s": requests * LATENCY_S / concurrency, "concurrency": concurrency,
-                "rss_planned_mb": rss_mb(), "footers_pickled_bytes_per_file": footers_pickled / size,
-            })  # fmt: skip
-            del dataset
+            for round_ in range(args.object_store_rounds):
+                for path in paths:
+                    os.environ["TDU_ARROW_FOOTERS"] = "1" if path == "arrow" else "0"
+                    faults.reset_peak()
+                    reads, heads = faults.counters()[1], faults.head_count()
+                    server_cpu, wall, cpu = _process_cpu_s(server_pid), time.perf_counter(), time.process_time()
+                    dataset = StructuredDataset(urls, num_workers=0, storage_options=store.options)
+                    wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(server_pid) - server_cpu
+                    requests = faults.counters()[1] - reads + faults.head_count() - heads  # GETs of objects and HEADs (listings not counted)
+                    assert len(dataset.files) == size, len(dataset.files)
+                    stats = dataset._catalog.fs.stats
+                    assert (stats["fetcher_reads"] == size) == (path == "arrow"), stats
+                    concurrency = dataset._catalog.fs.options.max_concurrency
+                    results.append({
+                        "files": size, "footer_path": path, "round": round_, "plan_s": wall, "client_cpu_s": cpu, "server_cpu_s": server_cpu,
+                        "requests": requests, "client_cpu_ms_per_file": 1000 * cpu / size, "server_cpu_ms_per_file": 1000 * server_cpu / size,
+                        "server_cpu_ms_per_request": 1000 * server_cpu / max(requests, 1), "peak_in_flight": faults.peak_in_flight(),
+                        "latency_bound_s": requests * LATENCY_S / concurrency, "concurrency": concurrency,
+                        "load_average": os.getloadavg(), "rss_planned_mb": rss_mb(),
+                        "footers_pickled_bytes_per_file": len(pickle.dumps(dataset._catalog.footers)) / size,  # what a worker receives
+                    })  # fmt: skip
+                    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+                    del dataset
     finally:
         store.server.stop()
     return {"latency_s": LATENCY_S, "upload_s": upload_s, "load_average": os.getloadavg(), "runs": results}
@@ -214,7 +230,8 @@ STEPS = {"plan": step_plan, "epoch": step_epoch, "resume": step_resume, "object_
 
 def run_step(name: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--step", name, "--dir", args.dir, "--cache", args.cache, "--state", args.state,
-               "--object-store-files", args.object_store_files]  # fmt: skip
+               "--object-store-files", args.object_store_files, "--object-store-rounds", str(args.object_store_rounds),
+               "--footer-paths", args.footer_paths]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"step {name} failed:\n{done.stderr[-3000:]}")
@@ -228,6 +245,8 @@ def main() -> None:
     parser.add_argument("--files-per-dir", type=int, default=1000)
     parser.add_argument("--rows", type=int, default=100)
     parser.add_argument("--object-store-files", default="2000,10000", help="file counts planned on the S3 emulator, comma-separated (0: skip the step)")
+    parser.add_argument("--object-store-rounds", type=int, default=1, help="plannings of each size per footer path")
+    parser.add_argument("--footer-paths", default="fsspec,arrow", help="footer read paths compared on the S3 emulator, alternating: fsspec, arrow")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--step", choices=sorted(STEPS), help=argparse.SUPPRESS)
     parser.add_argument("--cache", help=argparse.SUPPRESS)
@@ -272,8 +291,8 @@ def print_table(r: dict) -> None:
     if "object_store" in r:
         for o in r["object_store"]["runs"]:
             rows.append((
-                f"S3 emulator, 30 ms per request: plan {o['files']:,} files cold, s (client / emulator CPU ms per file)",
-                f"{o['plan_s']:.1f} ({o['client_cpu_ms_per_file']:.2f} / {o['server_cpu_ms_per_read']:.2f}; latency bound {o['latency_bound_s']:.1f} s)",
+                f"S3 emulator, 30 ms per request: plan {o['files']:,} files cold ({o['footer_path']}), s (client / emulator CPU ms per file)",
+                f"{o['plan_s']:.1f} ({o['client_cpu_ms_per_file']:.2f} / {o['server_cpu_ms_per_file']:.2f}; latency bound {o['latency_bound_s']:.1f} s)",
             ))  # fmt: skip
     m = r["million"]
     rows.append(("1M files (synthetic): compact file summary, KB", f"{m['summary_bytes'] / 1024:.0f} ({m['groups']} groups, {m['cpu_s']:.1f} s CPU)"))

@@ -34,8 +34,9 @@ from ..plan.columns import LayoutTable, plan_split_table
 from ..plan.splits import FileLayout, Split
 from ..plan.streams import SplitRows
 from ..storage.paths import is_local, is_remote
-from ..storage.remote import IOOptions, open_store
+from ..storage.remote import IOOptions, RemoteStore, open_store
 from ..storage.versions import FileEntry
+from .arrow_tails import arrow_tails
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .file_table import FileTable
 from .plan_cache import PlanCache, cache_for
@@ -133,13 +134,16 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
 
 
 def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]]:
-    """Every file's footer, in order: local files in this thread until reads are slow
-    (SLOW_LOCAL_FOOTER_S, several in a row: one slow read may be the machine's load), the rest
+    """Every file's footer, in order: local files, and remote ones whose tails were fetched
+    beforehand, in this thread until reads are slow (SLOW_LOCAL_FOOTER_S, several in a row: one
+    slow read may be the machine's load; a footer larger than its tail is a request), the rest
     by a thread pool, a batch at a time (so that finished reads do not pile up). The footers of
     local files whose reader reads them again (``reopens_footers``) are dropped once read, their
     statistics' null counts kept instead (None: the footer is kept)."""
     local = is_local(fs)
     drop = local and reopens_footers(fmt)
+    # remote files whose tails were fetched at once (prefetch_tails) are parsed from memory
+    in_memory = local or (isinstance(fs, RemoteStore) and fs.has_tails())
 
     def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]:
         layout, footer, schema = _read_footer(fmt, fs, entry)
@@ -148,7 +152,7 @@ def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[t
         return layout, None, schema, _nulls_in(fmt, footer)
 
     done = slow = 0
-    if local:
+    if in_memory:
         for entry in files:
             started = time.perf_counter()
             yield read(entry)
@@ -202,7 +206,7 @@ def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
     if not is_remote(fs):
         yield
         return
-    fs.prefetch_tails(entries)
+    fs.prefetch_tails(entries, arrow_tails(fs))
     try:
         yield
     finally:

@@ -21,6 +21,7 @@ from ..errors import FileChangedError, RemoteReadError
 from .cache import RangeCache, entry_key
 from .pinned_reads import PinnedRead, pinned_read_for
 from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
+from .tail_fetch import TailFetcher, fetch_retrying
 from .versions import check_version
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class RemoteStore:
         self._cache: RangeCache | None = None
         self._tails: dict[str, tuple[int, bytes]] = {}
         self._files: dict[str, tuple[str, str | None, int]] = {}
-        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0}
+        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0, "fetcher_reads": 0}
 
     # ----------------------------------------------------------- plumbing
     @property
@@ -155,7 +156,9 @@ class RemoteStore:
         """Bytes of each [start, end) of one file; ``ident`` = (url, tag, size) keys the cache."""
         return self.read_many([(path, start, end) for start, end in ranges], [ident] * len(ranges))
 
-    def read_many(self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True) -> list[bytes]:
+    def read_many(
+        self, requests: Sequence[tuple[str, int, int]], idents: Sequence[tuple[str, str | None, int]], verify: bool = True, fetcher: TailFetcher | None = None
+    ) -> list[bytes]:
         """Bytes of many (path, start, end) ranges, fetched concurrently, retried, cached.
 
         A range fetched from a file with a known tag is the planned version's bytes, or the read
@@ -163,7 +166,9 @@ class RemoteStore:
         condition (pinned_reads.py); on other stores, with ``verify``, each file's size and tag are
         fetched again after its ranges, before any of them is used or cached (otherwise the planned
         footer would be applied to other bytes, and the cache would keep them under the planned
-        version's key). Ranges served from the cache are the planned version's bytes."""
+        version's key). Ranges served from the cache are the planned version's bytes. ``fetcher``:
+        the ranges not cached are fetched by it (retried; a file's size is checked instead of
+        its tag), those it cannot make for good through fsspec."""
         cache = self.cache
         keys = [entry_key(url, tag, size, s, e) for (_, s, e), (url, tag, size) in zip(requests, idents)] if cache else []
         results: list[bytes | None] = [None] * len(requests)
@@ -179,7 +184,10 @@ class RemoteStore:
         if not pending:
             return results  # type: ignore[return-value]
         pinned = pinned_read_for(self.fs)
-        fetched = self._fetch_ranges([(*requests[i], idents[i][1]) for i in pending], pinned)
+        if fetcher is not None:
+            fetched = self._fetch_with(fetcher, [(*requests[i], idents[i][2]) for i in pending], pinned, [idents[i][1] for i in pending])
+        else:
+            fetched = self._fetch_ranges([(*requests[i], idents[i][1]) for i in pending], pinned)
         if verify and pinned is None:
             self._check_versions({requests[i][0]: idents[i] for i in pending})
         for i, data in zip(pending, fetched):
@@ -188,6 +196,20 @@ class RemoteStore:
             if cache:
                 self._cache_put(cache, keys[i], data)
         return results  # type: ignore[return-value]
+
+    def _fetch_with(
+        self, fetcher: TailFetcher, requests: Sequence[tuple[str, int, int, int]], pinned: PinnedRead | None, tags: Sequence[str | None]
+    ) -> list[bytes]:
+        """Ranges of (path, start, end, size) through ``fetcher``, retried; those it could not
+        read for good (a permission, a missing file, a redirect) through fsspec, whose error names them."""
+        self.stats["fetcher_reads"] += len(requests)
+        self.stats["requests"] += fetcher.requests_per_read * len(requests)
+        results, refused = fetch_retrying(fetcher, requests, self.options.download_retry, self._count_retry, self.protocol_name)
+        if refused:
+            again = self._fetch_ranges([(*requests[i][:3], tags[i]) for i in refused], pinned)
+            for i, data in zip(refused, again):
+                results[i] = data
+        return results
 
     def _fetch_ranges(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None) -> list[bytes]:
         """Bytes of each (path, start, end, tag), fetched in parts of at most PART_BYTES."""
@@ -300,12 +322,22 @@ class RemoteStore:
         return known
 
     # -------------------------------------------------------------- tails
-    def prefetch_tails(self, entries: Sequence[Any]) -> None:
-        """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there)."""
+    @property
+    def storage_options(self) -> dict:
+        """The fsspec filesystem's settings (what it is recreated from)."""
+        return self._storage_options
+
+    def prefetch_tails(self, entries: Sequence[Any], fetcher: TailFetcher | None = None) -> None:
+        """Fetch the last TAIL_BYTES of every file in one concurrent batch (footers live there),
+        by ``fetcher`` where one is given, else through fsspec."""
         self.register(entries)
         requests = [(e.fs_path, max(0, e.size - TAIL_BYTES), e.size) for e in entries if e.size > 0]
-        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False)  # just listed
+        data = self.read_many(requests, [(e.url, e.tag, e.size) for e in entries if e.size > 0], verify=False, fetcher=fetcher)  # just listed
         self._tails = {path: (start, blob) for (path, start, _), blob in zip(requests, data)}
+
+    def has_tails(self) -> bool:
+        """Whether prefetched tails are waiting to be taken."""
+        return bool(self._tails)
 
     def take_tail(self, path: str) -> tuple[int, bytes] | None:
         """The prefetched tail of ``path`` (handed out once), or None."""

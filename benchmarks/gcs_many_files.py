@@ -1,0 +1,112 @@
+"""Planning many files cold on the GCS emulator with 30 ms added to every request.
+
+    python benchmarks/gcs_many_files.py [--files 10000,100000] [--latency 0.03]
+
+The GCS emulator (gcp-storage-emulator, in memory) costs about a quarter of moto's CPU per
+request, so it shows what planning costs the client at a size the S3 emulator cannot serve on
+2 cores. Uploading through its API costs more per object the more it holds (it rewrites every
+object's metadata as JSON on each upload), so the emulator is started in a child process with
+the files (10-row Parquet files, ``many/f000000.parquet`` ...) already in its storage, and every
+request waits ``--latency`` seconds in the server before it is handled. For each count: planning
+wall and CPU seconds, the emulator's CPU per file, the load average. One JSON line per count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+BUCKET = "bucket-a"
+os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # no gRPC probe of the bucket's type (the emulator has no gRPC)
+
+
+def _blob() -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": list(range(10))}), sink)
+    return sink.getvalue()
+
+
+def serve(files: int, latency: float) -> None:
+    """(Child) the emulator with ``files`` objects, each request held ``latency`` seconds."""
+    from functools import partial
+    from http.server import ThreadingHTTPServer
+
+    from gcp_storage_emulator.handlers.buckets import _make_bucket_resource
+    from gcp_storage_emulator.handlers.objects import _checksums, _make_object_resource
+    from gcp_storage_emulator.server import RequestHandler
+    from gcp_storage_emulator.storage import Storage
+
+    storage = Storage(use_memory_fs=True)
+    storage._write_config_to_file = lambda: None  # nothing to persist in memory; it is O(objects) per upload
+    storage.create_bucket(BUCKET, _make_bucket_resource(BUCKET))
+    blob = _blob()
+    for i in range(files):
+        name = f"many/f{i:06d}.parquet"
+        resource = _checksums(blob, _make_object_resource("http://localhost", BUCKET, name, "application/octet-stream", len(blob)))
+        storage.create_file(BUCKET, name, blob, resource)
+
+    class Held(RequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(latency)
+            super().do_GET()
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        request_queue_size = 512
+
+    server = Server(("127.0.0.1", 0), partial(Held, storage))
+    print(f"PORT {server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+def _process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def plan(files: int, latency: float) -> dict:
+    child = subprocess.Popen([sys.executable, __file__, "--serve", str(files), "--latency", str(latency)], stdout=subprocess.PIPE)
+    try:
+        line = child.stdout.readline().decode()  # type: ignore[union-attr]
+        assert line.startswith("PORT "), line
+        options = {"endpoint_url": f"http://127.0.0.1:{int(line.split()[1])}", "token": "anon", "project": "test"}
+        from torch_dataloader_utils import StructuredDataset
+
+        server, wall, cpu = _process_cpu_s(child.pid), time.perf_counter(), time.process_time()
+        dataset = StructuredDataset(f"gs://{BUCKET}/many/", num_workers=0, storage_options=options)
+        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(child.pid) - server
+        assert len(dataset.files) == files, len(dataset.files)
+        return {
+            "files": files, "latency_s": latency, "plan_s": wall, "client_cpu_s": cpu, "client_cpu_ms_per_file": 1000 * cpu / files,
+            "server_cpu_ms_per_file": 1000 * server / files, "requests": dataset._catalog.fs.stats["requests"],
+            "concurrency": dataset._catalog.fs.options.max_concurrency, "load_average": os.getloadavg(),
+        }  # fmt: skip
+    finally:
+        child.terminate()
+        child.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", default="10000,100000")
+    parser.add_argument("--latency", type=float, default=0.03)
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        serve(args.serve, args.latency)
+        return
+    for files in (int(n) for n in args.files.split(",")):
+        print(json.dumps(plan(files, args.latency)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
