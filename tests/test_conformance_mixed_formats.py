@@ -1,0 +1,39 @@
+"""A mixture whose sources are of different formats (Source(path, format=...)), as a user
+writes it: a Parquet source next to Arrow IPC, CSV or JSON Lines sources written by other
+writers, planned, read and resumed as one dataset."""
+
+from __future__ import annotations
+
+import collections
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from torch_dataloader_utils import Source, StructuredDataset
+
+
+def _table(first: int, rows: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(first, first + rows), pa.int64()), "x": pa.array([i / 2 for i in range(rows)], pa.float64())})
+
+
+@pytest.mark.parametrize("other", ["arrow", "csv", "jsonl"])
+def test_a_parquet_source_first_mixes_with_sources_of_other_formats(tmp_path, other):
+    # The null check from the statistics asked the first source's format (Parquet) to read every
+    # file's footer: an Arrow IPC or text footer raised AttributeError at planning.
+    pq.write_table(_table(0, 30), tmp_path / "a.parquet", row_group_size=10)
+    table = _table(100, 12)
+    path = str(tmp_path / f"b.{other}")
+    rows = list(zip(table["id"].to_pylist(), table["x"].to_pylist()))
+    if other == "arrow":
+        with pa.ipc.new_file(path, table.schema) as writer:
+            writer.write_table(table)
+    elif other == "csv":
+        (tmp_path / "b.csv").write_text("id,x\n" + "".join(f"{i},{x}\n" for i, x in rows))
+    else:
+        (tmp_path / "b.jsonl").write_text("".join(f'{{"id": {i}, "x": {x}}}\n' for i, x in rows))
+    sources = [Source(str(tmp_path / "a.parquet")), Source(path, format=other, rows_per_epoch=24)]
+    loader, dataset = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=8)
+    counts = collections.Counter(i for batch in loader for i in batch["id"].tolist())
+    assert len(dataset) == 54 and sum(counts.values()) == 54
+    assert {i: counts[i] for i in range(30)} == dict.fromkeys(range(30), 1) and {counts[i] for i in range(100, 112)} == {2}
