@@ -37,3 +37,24 @@ def test_a_parquet_source_first_mixes_with_sources_of_other_formats(tmp_path, ot
     counts = collections.Counter(i for batch in loader for i in batch["id"].tolist())
     assert len(dataset) == 54 and sum(counts.values()) == 54
     assert {i: counts[i] for i in range(30)} == dict.fromkeys(range(30), 1) and {counts[i] for i in range(100, 112)} == {2}
+
+
+def test_polars_arrow_ipc_view_strings_read_alone_with_pyarrow_files_and_in_a_mixture(tmp_path):
+    # Polars writes strings and binary to Arrow IPC as string_view / binary_view (also inside
+    # lists and structs): they had no batch form and did not unify with pyarrow's strings.
+    polars = pytest.importorskip("polars")
+    frame = polars.DataFrame({"id": [1, 2], "s": ["a", None], "b": [b"x", b"y"], "tags": [["t"], []], "st": [{"n": "p"}, {"n": "q"}]})
+    frame.write_ipc(tmp_path / "polars.arrow")
+    assert pa.types.is_string_view(pa.ipc.open_file(tmp_path / "polars.arrow").schema.field("s").type)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "polars.arrow"), format="arrow", num_workers=0, batch_size=8)
+    (batch,) = list(loader)
+    assert (batch["s"], batch["b"], batch["tags"], batch["st.n"]) == (["a", None], [b"x", b"y"], [["t"], []], ["p", "q"])
+    other = pa.table({"id": pa.array([3], pa.int64()), "s": ["c"], "b": [b"z"], "tags": [["u"]], "st": [{"n": "r"}]})
+    with pa.ipc.new_file(tmp_path / "pyarrow.arrow", other.schema) as writer:
+        writer.write_table(other)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format="arrow", num_workers=2, batch_size=8)
+    assert sorted(s for batch in loader for s in batch["s"] if s) == ["a", "c"]
+    pq.write_table(_table(10, 4).append_column("s", pa.array(["w"] * 4)), tmp_path / "c.parquet")
+    sources = [Source(str(tmp_path / "c.parquet")), Source(str(tmp_path / "polars.arrow"), format="arrow", rows_per_epoch=4)]
+    loader, _ = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=16, columns=["id", "s"])
+    assert sorted(s or "-" for batch in loader for s in batch["s"]) == ["-", "-", "a", "a"] + ["w"] * 4
