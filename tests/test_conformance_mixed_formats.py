@@ -58,3 +58,29 @@ def test_polars_arrow_ipc_view_strings_read_alone_with_pyarrow_files_and_in_a_mi
     sources = [Source(str(tmp_path / "c.parquet")), Source(str(tmp_path / "polars.arrow"), format="arrow", rows_per_epoch=4)]
     loader, _ = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=16, columns=["id", "s"])
     assert sorted(s or "-" for batch in loader for s in batch["s"]) == ["-", "-", "a", "a"] + ["w"] * 4
+
+
+def test_a_source_lacking_a_number_column_mixes_where_batches_hold_nulls_and_tdu_inspect_checks_its_state(tmp_path, capsys):
+    # A mixture refused a source without the number column 'v' whatever nulls= and
+    # output_format= said (one path of the same files reads it as nulls), and so tdu inspect,
+    # which has no --columns, could not check the state of a job that passed columns=["id"].
+    import json
+
+    from cli_helpers import run
+
+    pq.write_table(_table(0, 4).append_column("v", pa.array([1.5, 2.5, 3.5, 4.5])), tmp_path / "a.parquet")
+    pq.write_table(_table(100, 2), tmp_path / "b.parquet")
+    sources = [Source(str(tmp_path / "a.parquet")), Source(str(tmp_path / "b.parquet"), rows_per_epoch=4)]
+    with pytest.raises(ValueError, match="column 'v' .* is missing from source 1"):
+        StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=8)
+    for options in (dict(nulls="fill"), dict(nulls="mask"), dict(output_format="dict")):
+        loader, _ = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=8, **options)
+        (batch,) = list(loader)
+        values = batch["v"] if options.get("output_format") else batch["v"].tolist()
+        assert sorted(v for v in values if v is not None and v == v) == [1.5, 2.5, 3.5, 4.5] and len(values) == 8  # and 4 nulls / NaN
+    loader, dataset = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=2, columns=["id"])
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    (tmp_path / "state.json").write_text(json.dumps(dataset.state_dict()))
+    code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "a.parquet", tmp_path / "b.parquet", "--splits")
+    assert code == 0 and "YES" in out, out + err

@@ -143,14 +143,18 @@ def print_state(info: dict, label: str) -> None:
 def _dataset_for_state(path: list[Any], **options: Any) -> Any:
     """A StructuredDataset on ``path`` planned with a state's settings. A state does not depend on
     the job's columns (it does not record them), so when some column has no batch form the
-    dataset selects the columns that have one."""
+    dataset selects the columns that have one; a mixture (whose job may have needed columns=
+    for a source that lacks a number column) is planned for Arrow batches, which hold any column."""
     from .. import StructuredDataset
 
     try:
         return StructuredDataset(path, **options)
     except (TypeError, ValueError) as error:
         if mixture_sources_of(path):
-            raise
+            try:
+                return StructuredDataset(path, output_format="arrow", **options)
+            except (TypeError, ValueError):
+                raise error from None
         columns = _columns_with_batch_form(path, options)
         if not columns:
             raise error from None
