@@ -84,3 +84,23 @@ def test_a_source_lacking_a_number_column_mixes_where_batches_hold_nulls_and_tdu
     (tmp_path / "state.json").write_text(json.dumps(dataset.state_dict()))
     code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "a.parquet", tmp_path / "b.parquet", "--splits")
     assert code == 0 and "YES" in out, out + err
+
+
+def test_tdu_inspect_checks_a_mixture_state_whose_sources_disagree_on_a_column_the_job_left_out(tmp_path, capsys):
+    import json
+
+    from cli_helpers import run
+
+    pq.write_table(_table(0, 4).append_column("v", pa.array([1.5, 2.5, 3.5, 4.5])), tmp_path / "a.parquet")
+    pq.write_table(_table(100, 2).append_column("v", pa.array(["p", "q"])), tmp_path / "b.parquet")
+    sources = [Source(str(tmp_path / "a.parquet")), Source(str(tmp_path / "b.parquet"), rows_per_epoch=4)]
+    loader, dataset = StructuredDataset.create_dataloader(sources, num_workers=0, batch_size=2, columns=["id"])
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    (tmp_path / "state.json").write_text(json.dumps(dataset.state_dict()))
+    code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "a.parquet", tmp_path / "b.parquet")
+    assert code == 0 and "YES" in out, out + err
+    (tmp_path / "b.parquet").unlink()
+    pq.write_table(_table(100, 3).append_column("v", pa.array(["p", "q", "r"])), tmp_path / "b.parquet")
+    code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "a.parquet", tmp_path / "b.parquet")
+    assert code == 1 and "NO" in out and "source 1's rows" in out, out + err
