@@ -104,3 +104,13 @@ def test_tdu_inspect_checks_a_mixture_state_whose_sources_disagree_on_a_column_t
     pq.write_table(_table(100, 3).append_column("v", pa.array(["p", "q", "r"])), tmp_path / "b.parquet")
     code, out, err = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "a.parquet", tmp_path / "b.parquet")
     assert code == 1 and "NO" in out and "source 1's rows" in out, out + err
+
+
+def test_tdu_plan_of_a_mixture_counts_the_blocks_it_deals_when_workers_idle(tmp_path, capsys):
+    # The note said "there are 2 splits for 4 slots" beside a table dealing 3 blocks.
+    from cli_helpers import run
+
+    pq.write_table(_table(0, 1000), tmp_path / "a.parquet", row_group_size=100)
+    pq.write_table(_table(2000, 220), tmp_path / "b.parquet", row_group_size=60)
+    code, out, err = run(capsys, "plan", tmp_path / "a.parquet", tmp_path / "b.parquet", "--rows-per-epoch", "333", "444", "--world-size", "2")
+    assert code == 0 and "in 3 blocks" in out and "there are 3 blocks" in out, out + err
