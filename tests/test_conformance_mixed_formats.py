@@ -114,3 +114,35 @@ def test_tdu_plan_of_a_mixture_counts_the_blocks_it_deals_when_workers_idle(tmp_
     pq.write_table(_table(2000, 220), tmp_path / "b.parquet", row_group_size=60)
     code, out, err = run(capsys, "plan", tmp_path / "a.parquet", tmp_path / "b.parquet", "--rows-per-epoch", "333", "444", "--world-size", "2")
     assert code == 0 and "in 3 blocks" in out and "there are 3 blocks" in out, out + err
+
+
+@pytest.mark.parametrize("canonical", [False, True])
+def test_a_mixture_state_resumes_with_a_source_path_spelled_otherwise_and_refuses_swapped_sources(tmp_path, canonical):
+    # A source's path was compared as text: the same directory with a trailing '/' or as a glob
+    # (the same files, in the same order) was refused as "source 0's path changed".
+    import json
+
+    from torch_dataloader_utils import CheckpointMismatchError
+
+    for name, first in (("a", 0), ("b", 100)):
+        (tmp_path / name).mkdir()
+        pq.write_table(_table(first, 40), tmp_path / name / "x.parquet", row_group_size=10)
+    options = dict(num_workers=2, batch_size=4, **(dict(canonical_lanes=2, chunk_rows=4) if canonical else {}))
+
+    def make(a: str, b: str):
+        return StructuredDataset.create_dataloader([Source(a, rows_per_epoch=30), Source(b, rows_per_epoch=30)], **options)
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    loader, dataset = make(a, b)
+    iterator = iter(loader)
+    head = [next(iterator)["id"].tolist() for _ in range(3)]
+    state = json.loads(json.dumps(dataset.state_dict()))
+    rest = [batch["id"].tolist() for batch in iterator]
+    assert sorted(i for batch in head + rest for i in batch) == sorted(list(range(30)) + list(range(100, 130)))
+    for spelled in ((a + "/", str(tmp_path / "b" / "*.parquet")), (str(tmp_path / "." / "a"), b)):
+        loader, dataset = make(*spelled)
+        dataset.load_state_dict(state)
+        assert [batch["id"].tolist() for batch in loader] == rest
+    loader, dataset = make(b, a)
+    with pytest.raises(CheckpointMismatchError, match="source 0's path changed"):
+        dataset.load_state_dict(state)
