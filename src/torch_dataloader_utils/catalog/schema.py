@@ -59,6 +59,9 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return b if pa.types.is_null(a) else a
     if a in VIEW_TYPES or b in VIEW_TYPES:
         return merge_types(VIEW_TYPES.get(a, a), VIEW_TYPES.get(b, b))
+    if pa.types.is_dictionary(a) and pa.types.is_dictionary(b):  # indices of other widths (pandas int8, Polars uint32)
+        values = merge_types(a.value_type, b.value_type)
+        return None if values is None else pa.dictionary(pa.int32(), values)
     if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
         return merge_types(a.value_type if pa.types.is_dictionary(a) else a, b.value_type if pa.types.is_dictionary(b) else b)
     if pa.types.is_integer(a) and pa.types.is_integer(b):
