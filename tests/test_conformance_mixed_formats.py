@@ -146,3 +146,19 @@ def test_a_mixture_state_resumes_with_a_source_path_spelled_otherwise_and_refuse
     loader, dataset = make(b, a)
     with pytest.raises(CheckpointMismatchError, match="source 0's path changed"):
         dataset.load_state_dict(state)
+
+
+def test_a_delta_table_polars_wrote_reads_its_view_strings(tmp_path):
+    # Polars' write_delta stores string_view in the Parquet files' Arrow schema: such a table, and
+    # its files read as plain Parquet, were refused ("it has no tensor form").
+    polars = pytest.importorskip("polars")
+    pytest.importorskip("deltalake")
+    from torch_dataloader_utils import DeltaDataset
+
+    polars.DataFrame({"id": list(range(20)), "s": [f"s{i}" for i in range(20)]}).write_delta(str(tmp_path / "t"))
+    files = sorted(str(p) for p in (tmp_path / "t").glob("*.parquet"))
+    assert pq.read_schema(files[0]).field("s").type == pa.string_view()
+    loader, _ = DeltaDataset.create_dataloader(str(tmp_path / "t"), num_workers=0, batch_size=8)
+    assert sorted(s for batch in loader for s in batch["s"]) == sorted(f"s{i}" for i in range(20))
+    loader, dataset = StructuredDataset.create_dataloader(files, num_workers=2, batch_size=8, filters=[("s", "==", "s7")])
+    assert [batch["s"] for batch in loader] == [["s7"]] and dataset[3]["s"] == "s3"
