@@ -329,9 +329,9 @@ class StructuredDataset(IterableDataset):
         """The files to plan (table datasets list a snapshot's files instead of discovering them; a
         list of Sources is a mixture, catalog/mixture.py)."""
         if is_mixture(path):
-            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
-            defaults = (format, storage_options, self._max_split_rows, self._source)
-            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *self._mixture_filters, self.canonical_lanes)
+            order, defaults = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows), (format, storage_options, self._max_split_rows, self._source)
+            more = (*self._mixture_filters, self.canonical_lanes, self.output_format != "torch" or self.policy.nulls != "raise")  # nulls_ok
+            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *more)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _use_catalog(self, catalog: Catalog) -> StreamBook:

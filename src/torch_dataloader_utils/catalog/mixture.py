@@ -148,13 +148,15 @@ def build_mixture_catalog(
     filters: Any = None,
     count_filtered: Callable[[Catalog, Any], Catalog] | None = None,
     canonical_lanes: int | None = None,
+    nulls_ok: bool = False,
 ) -> MixCatalog:
     """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
     dataset's (format, storage_options), for sources without their own, then its split_rows and
     source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows). With
     ``filters``, ``count_filtered(catalog, filters)`` (read/filtering.py) plans each source over
     the rows the filter matches, and the sources' shares are of those rows. ``canonical_lanes``:
-    plan the epoch's blocks for that many canonical lanes (plan/mixing_canonical.py)."""
+    plan the epoch's blocks for that many canonical lanes (plan/mixing_canonical.py). ``nulls_ok``:
+    the batches hold nulls (nulls="fill" / "mask", or not tensors), so a source may lack a number column."""
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
@@ -184,7 +186,7 @@ def build_mixture_catalog(
         assert count_filtered is not None, "filters need the counting pass"
         catalogs = [count_filtered(catalog, filters) for catalog in catalogs]
     sizes = [sum(layout.num_rows for layout in c.layouts) for c in catalogs]
-    if unified is not None:
+    if unified is not None and not nulls_ok:
         lacks = [missing_columns(s, unified) if s is not None else tuple(unified.names) for s in projected]
         check_missing_columns(unified, read_columns, lacks, list(zip(labels, sizes)))
     rows = allocate_rows(sizes, [s.rows_per_epoch for s in sources], [s.weight for s in sources], None if epoch_rows is None else int(epoch_rows))

@@ -8,7 +8,8 @@ The rule (documented in docs/reliability.md):
   uint16 + int16 -> int32); uint64 with a signed type is an error.
 - Floats widen (float32 + float64 -> float64); an integer with a float gives float64. Values that
   float64 cannot hold exactly raise when the piece is read (a safe cast).
-- string + large_string -> large_string, binary + large_binary -> large_binary; a dictionary-encoded
+- string + large_string -> large_string, binary + large_binary -> large_binary (string_view and
+  binary_view, which Polars writes to Arrow IPC, read as large_string / large_binary); a dictionary-encoded
   column unifies as its value type; a column of the null type takes the other file's type. A
   column dictionary-encoded in every file stays so, with 32-bit indices (pandas writes 8-bit ones,
   which a shuffle window mixing two dictionaries can overflow).
@@ -56,6 +57,11 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):
         return b if pa.types.is_null(a) else a
+    if a in VIEW_TYPES or b in VIEW_TYPES:
+        return merge_types(VIEW_TYPES.get(a, a), VIEW_TYPES.get(b, b))
+    if pa.types.is_dictionary(a) and pa.types.is_dictionary(b):  # indices of other widths (pandas int8, Polars uint32)
+        values = merge_types(a.value_type, b.value_type)
+        return None if values is None else pa.dictionary(pa.int32(), values)
     if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
         return merge_types(a.value_type if pa.types.is_dictionary(a) else a, b.value_type if pa.types.is_dictionary(b) else b)
     if pa.types.is_integer(a) and pa.types.is_integer(b):
@@ -152,12 +158,42 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
 
 def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
     """Dictionary columns with 32-bit indices: a shuffle window takes rows of row groups (and
-    files) with different dictionaries, and merging them can overflow 8- or 16-bit indices."""
+    files) with different dictionaries, and merging them can overflow 8- or 16-bit indices.
+    View strings and binary (Polars' Arrow IPC files) are read as their large types."""
     for index, field in enumerate(schema):
-        kind = field.type
+        kind = without_views(field.type)
         if pa.types.is_dictionary(kind) and kind.index_type.bit_width < 32:
-            schema = schema.set(index, field.with_type(pa.dictionary(pa.int32(), kind.value_type, kind.ordered)))
+            kind = pa.dictionary(pa.int32(), kind.value_type, kind.ordered)
+        if kind != field.type:
+            schema = schema.set(index, field.with_type(kind))
     return schema
+
+
+VIEW_TYPES = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
+
+
+def without_views(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with string_view / binary_view (also inside lists, structs and maps) as large
+    strings / binary: the batch forms read offsets, and files of other writers hold those."""
+    if kind in VIEW_TYPES:
+        return VIEW_TYPES[kind]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        values = without_views(kind.value_type)
+        if values == kind.value_type:
+            return kind
+        field = kind.value_field.with_type(values)
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(field, kind.list_size)
+        return pa.large_list(field) if pa.types.is_large_list(kind) else pa.list_(field)
+    if pa.types.is_struct(kind):
+        fields = [f.with_type(without_views(f.type)) for f in kind]
+        return kind if all(f.type == g.type for f, g in zip(fields, kind)) else pa.struct(fields)
+    if pa.types.is_map(kind):
+        key, item = without_views(kind.key_type), without_views(kind.item_type)
+        if (key, item) == (kind.key_type, kind.item_type):
+            return kind
+        return pa.map_(kind.key_field.with_type(key), kind.item_field.with_type(item), keys_sorted=kind.keys_sorted)
+    return kind
 
 
 def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]]) -> str:

@@ -143,18 +143,39 @@ def print_state(info: dict, label: str) -> None:
 def _dataset_for_state(path: list[Any], **options: Any) -> Any:
     """A StructuredDataset on ``path`` planned with a state's settings. A state does not depend on
     the job's columns (it does not record them), so when some column has no batch form the
-    dataset selects the columns that have one."""
+    dataset selects the columns that have one; a mixture (whose job may have needed columns=
+    for a source that lacks a number column) is planned for Arrow batches, which hold any column."""
     from .. import StructuredDataset
 
     try:
         return StructuredDataset(path, **options)
     except (TypeError, ValueError) as error:
-        if mixture_sources_of(path):
-            raise
+        if mixture_sources_of(path):  # a state does not depend on the columns: any one all sources share plans it
+            for columns in (None, *([name] for name in _shared_columns(path, options))):
+                try:
+                    return StructuredDataset(path, output_format="arrow", columns=columns, **options)
+                except (TypeError, ValueError):
+                    continue
+            raise error from None
         columns = _columns_with_batch_form(path, options)
         if not columns:
             raise error from None
         return StructuredDataset(path, columns=columns, **options)
+
+
+def _shared_columns(sources: list[Any], options: dict[str, Any]) -> list[str]:
+    """The columns every source of a mixture holds (a state's job may have selected only those)."""
+    from ..catalog.build import build_catalog
+    from ..plan.splits import DEFAULT_SPLIT_BYTES
+    from ..storage.remote import IOOptions
+
+    split_bytes = options.get("split_bytes") or DEFAULT_SPLIT_BYTES
+    names: list[str] | None = None
+    for source in sources:
+        catalog = build_catalog(source.path, source.format or options.get("format"), options.get("storage_options"), split_bytes, IOOptions())
+        held = [] if catalog.schema is None else catalog.schema.names
+        names = held if names is None else [name for name in names if name in held]
+    return names or []
 
 
 def _columns_with_batch_form(path: list[str], options: dict[str, Any]) -> list[str]:

@@ -89,7 +89,8 @@ def plan_advice(plan: dict) -> list[str]:
     idle = sum(1 for w in plan["workers"] if w["splits"] == 0)
     if idle:
         advice.append(
-            f"{idle} of {slots} workers get no split and idle: there are {plan['splits']} splits for {slots} "
+            f"{idle} of {slots} workers get no split and idle: there are {plan.get('blocks', plan['splits'])} "
+            f"{'blocks (each holds about one split of every source)' if 'blocks' in plan else 'splits'} for {slots} "
             f"(rank, worker) slots. "
             + (
                 f"Lower --split-bytes (now {human_bytes(plan['split_bytes'])}) or use fewer workers."

@@ -86,8 +86,7 @@ def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnP
 def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
     """ValueError listing every selected tensor column that the files' statistics say holds
     nulls, when nulls="raise" (formats without a ``null_counts`` are checked as rows are read)."""
-    counts_of = getattr(catalog.format, "null_counts", None)
-    if policy.nulls != "raise" or counts_of is None:
+    if policy.nulls != "raise":
         return
     names = [c.name for c in selected if batch_form(c.type) == "tensor" and not pa.types.is_fixed_size_list(c.type) and all(isinstance(s, int) for s in c.path)]
     if not names:
@@ -102,6 +101,9 @@ def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy
         if footer is None:  # the counts kept at planning; none for a file planned from the plan cache (checked when read)
             counts = {name: file_nulls[name] for name in names if name in file_nulls} if file_nulls else {}
         else:
+            counts_of = getattr(catalog.format_of(file), "null_counts", None)  # a mixture's sources may differ
+            if counts_of is None:
+                continue
             budget -= len(catalog.layouts[file].unit_rows) * len(names)
             if budget < 0:
                 break

@@ -83,6 +83,12 @@ def pack_batches(batches: list[Any], output_format: str) -> tuple[dict[str, Join
     schema: _Schema | None = None  # one object for the chunk's batches: pickled once with the chunk
     for batch in batches:
         if output_format == "arrow":
+            if _has_dictionary(batch.schema):  # a bare batch message leaves out the dictionaries: a stream carries them
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, batch.schema) as writer:
+                    writer.write_batch(batch)
+                packed.append(Packed("arrow", (carry(np.frombuffer(sink.getvalue(), dtype=np.uint8)), None)))
+                continue
             message = batch.serialize()
             schema = schema if schema is not None and schema.schema.equals(batch.schema, check_metadata=True) else _Schema(batch.schema)
             packed.append(Packed("arrow", (carry(np.frombuffer(message, dtype=np.uint8)), schema)))
@@ -102,8 +108,17 @@ def unpack(packed: Packed, columns: dict[str, torch.Tensor]) -> Any:
     """The batch of ``packed`` as views of ``columns`` (the chunk's received uint8 tensors)."""
     if packed.format == "arrow":
         key, schema = packed.parts
+        if schema is None:
+            return pa.ipc.open_stream(pa.py_buffer(columns[key].numpy())).read_next_batch()
         return pa.ipc.read_record_batch(pa.py_buffer(columns[key].numpy()), schema.schema)
     return {name: _array(part, columns) if isinstance(part, _Array) else part for name, part in packed.parts.items()}
+
+
+def _has_dictionary(schema: pa.Schema) -> bool:
+    def nested(kind: pa.DataType) -> bool:
+        return pa.types.is_dictionary(kind) or any(nested(kind.field(i).type) for i in range(getattr(kind, "num_fields", 0)))
+
+    return any(nested(field.type) for field in schema)
 
 
 def _array(part: _Array, columns: dict[str, torch.Tensor]) -> np.ndarray:

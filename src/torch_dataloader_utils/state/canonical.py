@@ -9,11 +9,13 @@ topology or not, the rows that follow are the uninterrupted run's global steps.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Mapping, cast
 
 from ..plan.canonical_plan import CanonicalPlan
 from ..plan.epoch import Topology
+from .compact import same_files_in_order
 from .merge import check_global, rank_parts
 from .mixture import mixture_causes
 from .progress import Progress
@@ -118,7 +120,8 @@ def _saved_steps(part: Mapping[str, Any], check: PlanCheck) -> int:
     chunk_rows: Any = part.get(CHUNK_ROWS)
     if not all(is_count(v) for v in (*saved.values(), chunk_rows)) or not saved["world_size"] or not saved["batch_size"]:
         raise mismatch("Checkpoint state has a damaged topology.", [], [f"it says {saved}, chunk_rows={chunk_rows!r:.20}"])
-    causes = config_causes(part, check.config(**saved)) + file_causes(part.get(FILES), check.fingerprint)
+    same = functools.partial(same_files_in_order, part.get(FILES), None, check.fingerprint)  # asked only of a mixture
+    causes = config_causes(part, check.config(**saved), same) + file_causes(part.get(FILES), check.fingerprint)
     if causes:
         raise mismatch("Checkpoint shard does not match any current split.", [], causes)
     plan = cast(CanonicalPlan, check.plan)

@@ -242,6 +242,14 @@ def _well_formed(summary: Any) -> bool:
     )
 
 
+def same_files_in_order(files: Any, summary: Any, fingerprint: Sequence[Sequence[Any]]) -> bool:
+    """Whether a state's files (the full form's ``files``, or the compact form's ``files_summary``)
+    are the current ``fingerprint``, in its order."""
+    if summary is not None:
+        return isinstance(summary, Mapping) and summary.get("digest") == _digest([list(f) for f in fingerprint])
+    return isinstance(files, list) and files == [list(f) for f in fingerprint]
+
+
 def summary_causes(summary: Any, fingerprint: Sequence[Sequence[Any]], limit: int = 6) -> list[str]:
     """What changed between a saved ``files_summary`` and the current files, as named as the
     summary allows: files modified after the checkpoint by name (local files), otherwise the

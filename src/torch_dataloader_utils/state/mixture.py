@@ -3,16 +3,18 @@ per source its path, format, rows, rows per epoch and weight; absent for a plain
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 #: causes before their effects: a weight or a source's row count (its data) sets its rows per epoch
 _FIELDS = ("path", "format", "weight", "rows", "rows_per_epoch")
 
 
-def mixture_causes(saved: Any, current: Any) -> list[str]:
+def mixture_causes(saved: Any, current: Any, same_files: Callable[[], bool] | None = None) -> list[str]:
     """One line per change of the mixture: sources added or removed, a source's path, format,
-    rows_per_epoch, weight or row count (empty when they agree)."""
-    if saved == current:
+    rows_per_epoch, weight or row count (empty when they agree). Where ``same_files()`` says the
+    state's files are the current ones in their order, a source's path spelled otherwise (``dir/``,
+    a glob, a relative path) names the same source: not a change."""
+    if saved == current or (same_files is not None and _without_paths(saved) == _without_paths(current) and same_files()):
         return []
     if saved is None or current is None:
         which = ("a mixture of sources", "a plain dataset") if current is None else ("a plain dataset", "a mixture of sources")
@@ -31,6 +33,12 @@ def mixture_causes(saved: Any, current: Any) -> list[str]:
                 what = "rows (its data changed)" if key == "rows" else key
                 causes.append(f"source {index}'s {what} changed: checkpoint={old.get(key)!r}, current={new.get(key)!r}")
     return causes or ["the sources changed"]
+
+
+def _without_paths(sources: Any) -> Any:
+    if not isinstance(sources, list) or not all(isinstance(entry, dict) for entry in sources):
+        return sources
+    return [{key: value for key, value in entry.items() if key != "path"} for entry in sources]
 
 
 def _weighted(sources: list[dict]) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
-from .compact import lane_progress, summary_causes
+from .compact import lane_progress, same_files_in_order, summary_causes
 from .mixture import mixture_causes
 from .progress import Progress
 from .schema import (
@@ -125,8 +125,10 @@ def check_header(state: Any) -> str:
     return scope
 
 
-def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    """One line per configuration value that differs between the checkpoint and now."""
+def config_causes(state: Mapping[str, Any], config: Mapping[str, Any], same_files: Callable[[], bool] | None = None) -> list[str]:
+    """One line per configuration value that differs between the checkpoint and now (where
+    ``same_files()`` says the state's files are the current ones in their order, a mixture's
+    source path spelled otherwise is none)."""
     causes = []
     for key, name in CONFIG_KEYS.items():
         saved = state.get(key)
@@ -138,7 +140,7 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any]) -> list[s
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
     if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
         causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
-    return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE))
+    return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE), same_files)
 
 
 def _summary_file_causes(summary: Any, current: list[list]) -> list[str]:
@@ -239,7 +241,7 @@ def validate_rank_state(
         if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
     changed_files = _summary_file_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
-    causes = config_causes(state, config) + changed_files
+    causes = config_causes(state, config, lambda: same_files_in_order(state.get(FILES), state.get(FILES_SUMMARY), fingerprint)) + changed_files
     if causes:
         advice = None
         if changed_files and len(changed_files) == len(causes):
@@ -328,7 +330,7 @@ def validate_worker_state(state: Mapping[str, Any], config: Mapping[str, Any], f
     epoch = _require(state, EPOCH, int, "worker")
     worker = _require(state, WORKER, int, "worker")
     position = _require(state, ROWS_DELIVERED, int, "worker")
-    causes = config_causes(state, config)
+    causes = config_causes(state, config, lambda: state.get(FILES_DIGEST) == files_digest)
     if state.get(FILES_DIGEST) != files_digest:
         causes.append(f"file list changed: checkpoint digest={state.get('files_digest')}, current={files_digest}")
     advice = None
