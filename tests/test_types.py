@@ -193,3 +193,15 @@ def test_every_column_without_a_batch_form_is_listed_in_one_error_with_its_files
     assert "column 'u2' (list<item: sparse_union<x: int32=0>>): its sparse_union<x: int32=0> values are not supported; in /d/a.orc\n" in message
     assert "leave them out with columns=['id']" in message
     assert batch_form(pa.struct([("a", pa.int8())])) == "python" and batch_form(pa.decimal128(4, 2)) == "tensor"
+
+
+def test_spellings_of_utc_unify_and_other_zones_are_refused(tmp_path):
+    pq.write_table(pa.table({"t": pa.array([0, 1], pa.timestamp("us", tz="UTC"))}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"t": pa.array([2000], pa.timestamp("ns", tz="+00:00"))}), tmp_path / "b.parquet")
+    pq.write_table(pa.table({"t": pa.array([3000], pa.timestamp("ns", tz="Etc/UTC"))}), tmp_path / "c.parquet")
+    batch, dataset = _one_batch(tmp_path)
+    assert dataset.schema.field("t").type == pa.timestamp("ns", tz="UTC")
+    assert batch["t"].tolist() == [0, 1000, 2000, 3000]
+    pq.write_table(pa.table({"t": pa.array([5], pa.timestamp("ns", tz="Europe/Paris"))}), tmp_path / "d.parquet")
+    with pytest.raises(ValueError, match="d.parquet"):
+        StructuredDataset(str(tmp_path))

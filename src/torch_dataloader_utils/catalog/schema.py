@@ -16,7 +16,7 @@ The rule (documented in docs/reliability.md):
 - ``fixed_size_list<T>[n]`` + ``list<U>`` -> ``fixed_size_list`` of T and U unified: a list row
   of another length raises when the piece is read (``WideningError``, naming the file).
 - Timestamps of one time zone widen to the finer unit (ORC and Spark's INT96 read as ns): a value
-  the finer unit cannot hold raises when the piece is read.
+  the finer unit cannot hold raises when the piece is read. Spellings of UTC unify as "UTC".
 - Decimals widen to the larger scale with enough integer digits for both (10,2 + 18,2 -> 18,2).
 - ``list`` + ``large_list`` -> ``large_list``, a struct with the same field names in the same order,
   and a map unify part by part (Polars writes large lists and strings where pyarrow does not).
@@ -74,8 +74,9 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return LARGE_TYPES.get(a, a)
     if pa.types.is_decimal(a) and pa.types.is_decimal(b):
         return _merge_decimals(a, b)
-    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and a.tz == b.tz:  # ORC and INT96 read as ns, Parquet mostly as us
-        return a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b) and _zone(a.tz) == _zone(b.tz):  # ORC and INT96 read as ns, Parquet mostly as us
+        finer = a if _UNITS.index(a.unit) >= _UNITS.index(b.unit) else b
+        return finer if a.tz == b.tz else pa.timestamp(finer.unit, tz="UTC")
     if pa.types.is_fixed_size_list(b) and _is_list(a):
         a, b = b, a
     if pa.types.is_fixed_size_list(a) and (_is_list(b) or pa.types.is_fixed_size_list(b)):
@@ -86,6 +87,13 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
 
 _UNITS = ("s", "ms", "us", "ns")
+_UTC_NAMES = frozenset({"utc", "+00:00", "-00:00", "z", "etc/utc", "gmt", "etc/gmt", "zulu", "etc/zulu", "universal", "etc/universal"})
+
+
+def _zone(tz: str | None) -> str | None:
+    """A time zone's name, with the writers' spellings of UTC made one (pyarrow writes "UTC",
+    others "+00:00" or "Etc/UTC")."""
+    return "UTC" if tz is not None and tz.lower() in _UTC_NAMES else tz
 
 
 def _merge_decimals(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
