@@ -1,7 +1,7 @@
 """Where the training loop's thread spends its time per batch when every batch is read.
 
     python benchmarks/read_cost.py [--size-gb 0.25] [--columns numeric|text] [--batch-size 1024] \
-        [--num-workers 2] [--worker-mode process|thread] [--rounds 2]
+        [--num-workers 2] [--worker-mode process|thread] [--work-us 0] [--rounds 2]
 
 For (d), for (d) with its chunks taken in and cut by the loop's own thread (no host feed,
 ``runtime/host_feed.py``) and for the ideal feeder (batches decoded beforehand, in ordinary
@@ -17,7 +17,11 @@ caches that the other processes refilled meanwhile. The "after a wait" columns g
 batches waited and their mean cost. The ideal feeder never waits, so a fourth contender is the
 ideal feeder made to wait as (d) waited in the same round (it sleeps, in its ``next()``, before
 each batch at which (d)'s loop waited, as long as (d)'s loop waited there): (d) over it is what
-taking memory from the loader costs beyond waiting for it.
+taking memory from the loader costs beyond waiting for it. A fifth is the ideal feeder while as
+many processes as the loader has workers decode the same files beside it, a chunk at a time and at
+most as fast as (d) delivered in the same round: what sharing the cores with decoders costs the
+loop's reads. ``--work-us`` gives the loop work of its
+own after each read (Python, not counted), so that it waits less for the loader.
 
 Interleaved rounds; the last lines give each round's ratios of the mean delivery + first read,
 with the load average. run.py's "main-thread CPU µs/batch" is delivery + first read over the
@@ -30,6 +34,7 @@ chunk).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import resource
 import sys
@@ -37,13 +42,14 @@ import time
 from typing import Any, Iterable, Iterator
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from consume import read_batch  # noqa: E402
-from contenders import Config, prepare_ideal, start_ideal, start_ours  # noqa: E402
+from contenders import Config, prepare_ideal, start_ideal, start_ours, to_torch  # noqa: E402
 from generate import ensure_dataset, rows_for  # noqa: E402
 from run import COLUMN_SETS, FILES, _read_once  # noqa: E402
 
@@ -55,12 +61,21 @@ def _faults_and_switches() -> tuple[int, int]:
     return usage.ru_minflt + usage.ru_majflt, usage.ru_nvcsw + usage.ru_nivcsw
 
 
-def split(batches: Iterable[Any]) -> dict[str, np.ndarray]:
+def _work(seconds: float) -> None:
+    """The loop's own work on a batch: this thread's CPU, in Python, touching no memory of note."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def split(batches: Iterable[Any], work_s: float = 0.0) -> dict[str, np.ndarray]:
     """Per batch: delivery and first read (seconds of this thread's CPU), their page faults and
-    context switches, and the delivery's wall time (the first batch left out; "first" holds it)."""
+    context switches, and the delivery's wall time (the first batch left out; "first" holds it);
+    ``work_s`` of the loop's own work after each read, not counted."""
     keys = ("delivery", "read", "faults", "switches", "wall")
     out: dict[str, list[float]] = {key: [] for key in keys}
     it = iter(batches)
+    begin = time.perf_counter()
     while True:
         w0, t0, (f0, s0) = time.perf_counter(), time.thread_time(), _faults_and_switches()
         try:
@@ -72,8 +87,11 @@ def split(batches: Iterable[Any]) -> dict[str, np.ndarray]:
         t2, (f2, s2) = time.thread_time(), _faults_and_switches()
         for key, value in zip(keys, (t1 - t0, t2 - t1, f2 - f0, s2 - s0, w1 - w0)):
             out[key].append(value)
+        if work_s:
+            _work(work_s)
     parts = {key: np.array(values[1:]) for key, values in out.items()}  # without the first batch (start-up)
     parts["first"] = np.array(out["delivery"][:1] + out["read"][:1])
+    parts["batch_wall"] = np.array([(time.perf_counter() - begin) / max(1, len(out["wall"]))])
     parts["waits"] = np.array([0.0] + [w if w > WAITED_S else 0.0 for w in out["wall"][1:]])
     return parts
 
@@ -101,6 +119,49 @@ def waiting_as(prepared: list[dict[str, Any]], waits: np.ndarray) -> Iterator[di
         if wait:
             time.sleep(wait)
         yield batch
+
+
+CHUNK_BATCHES = 32  # the loader's chunks: 32,768 rows at batch 1,024
+
+
+def _decode_until(files: list[str], columns: list[str], batch_size: int, pace_s: float, stop: Any, started: Any) -> None:
+    """Decode ``files`` a chunk at a time and read what was decoded, one chunk every ``pace_s`` at
+    most, over and over, until ``stop`` is set."""
+    begin, chunks = time.perf_counter(), 0
+    while not stop.is_set():
+        for path in files:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=CHUNK_BATCHES * batch_size, columns=columns, use_threads=False):
+                read_batch(to_torch(batch))
+                if not chunks:
+                    started.put(0)
+                chunks += 1
+                if stop.is_set():
+                    return
+                time.sleep(max(0.0, begin + chunks * pace_s - time.perf_counter()))
+
+
+def beside_decoders(cfg: Config, prepared: list[dict[str, Any]], work_s: float, batch_wall_s: float) -> dict[str, np.ndarray]:
+    """The ideal feeder while ``cfg.num_workers`` processes decode the same files beside it, at
+    most as fast as the measured loader delivered (``batch_wall_s`` a batch), as a loader's workers
+    share the cores. They are spawned: forking this process would make its batches' pages
+    copy-on-write, which its reads would pay for."""
+    context = multiprocessing.get_context("spawn")
+    stop, started = context.Event(), context.Queue()
+    workers = max(1, cfg.num_workers)
+    pace = CHUNK_BATCHES * workers * batch_wall_s
+    decoders = [
+        context.Process(target=_decode_until, args=(cfg.files[w::workers], cfg.columns, cfg.batch_size, pace, stop, started)) for w in range(workers)
+    ]
+    for process in decoders:
+        process.start()
+    try:
+        for _ in decoders:
+            started.get(timeout=120)
+        return split(start_ideal(cfg, prepared=prepared)[0], work_s)
+    finally:
+        stop.set()
+        for process in decoders:
+            process.join()
 
 
 def without_host_feed(cfg: Config, worker_mode: str) -> Any:
@@ -134,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--worker-mode", choices=("process", "thread"), default="process", help="(d)'s worker_mode")
+    parser.add_argument("--work-us", type=float, default=0.0, help="the loop's own work per batch (Python, not counted), µs")
     parser.add_argument("--rounds", type=int, default=2, help="epochs of each (interleaved)")
     parser.add_argument("--data-dir", default=os.path.join(HERE, "results", "data"))
     args = parser.parse_args(argv)
@@ -148,24 +210,28 @@ def main(argv: list[str] | None = None) -> None:
         "| faults | context switches | after a wait: batches / both µs mean | both µs mean, the others | first batch ms |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
-    ratios: dict[str, list[float]] = {"(d) torch_dataloader_utils": [], "(d) without the host feed": [], "(d) vs the ideal feeder waiting as (d) waited": []}
+    ratios: dict[str, list[float]] = {"(d) torch_dataloader_utils": [], "(d) without the host feed": [], "(d) vs the ideal feeder waiting as (d) waited": [], "(d) vs the ideal feeder beside decoding processes": []}
+    work = 1e-6 * args.work_us
     for _ in range(args.rounds):
         _read_once(files)
         loader, _state = start_ours(cfg, worker_mode=args.worker_mode)
-        ours = split(loader)
+        ours = split(loader, work)
         del loader
         print(row("(d) torch_dataloader_utils", ours), flush=True)
-        plain = split(without_host_feed(cfg, args.worker_mode))
+        plain = split(without_host_feed(cfg, args.worker_mode), work)
         print(row("(d) without the host feed", plain), flush=True)
         prepared = prepare_ideal(cfg)
-        ideal = split(start_ideal(cfg, prepared=prepared)[0])
+        ideal = split(start_ideal(cfg, prepared=prepared)[0], work)
         print(row("ideal feeder", ideal), flush=True)
-        waiting = split(waiting_as(prepared, ours["waits"]))
+        waiting = split(waiting_as(prepared, ours["waits"]), work)
         print(row("ideal feeder waiting as (d) waited", waiting), flush=True)
+        beside = beside_decoders(cfg, prepared, work, float(ours["batch_wall"][0]))
+        print(row(f"ideal feeder beside {max(1, cfg.num_workers)} decoding processes", beside), flush=True)
         del prepared
         ratios["(d) torch_dataloader_utils"].append(both(ours) / both(ideal))
         ratios["(d) without the host feed"].append(both(plain) / both(ideal))
         ratios["(d) vs the ideal feeder waiting as (d) waited"].append(both(ours) / both(waiting))
+        ratios["(d) vs the ideal feeder beside decoding processes"].append(both(ours) / both(beside))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     for name, values in ratios.items():
         shown = ", ".join(f"{v:.2f}" for v in values)
