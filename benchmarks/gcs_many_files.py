@@ -1,13 +1,15 @@
 """Planning many files cold on the GCS emulator with 30 ms added to every request.
 
-    python benchmarks/gcs_many_files.py [--files 10000,100000] [--latency 0.03]
+    python benchmarks/gcs_many_files.py [--files 10000,100000] [--latency 0.03] [--close-connections]
 
 The GCS emulator (gcp-storage-emulator, in memory) costs about a quarter of moto's CPU per
 request, so it shows what planning costs the client at a size the S3 emulator cannot serve on
 2 cores. Uploading through its API costs more per object the more it holds (it rewrites every
 object's metadata as JSON on each upload), so the emulator is started in a child process with
 the files (10-row Parquet files, ``many/f000000.parquet`` ...) already in its storage, and every
-request waits ``--latency`` seconds in the server before it is handled. For each count: planning
+request waits ``--latency`` seconds in the server before it is handled. Connections are kept
+alive, as object stores keep them (``--close-connections``: a connection per request, HTTP/1.0,
+http.server's default, which the figures before keep-alive were measured with). For each count: planning
 wall and CPU seconds, the emulator's CPU per file, the load average. One JSON line per count.
 """
 
@@ -34,8 +36,9 @@ def _blob() -> bytes:
     return sink.getvalue()
 
 
-def serve(files: int, latency: float) -> None:
-    """(Child) the emulator with ``files`` objects, each request held ``latency`` seconds."""
+def serve(files: int, latency: float, close: bool = False) -> None:
+    """(Child) the emulator with ``files`` objects, each request held ``latency`` seconds;
+    connections kept alive as object stores keep them, unless ``close``."""
     from functools import partial
     from http.server import ThreadingHTTPServer
 
@@ -54,6 +57,12 @@ def serve(files: int, latency: float) -> None:
         storage.create_file(BUCKET, name, blob, resource)
 
     class Held(RequestHandler):
+        # HTTP/1.1 keeps connections open (http.server's default, 1.0, closes each after one
+        # request: a TCP connection per request, which costs client and emulator a third more CPU);
+        # without Nagle's algorithm, as the header and the body are written apart
+        protocol_version = "HTTP/1.0" if close else "HTTP/1.1"
+        disable_nagle_algorithm = True
+
         def do_GET(self) -> None:
             time.sleep(latency)
             super().do_GET()
@@ -73,8 +82,15 @@ def _process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def plan(files: int, latency: float) -> dict:
-    child = subprocess.Popen([sys.executable, __file__, "--serve", str(files), "--latency", str(latency)], stdout=subprocess.PIPE)
+def _footers_in_flight(dataset: object) -> int:
+    from torch_dataloader_utils.storage import remote
+
+    return getattr(remote, "TAILS_IN_FLIGHT", 1) * dataset._catalog.fs.options.max_concurrency  # type: ignore[attr-defined]
+
+
+def plan(files: int, latency: float, close: bool = False) -> dict:
+    command = [sys.executable, __file__, "--serve", str(files), "--latency", str(latency)] + (["--close-connections"] if close else [])
+    child = subprocess.Popen(command, stdout=subprocess.PIPE)
     try:
         line = child.stdout.readline().decode()  # type: ignore[union-attr]
         assert line.startswith("PORT "), line
@@ -88,7 +104,7 @@ def plan(files: int, latency: float) -> dict:
         return {
             "files": files, "latency_s": latency, "plan_s": wall, "client_cpu_s": cpu, "client_cpu_ms_per_file": 1000 * cpu / files,
             "server_cpu_ms_per_file": 1000 * server / files, "requests": dataset._catalog.fs.stats["requests"],
-            "concurrency": dataset._catalog.fs.options.max_concurrency, "load_average": os.getloadavg(),
+            "concurrency": dataset._catalog.fs.options.max_concurrency, "footers_in_flight": _footers_in_flight(dataset), "connections": "closed" if close else "kept", "load_average": os.getloadavg(),
         }  # fmt: skip
     finally:
         child.terminate()
@@ -99,13 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", default="10000,100000")
     parser.add_argument("--latency", type=float, default=0.03)
+    parser.add_argument("--close-connections", action="store_true", help="a connection per request (HTTP/1.0), as measured before")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        serve(args.serve, args.latency)
+        serve(args.serve, args.latency, args.close_connections)
         return
     for files in (int(n) for n in args.files.split(",")):
-        print(json.dumps(plan(files, args.latency)), flush=True)
+        print(json.dumps(plan(files, args.latency, args.close_connections)), flush=True)
 
 
 if __name__ == "__main__":

@@ -94,13 +94,28 @@ class KeptFooter:
         self.data = data
 
     def parsed(self) -> pq.FileMetaData:
-        return parsed_footer(self.data)
+        last = _last_parsed
+        if last[0] is self:
+            return last[1]
+        return remember_parsed(self, parsed_footer(self.data))
 
     def __getstate__(self) -> bytes:
         return self.data
 
     def __setstate__(self, data: bytes) -> None:
         self.data = data
+
+
+#: The footer parsed last and its KeptFooter: planning asks for a footer's schema right after
+#: reading it, and the catalog keeps only the bytes (one parsed footer held, not one per file).
+_last_parsed: tuple[KeptFooter | None, Any] = (None, None)
+
+
+def remember_parsed(footer: KeptFooter, parsed: pq.FileMetaData) -> pq.FileMetaData:
+    """``parsed`` (``footer`` parsed), kept as the footer parsed last."""
+    global _last_parsed
+    _last_parsed = (footer, parsed)
+    return parsed
 
 
 def metadata(footer: Any) -> pq.FileMetaData:

@@ -18,7 +18,7 @@ from ._parquet_index_cache import PageIndexes
 from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading_bounds
 from ._parquet_range import Decoded, read_range, worth_reading_rows
 from ._parquet_seek import iter_from_row, offset_index_ranges, worth_seeking
-from ._parquet_tail import KeptFooter, footer_tail, local_footer_tail, metadata, parsed_footer
+from ._parquet_tail import KeptFooter, footer_tail, local_footer_tail, metadata, parsed_footer, remember_parsed
 from ._thrift_compact import Struct, ThriftError
 from .io import RangeFile, coalesce, open_input
 
@@ -268,7 +268,11 @@ class ParquetFormat:
             with open_input(fs, path) as source:
                 tail = footer_tail(source, size)
         footer = parsed_footer(tail)
-        return self._layout(url, size, footer), (footer if is_local(fs) else KeptFooter(tail))
+        if is_local(fs):
+            return self._layout(url, size, footer), footer
+        kept = KeptFooter(tail)
+        remember_parsed(kept, footer)
+        return self._layout(url, size, footer), kept
 
     @staticmethod
     def _layout(url: str, size: int, footer: pq.FileMetaData) -> FileLayout:
