@@ -8,7 +8,9 @@ The rule (documented in docs/reliability.md):
   uint16 + int16 -> int32); uint64 with a signed type is an error.
 - Floats widen (float32 + float64 -> float64); an integer with a float gives float64. Values that
   float64 cannot hold exactly raise when the piece is read (a safe cast).
-- string + large_string -> large_string, binary + large_binary -> large_binary; a dictionary-encoded
+- string + large_string -> large_string, binary + large_binary -> large_binary; the view types
+  (string_view, binary_view: deltalake and other arrow-rs writers store them) read as the large
+  ones, everywhere in the type; a dictionary-encoded
   column unifies as its value type; a column of the null type takes the other file's type. A
   column dictionary-encoded in every file stays so, with 32-bit indices (pandas writes 8-bit ones,
   which a shuffle window mixing two dictionaries can overflow).
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
+VIEW_TYPES = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}  # no tensor or list form of their own
 
 
 def _int_bits(kind: pa.DataType) -> tuple[bool, int]:
@@ -52,6 +55,7 @@ def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
 def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """The type both unify to under the rule above, or None when they are incompatible."""
+    a, b = without_views(a), without_views(b)
     if a == b:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):
@@ -150,11 +154,38 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
     return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
 
 
+def without_views(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with string_view / binary_view (also inside lists, structs and maps) as large_string
+    / large_binary, which pyarrow casts them to and batches have a form for."""
+    if kind in VIEW_TYPES:
+        return VIEW_TYPES[kind]
+    if _is_list(kind) or pa.types.is_fixed_size_list(kind):
+        inner = without_views(kind.value_type)
+        if inner == kind.value_type:
+            return kind
+        field = kind.value_field.with_type(inner)
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(field, kind.list_size)
+        return pa.large_list(field) if pa.types.is_large_list(kind) else pa.list_(field)
+    if pa.types.is_struct(kind):
+        fields = [field.with_type(without_views(field.type)) for field in kind]
+        return pa.struct(fields) if any(f.type != g.type for f, g in zip(fields, kind)) else kind
+    if pa.types.is_map(kind):
+        key, item = without_views(kind.key_type), without_views(kind.item_type)
+        if key == kind.key_type and item == kind.item_type:
+            return kind
+        return pa.map_(kind.key_field.with_type(key), kind.item_field.with_type(item), keys_sorted=kind.keys_sorted)
+    return kind
+
+
 def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
     """Dictionary columns with 32-bit indices: a shuffle window takes rows of row groups (and
-    files) with different dictionaries, and merging them can overflow 8- or 16-bit indices."""
+    files) with different dictionaries, and merging them can overflow 8- or 16-bit indices.
+    View types become the large types (``without_views``)."""
     for index, field in enumerate(schema):
-        kind = field.type
+        kind = without_views(field.type)
+        if kind != field.type:
+            schema = schema.set(index, field.with_type(kind))
         if pa.types.is_dictionary(kind) and kind.index_type.bit_width < 32:
             schema = schema.set(index, field.with_type(pa.dictionary(pa.int32(), kind.value_type, kind.ordered)))
     return schema
