@@ -56,3 +56,24 @@ def test_delta_table_after_a_delete_reads_its_rewritten_string_view_files(tmp_pa
     expected = deltalake.DeltaTable(path).to_pyarrow_table().sort_by("id")
     assert len(dataset) == expected.num_rows == 266
     assert got["id"].to_pylist() == expected["id"].to_pylist() and got["s"].to_pylist() == expected["s"].to_pylist()
+
+
+def test_arrow_stream_and_feather_v1_files_are_refused_saying_what_they_are(tmp_path):
+    from pyarrow import feather
+
+    table = pa.table({"id": list(range(10))})
+    with pa.OSFile(str(tmp_path / "stream.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)  # as polars' write_ipc_stream writes it
+    feather.write_feather(table, str(tmp_path / "old.feather"), version=1)
+    for name, kind in [("stream.arrow", "an Arrow IPC stream"), ("old.feather", "a Feather v1 file")]:
+        with pytest.raises(ValueError, match=rf"{name}: it is {kind}.*write_feather") as raised:
+            StructuredDataset(str(tmp_path / name), format=None, num_workers=0)
+        assert "Is it a complete" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name, text", [("bad.csv", "id,s\n1,a\n2,b,c\n"), ("bad.jsonl", '{"id": 1}\n{"id": \n')])
+def test_a_text_file_that_does_not_parse_is_named_without_asking_for_a_footer(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"cannot read .*{name} as .*parse error.*(csv|json)_options") as raised:
+        StructuredDataset(str(tmp_path / name), format=None, num_workers=0)
+    assert "footer" not in str(raised.value) and "Is it a complete" not in str(raised.value)
