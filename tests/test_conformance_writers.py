@@ -77,3 +77,14 @@ def test_a_text_file_that_does_not_parse_is_named_without_asking_for_a_footer(tm
     with pytest.raises(ValueError, match=rf"cannot read .*{name} as .*parse error.*(csv|json)_options") as raised:
         StructuredDataset(str(tmp_path / name), format=None, num_workers=0)
     assert "footer" not in str(raised.value) and "Is it a complete" not in str(raised.value)
+
+
+def test_tdu_plan_names_the_units_of_text_and_arrow_files(capsys, tmp_path):
+    from cli_helpers import run
+    from pyarrow import feather
+
+    (tmp_path / "a.csv").write_text("id\n" + "".join(f"{i}\n" for i in range(100)))
+    feather.write_feather(pa.table({"id": list(range(100))}), str(tmp_path / "a.arrow"), chunksize=10)
+    for name, units in [("a.csv", "1 byte ranges"), ("a.arrow", "10 record batches")]:
+        code, out, _ = run(capsys, "plan", tmp_path / name, "--format", name.split(".")[1])
+        assert code == 0 and units in out, out
