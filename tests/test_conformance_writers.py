@@ -88,3 +88,15 @@ def test_tdu_plan_names_the_units_of_text_and_arrow_files(capsys, tmp_path):
     for name, units in [("a.csv", "1 byte ranges"), ("a.arrow", "10 record batches")]:
         code, out, _ = run(capsys, "plan", tmp_path / name, "--format", name.split(".")[1])
         assert code == 0 and units in out, out
+
+
+def test_json_documents_that_are_not_json_lines_are_named_as_such(tmp_path):
+    import json
+
+    (tmp_path / "array.json").write_text(json.dumps([{"id": i} for i in range(5)]))  # pandas' to_json(orient="records")
+    with pytest.raises(ValueError, match=r"array\.json as jsonl.*a JSON array or a pretty-printed document is not JSON Lines"):
+        StructuredDataset(str(tmp_path / "array.json"), format=None, num_workers=0)
+    (tmp_path / "pretty.json").write_text(json.dumps({"id": 1, "inner": {"a": 2}}, indent=2))
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "pretty.json"), format=None, num_workers=0)
+    with pytest.raises(Exception, match=r"pretty\.json.*or it is not JSON Lines: an object spread over several lines"):
+        list(loader)
