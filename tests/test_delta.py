@@ -113,9 +113,9 @@ def test_deletion_vectors_are_applied(tmp_path):
     assert len(_make(table)()[1]) == 400 - 5
 
 
-def test_filters_must_be_an_expression(table):
-    with pytest.raises(TypeError, match="pyarrow.compute expression"):
-        _make(table, filters=[("id", ">", 3)])()
+def test_filters_must_be_an_expression_or_the_dnf_list_form(table):
+    with pytest.raises(TypeError, match="pyarrow.compute.Expression .* or a non-empty DNF list"):
+        _make(table, filters="id > 3")()
 
 
 def test_a_removed_data_file_is_named(table):

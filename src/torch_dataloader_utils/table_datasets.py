@@ -10,13 +10,15 @@ travel) or ``pin_snapshot=True``. See docs/tables.md.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, Mapping, Sequence
 
 from .catalog.build import Catalog
+from .catalog.filter_prune import filter_expression
 from .dataset import StructuredDataset
 from .options import integer
-from .state.schema import TABLE
+from .state.schema import FILTERS, TABLE
 from .state.validate import mismatch, table_entry
 from .storage.remote import IOOptions
 from .tables import delta, iceberg
@@ -30,6 +32,7 @@ class _TableDataset(StructuredDataset):
 
     _requested: int | None  # the snapshot asked for (None: the current one)
     _pinned: bool
+    _filter_text: str | None = None  # the row filters, recorded by digest: a resume with others is refused
 
     def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
         raise NotImplementedError
@@ -74,6 +77,12 @@ class _TableDataset(StructuredDataset):
                     )  # fmt: skip
                 self._switch(self._plan_table(current))
         super().set_epoch(epoch)
+
+    def _config(self, **topology: int) -> dict:
+        config = super()._config(**topology)
+        if self._filter_text is not None:  # applied at planning, so the catalog has no row filter of its own
+            config[FILTERS] = hashlib.sha256(self._filter_text.encode()).hexdigest()[:16]
+        return config
 
     def state_dict(self, form: str = "auto") -> dict:
         state = super().state_dict(form)
@@ -120,6 +129,11 @@ class _TableDataset(StructuredDataset):
             )
 
 
+def _row_filter(filters: Any) -> Any:
+    """A table's ``filters`` as an Expression: the DNF list form that StructuredDataset takes too."""
+    return None if filters is None else filter_expression(filters)
+
+
 class IcebergDataset(_TableDataset):
     """An Apache Iceberg table (through pyiceberg) as a stream of batches with exact resume.
 
@@ -127,7 +141,8 @@ class IcebergDataset(_TableDataset):
     key naming the catalog; ``snapshot_id``: read that snapshot (time travel; pinned for every
     epoch), else the current one; ``scan_filter``: a pyiceberg expression or its text, used to
     prune files and to drop non-matching rows (counted at planning); ``filters``: a pyarrow
-    expression over the table's columns, rows it does not keep are dropped (counted at planning);
+    expression over the table's columns (or pyarrow's DNF list form), rows it does not keep are
+    dropped (counted at planning);
     ``pin_snapshot``: keep the first snapshot for every epoch. Other arguments as StructuredDataset.
     """
 
@@ -148,7 +163,9 @@ class IcebergDataset(_TableDataset):
         self._catalog_config = dict(catalog_config or {})
         self._requested = None if snapshot_id is None else integer("snapshot_id", snapshot_id)
         self._pinned = bool(pin_snapshot) or snapshot_id is not None
-        self._scan_filter, self._filters, self._columns = scan_filter, filters, columns
+        self._scan_filter, self._filters, self._columns = scan_filter, _row_filter(filters), columns
+        if scan_filter is not None or filters is not None:
+            self._filter_text = f"scan_filter={scan_filter!r}; filters={self._filters}"
         self._storage_options = storage_options
         super().__init__(table, "parquet", columns=columns, storage_options=storage_options, **kwargs)
 
@@ -176,8 +193,8 @@ class DeltaDataset(_TableDataset):
 
     ``path``: the table's directory or URI; ``version``: read that version (time travel; pinned for
     every epoch), else the latest; ``storage_options``: fsspec's options (s3fs key, secret and
-    client_kwargs are passed on to deltalake); ``filters``: a pyarrow expression, rows it does not
-    keep are dropped (counted at planning); ``pin_version``: keep the first version for every epoch.
+    client_kwargs are passed on to deltalake); ``filters``: a pyarrow expression (or pyarrow's DNF
+    list form), rows it does not keep are dropped (counted at planning); ``pin_version``: keep the first version for every epoch.
     Deletion vectors are applied. Other arguments as StructuredDataset.
     """
 
@@ -194,7 +211,8 @@ class DeltaDataset(_TableDataset):
         self._uri = str(path)
         self._requested = None if version is None else integer("version", version)
         self._pinned = bool(pin_version) or version is not None
-        self._filters = filters
+        self._filters = _row_filter(filters)
+        self._filter_text = None if filters is None else str(self._filters)
         self._storage_options = storage_options
         super().__init__(path, "parquet", storage_options=storage_options, **kwargs)
 

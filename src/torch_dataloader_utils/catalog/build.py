@@ -125,11 +125,16 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
         named = format_for_path(entry.url)
         if isinstance(error, UnsupportedFileError):  # complete, but not readable here: the error says why
             raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
-        advice = (
-            f"Its name says {named}: pass format={named!r}."
-            if named not in (None, fmt.name)
-            else f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
-        )
+        if named not in (None, fmt.name):
+            advice = f"Its name says {named}: pass format={named!r}."
+        elif hasattr(fmt, "schema_advice"):  # a text file has no footer: planning scanned its records
+            options = "csv_options" if fmt.name == "csv" else "json_options"
+            advice = f"Fix, replace or remove the file, or pass a path without it ({options} set how it is parsed)."
+            if fmt.name == "jsonl":
+                advice += " JSON Lines holds one object per line: a JSON array or a pretty-printed document is not JSON Lines."
+            raise ValueError(f"cannot read {entry.url} as {fmt.name} (planning scans its records): {str(error).rstrip('.')}. {advice}") from error
+        else:
+            advice = f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
         raise ValueError(f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. {advice}") from error
 
 

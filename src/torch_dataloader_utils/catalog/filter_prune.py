@@ -49,7 +49,7 @@ class RowFilter:
 def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
     """``filters`` (a pyarrow.compute.Expression, or pyarrow's DNF list form) checked against the
     data's unified ``schema``; ValueError / TypeError naming what is wrong."""
-    expression = _expression(filters)
+    expression = filter_expression(filters)
     if schema is None or not len(schema):
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
@@ -81,7 +81,9 @@ def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | Non
     return tuple(form)
 
 
-def _expression(filters: Any) -> pc.Expression:
+def filter_expression(filters: Any) -> pc.Expression:
+    """``filters`` as an Expression: itself, or pyarrow's DNF list form converted; ValueError /
+    TypeError naming what is wrong."""
     if isinstance(filters, pc.Expression):
         return filters
     if isinstance(filters, (list, tuple)) and filters:

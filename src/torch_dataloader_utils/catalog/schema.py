@@ -36,6 +36,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 LARGE_TYPES = {pa.string(): pa.large_string(), pa.binary(): pa.large_binary()}  # 64-bit offsets
+VIEW_TYPES = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}  # no tensor or list form of their own
 
 
 def _int_bits(kind: pa.DataType) -> tuple[bool, int]:
@@ -53,6 +54,7 @@ def _merge_ints(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
 def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """The type both unify to under the rule above, or None when they are incompatible."""
+    a, b = without_views(a), without_views(b)
     if a == b:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):
@@ -164,6 +166,30 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
     return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
 
 
+def without_views(kind: pa.DataType) -> pa.DataType:
+    """``kind`` with string_view / binary_view (also inside lists, structs and maps) as large_string
+    / large_binary, which pyarrow casts them to and batches have a form for."""
+    if kind in VIEW_TYPES:
+        return VIEW_TYPES[kind]
+    if _is_list(kind) or pa.types.is_fixed_size_list(kind):
+        inner = without_views(kind.value_type)
+        if inner == kind.value_type:
+            return kind
+        field = kind.value_field.with_type(inner)
+        if pa.types.is_fixed_size_list(kind):
+            return pa.list_(field, kind.list_size)
+        return pa.large_list(field) if pa.types.is_large_list(kind) else pa.list_(field)
+    if pa.types.is_struct(kind):
+        fields = [field.with_type(without_views(field.type)) for field in kind]
+        return pa.struct(fields) if any(f.type != g.type for f, g in zip(fields, kind)) else kind
+    if pa.types.is_map(kind):
+        key, item = without_views(kind.key_type), without_views(kind.item_type)
+        if key == kind.key_type and item == kind.item_type:
+            return kind
+        return pa.map_(kind.key_field.with_type(key), kind.item_field.with_type(item), keys_sorted=kind.keys_sorted)
+    return kind
+
+
 def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
     """Dictionary columns with 32-bit indices: a shuffle window takes rows of row groups (and
     files) with different dictionaries, and merging them can overflow 8- or 16-bit indices.
@@ -177,31 +203,6 @@ def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
     return schema
 
 
-VIEW_TYPES = {pa.string_view(): pa.large_string(), pa.binary_view(): pa.large_binary()}
-
-
-def without_views(kind: pa.DataType) -> pa.DataType:
-    """``kind`` with string_view / binary_view (also inside lists, structs and maps) as large
-    strings / binary: the batch forms read offsets, and files of other writers hold those."""
-    if kind in VIEW_TYPES:
-        return VIEW_TYPES[kind]
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        values = without_views(kind.value_type)
-        if values == kind.value_type:
-            return kind
-        field = kind.value_field.with_type(values)
-        if pa.types.is_fixed_size_list(kind):
-            return pa.list_(field, kind.list_size)
-        return pa.large_list(field) if pa.types.is_large_list(kind) else pa.list_(field)
-    if pa.types.is_struct(kind):
-        fields = [f.with_type(without_views(f.type)) for f in kind]
-        return kind if all(f.type == g.type for f, g in zip(fields, kind)) else pa.struct(fields)
-    if pa.types.is_map(kind):
-        key, item = without_views(kind.key_type), without_views(kind.item_type)
-        if (key, item) == (kind.key_type, kind.item_type):
-            return kind
-        return pa.map_(kind.key_field.with_type(key), kind.item_field.with_type(item), keys_sorted=kind.keys_sorted)
-    return kind
 
 
 def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]]) -> str:

@@ -112,7 +112,7 @@ def plan_advice(plan: dict) -> list[str]:
     return advice
 
 
-_UNITS = {"parquet": "row groups", "orc": "stripes"}
+_UNITS = {"parquet": "row groups", "orc": "stripes", "arrow": "record batches", "csv": "byte ranges", "jsonl": "byte ranges"}
 
 
 def print_plan(plan: dict, path: str, show_all: bool) -> None:

@@ -141,6 +141,7 @@ class TextFormat:
     suffixes: tuple[str, ...] = ()
     streams_units = True
     schema_advice = ""
+    miscount_hint = ""  # what else than a changed file makes a unit parse to another row count
 
     def __init__(self, options: dict | None = None, unit_bytes: int = TEXT_UNIT_BYTES, unit_rows: int | None = None):
         self.options = self.check_options(dict(options or {}))
@@ -257,6 +258,11 @@ class TextReader:
     def __init__(self, fmt: TextFormat, fs: Any, path: str, footer: TextFooter, use_threads: bool):
         self._fmt, self._fs, self._path, self._footer, self._use_threads = fmt, fs, path, footer, use_threads
         self._mapped: pa.Buffer | None = None
+
+    @property
+    def miscount_hint(self) -> str:
+        """Said when a unit parses to another row count than the planning scan counted."""
+        return self._fmt.miscount_hint
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         if self._footer.compression is not None:

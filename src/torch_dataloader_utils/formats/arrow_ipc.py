@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local
 from . import FORMATS
@@ -15,7 +16,27 @@ from .io import open_input
 
 def _open(fs: Any, path: str) -> pa.ipc.RecordBatchFileReader:
     source = pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
-    return pa.ipc.open_file(source)
+    try:
+        return pa.ipc.open_file(source)
+    except pa.ArrowInvalid as error:
+        kind = _other_arrow_kind(fs, path)
+        if kind is None:
+            raise
+        raise UnsupportedFileError(
+            f"it is {kind}, which is not read (only the Arrow IPC file format, Feather v2, is): convert it with "
+            "pyarrow.feather.write_feather(table, path)"
+        ) from error
+
+
+def _other_arrow_kind(fs: Any, path: str) -> str | None:
+    """What an Arrow file that is not in the IPC file format is, from its first bytes (None: unknown)."""
+    with fs.open(path, "rb") as file:
+        head = file.read(8)
+    if head.startswith(b"FEA1"):
+        return "a Feather v1 file"
+    if head.startswith(b"\xff\xff\xff\xff") and len(head) == 8:  # a stream's first message: continuation marker, length
+        return "an Arrow IPC stream (the stream format)"
+    return None
 
 
 class _ArrowReader:

@@ -53,6 +53,11 @@ class CsvFormat(TextFormat):
         "csv_options={'column_types': {'<column>': 'double'}} (or 'string')."
     )
 
+    miscount_hint = (
+        ", or its records are not what the planning scan counted: a quote inside an unquoted field, or an escape_char "
+        "before a quote, hides a record boundary from the scan (docs/formats.md, Limits)"
+    )
+
     def check_options(self, options: dict) -> dict:
         sort_options("csv", options, _GROUPS)
         return options

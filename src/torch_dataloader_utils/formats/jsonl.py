@@ -32,6 +32,11 @@ class JsonLinesFormat(TextFormat):
         "json_options={'explicit_schema': pyarrow.schema([...])}."
     )
 
+    miscount_hint = (
+        ", or it is not JSON Lines: an object spread over several lines (pretty-printed JSON) was counted once per "
+        "line holding '{'. Write one object per line (pandas: to_json(path, orient='records', lines=True))"
+    )
+
     def check_options(self, options: dict) -> dict:
         if "newlines_in_values" in options:
             raise ValueError("json option 'newlines_in_values' is not accepted: JSON Lines holds one record per line")

@@ -86,8 +86,9 @@ def _check_columns_read(table: pa.Table, wanted: list[str] | None, unit: int) ->
         )
 
 
-def _changed(unit: int, seen: str, rows: int) -> FileChangedError:
-    return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning")
+def _changed(unit: int, seen: str, rows: int, reader: Any = None) -> FileChangedError:
+    hint = getattr(reader, "miscount_hint", "")  # text files: the planning scan may count records otherwise
+    return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning{hint}")
 
 
 def _miscount(reader: Any, unit: int, wanted: list[str] | None, seen: str, rows: int) -> Exception:
@@ -103,7 +104,7 @@ def _miscount(reader: Any, unit: int, wanted: list[str] | None, seen: str, rows:
         return ValueError(f"unit {unit} decodes to {seen} rows where its footer says {rows}: {str(error).rstrip('.')}")
     if table.num_rows == rows:
         return ValueError(f"unit {unit} decodes to {seen} rows in batches but {rows} whole; please report this with the file")
-    return _changed(unit, str(table.num_rows), rows)
+    return _changed(unit, str(table.num_rows), rows, reader)
 
 
 def iter_conformed(
@@ -152,7 +153,7 @@ class UnitRows:
             table = self._held if self._held is not None else next(self._batches, None)  # type: ignore[arg-type]
             self._held = None
             if table is None:
-                raise _changed(self._unit, f"{self._row} (fewer than {stop})", plan.rows)
+                raise _changed(self._unit, f"{self._row} (fewer than {stop})", plan.rows, self._reader)
             if self._row + table.num_rows <= start:
                 self._row += table.num_rows
                 continue
@@ -191,7 +192,7 @@ def read_conformed(reader: Any, unit: int, columns: Sequence[str] | None, catalo
         return plan.nulls
     table = reader.read_unit(unit, plan.wanted)
     if table.num_rows != plan.rows:
-        raise _changed(unit, str(table.num_rows), plan.rows)
+        raise _changed(unit, str(table.num_rows), plan.rows, reader)
     _check_columns_read(table, plan.wanted, unit)
     return table if plan.target is None else conform(table, plan.target)
 
@@ -207,6 +208,6 @@ def read_rows_conformed(reader: Any, unit: int, columns: Sequence[str] | None, c
     if decoded is None:
         return None
     if decoded.unit_rows != plan.rows:
-        raise _changed(unit, str(decoded.unit_rows), plan.rows)
+        raise _changed(unit, str(decoded.unit_rows), plan.rows, reader)
     _check_columns_read(decoded.table, plan.wanted, unit)
     return decoded.first, decoded.table if plan.target is None else conform(decoded.table, plan.target)
