@@ -1,7 +1,7 @@
 """What mixing costs: three sources mixed vs one source of the same total size, rows/s.
 
     python benchmarks/mixing.py [--rows 2000000] [--num-workers 2] [--batch-size 1024] \
-        [--repeats 3] [--workdir DIR] [--name mixing] [--persistent-workers]
+        [--repeats 3] [--workdir DIR] [--name mixing] [--persistent-workers] [--canonical-lanes C]
 
 Writes (once, into ``--workdir``) one source of ``--rows`` rows and three sources of 50%, 30% and
 20% of them (same columns, row groups of 131,072 rows), then reads, interleaved over ``--repeats``
@@ -157,11 +157,14 @@ def main() -> None:
         help="one loader per contender with persistent_workers=True, each epoch measured from its first batch (the CPU "
         "and page faults of the live workers, from /proc); rows/s then leaves out the first batch",
     )  # fmt: skip
+    parser.add_argument("--canonical-lanes", type=int, default=None, help="canonical_lanes= for every contender (docs/reproducible-order.md)")
     args = parser.parse_args()
     single, parts = _data(args.workdir, args.rows)
     sizes = [int(args.rows * share) for share in SHARES]
     per_epoch = [int(args.rows * 0.4), sizes[1], args.rows - int(args.rows * 0.4) - sizes[1]]
     common = dict(batch_size=args.batch_size, num_workers=args.num_workers)
+    if args.canonical_lanes:
+        common.update(canonical_lanes=args.canonical_lanes, equalize="none")  # no rows repeated to fill the last step
     runs = {}
     for shuffle in (False, True):
         runs[("single", shuffle)] = lambda shuffle=shuffle: StructuredDataset.create_dataloader(single, shuffle=shuffle, **common)
