@@ -19,15 +19,11 @@ import os
 import sys
 import time
 
+from proc_stats import process_cpu_s  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 LATENCY_S = 0.03
-
-
-def _process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:
@@ -62,9 +58,9 @@ def main() -> None:
                 remote = open_store(store.fs, IOOptions())
                 remote.fs  # noqa: B018 - the client made before the clock starts
                 faults.reset_peak()
-                server, wall, cpu = _process_cpu_s(pid), time.perf_counter(), time.process_time()
+                server, wall, cpu = process_cpu_s(pid), time.perf_counter(), time.process_time()
                 remote.prefetch_tails(entries, arrow_tails(remote))  # None (fsspec) with TDU_ARROW_FOOTERS=0
-                wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(pid) - server
+                wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, process_cpu_s(pid) - server
                 assert remote.stats["fetcher_reads"] == (args.files if path == "arrow" else 0), remote.stats
                 print(json.dumps({
                     "files": args.files, "footer_path": path, "round": round_, "wall_s": round(wall, 2),

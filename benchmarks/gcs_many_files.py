@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from proc_stats import process_cpu_s  # noqa: E402
+
 BUCKET = "bucket-a"
 os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"  # no gRPC probe of the bucket's type (the emulator has no gRPC)
 
@@ -76,12 +78,6 @@ def serve(files: int, latency: float, close: bool = False) -> None:
     server.serve_forever()
 
 
-def _process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _footers_in_flight(dataset: object) -> int:
     from torch_dataloader_utils.storage import remote
 
@@ -97,9 +93,9 @@ def plan(files: int, latency: float, close: bool = False) -> dict:
         options = {"endpoint_url": f"http://127.0.0.1:{int(line.split()[1])}", "token": "anon", "project": "test"}
         from torch_dataloader_utils import StructuredDataset
 
-        server, wall, cpu = _process_cpu_s(child.pid), time.perf_counter(), time.process_time()
+        server, wall, cpu = process_cpu_s(child.pid), time.perf_counter(), time.process_time()
         dataset = StructuredDataset(f"gs://{BUCKET}/many/", num_workers=0, storage_options=options)
-        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(child.pid) - server
+        wall, cpu, server = time.perf_counter() - wall, time.process_time() - cpu, process_cpu_s(child.pid) - server
         assert len(dataset.files) == files, len(dataset.files)
         return {
             "files": files, "latency_s": latency, "plan_s": wall, "client_cpu_s": cpu, "client_cpu_ms_per_file": 1000 * cpu / files,

@@ -46,6 +46,8 @@ import tempfile
 import time
 from typing import Any
 
+from proc_stats import process_cpu_s  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LATENCY_S = 0.03  # added by the S3 emulator to every request of the object-store step
 
@@ -143,13 +145,6 @@ def step_resume(args: argparse.Namespace) -> dict:
             "main_cpu_s": time.process_time() - cpu}  # fmt: skip
 
 
-def _process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def step_object_store(args: argparse.Namespace) -> dict:
     """Planning on the S3 emulator (moto's server, tests/servers.py) with ``LATENCY_S`` added to
     every request (object reads, listings, HEADs), cold: no plan cache. The files (each a 10-row
@@ -192,9 +187,9 @@ def step_object_store(args: argparse.Namespace) -> dict:
                     os.environ["TDU_ARROW_FOOTERS"] = "1" if path == "arrow" else "0"
                     faults.reset_peak()
                     reads, heads = faults.counters()[1], faults.head_count()
-                    server_cpu, wall, cpu = _process_cpu_s(server_pid), time.perf_counter(), time.process_time()
+                    server_cpu, wall, cpu = process_cpu_s(server_pid), time.perf_counter(), time.process_time()
                     dataset = StructuredDataset(urls, num_workers=0, storage_options=store.options)
-                    wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, _process_cpu_s(server_pid) - server_cpu
+                    wall, cpu, server_cpu = time.perf_counter() - wall, time.process_time() - cpu, process_cpu_s(server_pid) - server_cpu
                     requests = faults.counters()[1] - reads + faults.head_count() - heads  # GETs of objects and HEADs (listings not counted)
                     assert len(dataset.files) == size, len(dataset.files)
                     stats = dataset._catalog.fs.stats

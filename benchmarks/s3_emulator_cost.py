@@ -25,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from proc_stats import process_cpu_s  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
@@ -96,9 +98,9 @@ def served(requests: int, blob: bytes) -> dict:
         result = {}
         for stalled in (False, True):
             store.server.faults.inject("stall", -1, stall_seconds=0.0) if stalled else store.server.faults.clear()
-            before = _process_cpu_s(pid)
+            before = process_cpu_s(pid)
             client_us = _cpu_us(get, requests)
-            result["FaultyApp stall 0 s" if stalled else "FaultyApp idle"] = {"server_us": 1e6 * (_process_cpu_s(pid) - before) / requests, "client_us": client_us}
+            result["FaultyApp stall 0 s" if stalled else "FaultyApp idle"] = {"server_us": 1e6 * (process_cpu_s(pid) - before) / requests, "client_us": client_us}
         return result
     finally:
         store.server.stop()
@@ -121,19 +123,13 @@ def other_emulators(requests: int, blob: bytes) -> dict:
             fs.pipe({f"{servers.BUCKET}/cost/f{i:06d}.parquet": blob for i in range(requests)})
             paths = [f"{servers.BUCKET}/cost/f{i:06d}.parquet" for i in range(requests)]
             pid = store.server._proc.pid
-            before, client = _process_cpu_s(pid), time.process_time()
+            before, client = process_cpu_s(pid), time.process_time()
             for path in paths:
                 fs.cat_file(path, start=0, end=len(blob))
-            found[name] = {"server_us": 1e6 * (_process_cpu_s(pid) - before) / requests, "client_us": 1e6 * (time.process_time() - client) / requests}
+            found[name] = {"server_us": 1e6 * (process_cpu_s(pid) - before) / requests, "client_us": 1e6 * (time.process_time() - client) / requests}
         finally:
             store.server.stop()
     return found
-
-
-def _process_cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

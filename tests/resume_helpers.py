@@ -60,3 +60,24 @@ def stop_failed_workers(error: BaseException) -> None:
             owner._shutdown_workers()
             return
         frame = frame.tb_next
+
+
+def rank_batches(source: Any, config: dict, epochs=(0,), state: dict | None = None, elastic: bool = False, stop: tuple | None = None):
+    """Each batch of one rank (``batch_key``), per epoch, and its state (through JSON) where it
+    stopped: ``stop=(epoch, n)`` stops after the n-th batch of that epoch."""
+    loader, dataset = StructuredDataset.create_dataloader(source, **config)
+    if state is not None:
+        dataset.load_state_dict(json.loads(json.dumps(state)), elastic=elastic)
+    out: list[list[tuple]] = []
+    for epoch in epochs:
+        if state is None or epoch != dataset.epoch:
+            dataset.set_epoch(epoch)
+        out.append([])
+        for batch in loader:
+            out[-1].append(batch_key(batch))
+            if stop is not None and (epoch, len(out[-1])) == stop:
+                break
+        else:
+            continue
+        break
+    return out, json.loads(json.dumps(dataset.state_dict()))

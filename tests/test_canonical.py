@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from datagen import write_dataset
-from resume_helpers import batch_key
+from resume_helpers import batch_key, rank_batches
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
@@ -47,19 +47,7 @@ def _json(state):
 
 def _rank_batches(path, rank, world, workers, epochs=(0,), state=None, elastic=False, stop=None, **extra):
     """Each batch of one rank (ids), per epoch, and its state where it stopped."""
-    loader, dataset = StructuredDataset.create_dataloader(path, rank=rank, **_config(world, workers, **extra))
-    if state is not None:
-        dataset.load_state_dict(_json(state), elastic=elastic)
-    out: list[list[tuple]] = []
-    for epoch in epochs:
-        if state is None or epoch != dataset.epoch:
-            dataset.set_epoch(epoch)
-        out.append([])
-        for batch in loader:
-            out[-1].append(batch_key(batch))
-            if stop is not None and (epoch, len(out[-1])) == stop:
-                return out, _json(dataset.state_dict())
-    return out, _json(dataset.state_dict())
+    return rank_batches(path, {**_config(world, workers, **extra), "rank": rank}, epochs, state, elastic, stop)
 
 
 def global_steps(path, world, workers, epochs=(0,), states=None, elastic=False, stop=None, **extra):

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from mixing_helpers import three_sources, write_sources
-from resume_helpers import batch_key
+from resume_helpers import batch_key, rank_batches
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import merge_states
@@ -45,19 +45,7 @@ def _json(state):
 
 def _rank_run(data, rank, world, workers, epochs=(0,), state=None, elastic=False, stop=None, **extra):
     """Each batch of one rank (ids), per epoch, and its state where it stopped."""
-    loader, dataset = StructuredDataset.create_dataloader(three_sources(data, B, C), rank=rank, **_config(world, workers, **extra))
-    if state is not None:
-        dataset.load_state_dict(_json(state), elastic=elastic)
-    out: list[list[tuple]] = []
-    for epoch in epochs:
-        if state is None or epoch != dataset.epoch:
-            dataset.set_epoch(epoch)
-        out.append([])
-        for batch in loader:
-            out[-1].append(batch_key(batch))
-            if stop is not None and (epoch, len(out[-1])) == stop:
-                return out, _json(dataset.state_dict())
-    return out, _json(dataset.state_dict())
+    return rank_batches(three_sources(data, B, C), {**_config(world, workers, **extra), "rank": rank}, epochs, state, elastic, stop)
 
 
 def global_order(data, world, workers, epochs=(0,), states=None, elastic=False, stop=None, **extra):
