@@ -59,8 +59,6 @@ def merge_types(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):
         return b if pa.types.is_null(a) else a
-    if a in VIEW_TYPES or b in VIEW_TYPES:
-        return merge_types(VIEW_TYPES.get(a, a), VIEW_TYPES.get(b, b))
     if pa.types.is_dictionary(a) and pa.types.is_dictionary(b):  # indices of other widths (pandas int8, Polars uint32)
         values = merge_types(a.value_type, b.value_type)
         return None if values is None else pa.dictionary(pa.int32(), values)
