@@ -152,9 +152,10 @@ def test_a_slow_loop_has_depth_finished_chunks_ahead_and_no_more():
     it = HostFeed(depth=1).chunks(source, 10, 1)
     for expected in range(10):
         assert next(it).start == expected
-        assert wait_until(lambda: source.made == min(10, expected + 2))  # the chunk the loop is on, and one finished ahead
+        ahead = min(10, expected + 2)  # the chunk the loop is on, and one finished ahead
+        assert wait_until(lambda: source.made == ahead)  # noqa: B023 - called before the loop moves on
         time.sleep(0.01)
-        assert source.made == min(10, expected + 2)  # and no more
+        assert source.made == ahead  # and no more
     assert list(it) == []
 
 
