@@ -28,14 +28,14 @@ def run_epoch(loader, dataset, states: list | None = None, key: Callable[[dict],
     for batch in loader:
         batches.append(key(batch))
         if states is not None:
-            states.append(json.loads(json.dumps(dataset.state_dict())))
+            states.append(as_json(dataset.state_dict()))
     return batches
 
 
 def resume(path: str, state: dict, epoch: int | None = None, **kwargs: Any) -> list[tuple]:
     """A fresh dataset and loader that load ``state`` and run to the end of the epoch."""
     loader, dataset = make(path, **kwargs)
-    dataset.load_state_dict(json.loads(json.dumps(state)))
+    dataset.load_state_dict(as_json(state))
     if epoch is not None:
         dataset.set_epoch(epoch)
     return run_epoch(loader, dataset)
@@ -62,12 +62,27 @@ def stop_failed_workers(error: BaseException) -> None:
         frame = frame.tb_next
 
 
+def as_json(value: Any) -> Any:
+    """``value`` after a round trip through JSON, as a checkpoint file gives it back."""
+    return json.loads(json.dumps(value))
+
+
+def canonical_config(world: int, workers: int, global_rows: int, lanes: int, **settings: Any) -> dict:
+    """create_dataloader settings for one of ``world`` ranks sharing a global batch of
+    ``global_rows`` over ``lanes`` canonical lanes (two batches a chunk); ``settings`` add or override."""
+    config = dict(
+        batch_size=global_rows // world, num_workers=workers, world_size=world, canonical_lanes=lanes,
+        shuffle=True, chunk_rows=2 * global_rows // world,
+    )  # fmt: skip
+    return {**config, **settings}
+
+
 def rank_batches(source: Any, config: dict, epochs=(0,), state: dict | None = None, elastic: bool = False, stop: tuple | None = None):
     """Each batch of one rank (``batch_key``), per epoch, and its state (through JSON) where it
     stopped: ``stop=(epoch, n)`` stops after the n-th batch of that epoch."""
     loader, dataset = StructuredDataset.create_dataloader(source, **config)
     if state is not None:
-        dataset.load_state_dict(json.loads(json.dumps(state)), elastic=elastic)
+        dataset.load_state_dict(as_json(state), elastic=elastic)
     out: list[list[tuple]] = []
     for epoch in epochs:
         if state is None or epoch != dataset.epoch:
@@ -80,4 +95,4 @@ def rank_batches(source: Any, config: dict, epochs=(0,), state: dict | None = No
         else:
             continue
         break
-    return out, json.loads(json.dumps(dataset.state_dict()))
+    return out, as_json(dataset.state_dict())

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from datagen import write_dataset
-from resume_helpers import batch_key, rank_batches
+from resume_helpers import as_json, batch_key, canonical_config, rank_batches
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
@@ -34,15 +34,8 @@ def data(tmp_path_factory):
 
 
 def _config(world: int, workers: int, shuffle: bool = True, **extra) -> dict:
-    config = dict(
-        batch_size=GLOBAL // world, num_workers=workers, world_size=world, canonical_lanes=LANES, shuffle=shuffle,
-        shuffle_seed=5, split_bytes=2500, shuffle_buffer_rows=40, chunk_rows=2 * GLOBAL // world,
-    )  # fmt: skip
-    return {**config, **extra}
-
-
-def _json(state):
-    return json.loads(json.dumps(state))
+    settings = dict(shuffle=shuffle, shuffle_seed=5, split_bytes=2500, shuffle_buffer_rows=40)
+    return canonical_config(world, workers, GLOBAL, LANES, **{**settings, **extra})
 
 
 def _rank_batches(path, rank, world, workers, epochs=(0,), state=None, elastic=False, stop=None, **extra):
@@ -162,7 +155,7 @@ def test_states_with_and_without_canonical_lanes_do_not_mix(data):
     with pytest.raises(CheckpointMismatchError, match="canonical_lanes changed: checkpoint=12"):
         plain.load_state_dict(canonical)
     with pytest.raises(CheckpointMismatchError, match="canonical_lanes changed: checkpoint=None"):
-        StructuredDataset(data, **_config(1, 0)).load_state_dict(_json(plain.state_dict()))
+        StructuredDataset(data, **_config(1, 0)).load_state_dict(as_json(plain.state_dict()))
     other_batch = StructuredDataset(data, **_config(1, 0, batch_size=48))
     with pytest.raises(CheckpointMismatchError, match="global batch"):
         other_batch.load_state_dict(canonical, elastic=True)

@@ -12,7 +12,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 from mixing_helpers import three_sources, write_sources
-from resume_helpers import batch_key, rank_batches
+from resume_helpers import as_json, batch_key, canonical_config, rank_batches
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
 from torch_dataloader_utils.distributed import merge_states
@@ -32,15 +32,8 @@ def data(tmp_path_factory) -> dict[str, str]:
 
 
 def _config(world: int, workers: int, shuffle: bool = True, **extra) -> dict:
-    config = dict(
-        batch_size=GLOBAL // world, num_workers=workers, world_size=world, canonical_lanes=LANES, shuffle=shuffle,
-        shuffle_seed=3, split_bytes=3000, shuffle_buffer_rows=400, chunk_rows=2 * GLOBAL // world,
-    )  # fmt: skip
-    return {**config, **extra}
-
-
-def _json(state):
-    return json.loads(json.dumps(state))
+    settings = dict(shuffle=shuffle, shuffle_seed=3, split_bytes=3000, shuffle_buffer_rows=400)
+    return canonical_config(world, workers, GLOBAL, LANES, **{**settings, **extra})
 
 
 def _rank_run(data, rank, world, workers, epochs=(0,), state=None, elastic=False, stop=None, **extra):
@@ -129,7 +122,7 @@ def test_a_state_of_other_canonical_lanes_is_refused_naming_them(data):
     with pytest.raises(CheckpointMismatchError, match="canonical_lanes changed: checkpoint=12, current=None"):
         plain.load_state_dict(saved)
     with pytest.raises(CheckpointMismatchError, match="canonical_lanes changed: checkpoint=None"):
-        StructuredDataset(three_sources(data, B, C), **_config(1, 0)).load_state_dict(_json(plain.state_dict()))
+        StructuredDataset(three_sources(data, B, C), **_config(1, 0)).load_state_dict(as_json(plain.state_dict()))
     with pytest.raises(CheckpointMismatchError, match="source 1's rows_per_epoch changed"):
         StructuredDataset(three_sources(data, B + 1, C), **_config(1, 0)).load_state_dict(saved)
     both = StructuredDataset(three_sources(data, B + 1, C), **_config(1, 0, canonical_lanes=6))
