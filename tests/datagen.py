@@ -66,6 +66,17 @@ def write_dataset(root: str | os.PathLike, layout: Sequence[Sequence[int]], fmt:
     return next_id - first_id
 
 
+def write_formats(tmp_path_factory, layout: Sequence[Sequence[int]]) -> dict[str, str]:
+    """``layout`` written once as Parquet and once as ORC, each in a new temporary directory:
+    format -> directory."""
+    paths = {}
+    for fmt in ("parquet", "orc"):
+        root = tmp_path_factory.mktemp(fmt)
+        write_dataset(root, layout, fmt)
+        paths[fmt] = str(root)
+    return paths
+
+
 def corrupt_data_pages(path) -> None:
     """Overwrite a Parquet file's data pages with garbage, keeping its size and footer."""
     size = os.path.getsize(path)

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
-from datagen import write_dataset
+from datagen import write_formats
 from fsspec.implementations.memory import MemoryFile, MemoryFileSystem
 
 from torch_dataloader_utils import CheckpointMismatchError, StructuredDataset
@@ -26,12 +26,7 @@ CONFIG = dict(batch_size=8, split_bytes=2500, chunk_rows=16)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    paths = {}
-    for fmt in ("parquet", "orc"):
-        root = tmp_path_factory.mktemp(fmt)
-        write_dataset(root, LAYOUT, fmt)
-        paths[fmt] = str(root)
-    return paths
+    return write_formats(tmp_path_factory, LAYOUT)
 
 
 def scores(ids: np.ndarray) -> pa.Array:

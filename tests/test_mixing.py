@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from datagen import write_dataset
-from mixing_helpers import CONFIG, three_sources, write_sources
+from mixing_helpers import CONFIG, read_rank, three_sources, write_sources
 from resume_helpers import batch_key
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
@@ -110,25 +110,10 @@ def test_resumes_exactly_with_workers(data):
     assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), stride=3, deep_stride=3)
 
 
-def _rank(data, rank, world, workers, state=None, stop=None):
-    loader, dataset = StructuredDataset.create_dataloader(
-        _sources(data), rank=rank, world_size=world, num_workers=workers, shuffle=True, **{**CONFIG, "batch_size": 8, "chunk_rows": 8}
-    )
-    if state is not None:
-        dataset.load_state_dict(json.loads(json.dumps(state)), elastic=True)
-    ids = []
-    for batch in loader:
-        if not dataset.last_batch_is_padding:
-            ids += list(batch_key(batch))
-        if stop is not None and len(ids) >= stop:
-            break
-    return ids, json.loads(json.dumps(dataset.state_dict()))
-
-
 def test_elastic_resume_from_two_ranks_to_three_keeps_the_multiplicities(data):
-    before = [_rank(data, rank, 2, 2, stop=40) for rank in range(2)]
+    before = [read_rank(data, rank, 2, 2, stop=40) for rank in range(2)]
     merged = merge_states([state for _, state in before])
-    after = [_rank(data, rank, 3, 1, state=merged)[0] for rank in range(3)]
+    after = [read_rank(data, rank, 3, 1, state=merged)[0] for rank in range(3)]
     counts = collections.Counter(i for ids, _ in before for i in ids)
     counts.update(i for ids in after for i in ids)
     _check_multiplicities(counts, 60, 70)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from datagen import write_dataset
-from mixing_helpers import CONFIG, LAYOUTS, three_sources, write_sources
+from mixing_helpers import CONFIG, LAYOUTS, read_rank, three_sources, write_sources
 from resume_helpers import batch_key
 
 from torch_dataloader_utils import CheckpointMismatchError, Source, StructuredDataset
@@ -122,26 +122,11 @@ def test_a_changed_file_of_a_source_is_named(data, tmp_path):
     assert "b/part-00000.parquet" in str(error.value)
 
 
-def _rank(data, rank, world, workers, state=None, stop=None):
-    loader, dataset = StructuredDataset.create_dataloader(
-        _sources(data), rank=rank, world_size=world, num_workers=workers, shuffle=True, **{**CONFIG, "batch_size": 8, "chunk_rows": 8}
-    )
-    if state is not None:
-        dataset.load_state_dict(json.loads(json.dumps(state)), elastic=True)
-    ids = []
-    for batch in loader:
-        if not dataset.last_batch_is_padding:
-            ids += list(batch_key(batch))
-        if stop is not None and len(ids) >= stop:
-            break
-    return ids, json.loads(json.dumps(dataset.state_dict(form="compact")))
-
-
 def test_merged_compact_states_resume_elastically_with_the_planned_multiplicities(data):
-    before = [_rank(data, rank, 2, 2, stop=40) for rank in range(2)]
+    before = [read_rank(data, rank, 2, 2, stop=40, form="compact") for rank in range(2)]
     merged = merge_states([state for _, state in before])
     assert "files_summary" in merged and all("completed_ranges" in part for part in merged["ranks"])
-    after = [_rank(data, rank, 3, 1, state=merged) for rank in range(3)]
+    after = [read_rank(data, rank, 3, 1, state=merged, form="compact") for rank in range(3)]
     counts = collections.Counter(i for ids, _ in before for i in ids)
     counts.update(i for ids, _ in after for i in ids)
     by_source = [{i: n for i, n in counts.items() if i // 1000 == k} for k in range(3)]

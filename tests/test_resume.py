@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from datagen import write_dataset
+from datagen import write_dataset, write_formats
 from resume_helpers import assert_exactly_once, batch_key, make, resume, run_epoch
 
 from torch_dataloader_utils.formats import _parquet_seek as parquet_seek
@@ -17,11 +17,7 @@ ROWS = sum(map(sum, LAYOUT))
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    paths = {}
-    for fmt in ("parquet", "orc"):
-        root = tmp_path_factory.mktemp(fmt)
-        write_dataset(root, LAYOUT, fmt)
-        paths[fmt] = str(root)
+    paths = write_formats(tmp_path_factory, LAYOUT)
     root = tmp_path_factory.mktemp("paged")
     write_dataset(root, LAYOUT, "parquet", paged=True)
     paths["parquet_paged"] = str(root)

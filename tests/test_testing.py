@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from datagen import write_dataset
+from datagen import write_dataset, write_formats
 
 from torch_dataloader_utils import Ragged, StructuredDataset
 from torch_dataloader_utils.distributed import merge_states
@@ -22,12 +22,7 @@ CONFIG = dict(batch_size=26, split_bytes=2500, chunk_rows=52, shuffle_seed=5, sh
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> dict[str, str]:
-    paths = {}
-    for fmt in ("parquet", "orc"):
-        root = tmp_path_factory.mktemp(fmt)
-        write_dataset(root, LAYOUT, fmt)
-        paths[fmt] = str(root)
-    return paths
+    return write_formats(tmp_path_factory, LAYOUT)
 
 
 def ids(batch: dict) -> tuple[int, ...]:
@@ -57,6 +52,7 @@ def test_real_loaders_pass_at_every_point_of_two_epochs(data, workers, shuffle):
 def test_rank_of_a_ddp_job_with_padding_and_orc(data):
     """Rank 1 of 2 (a process group is not needed: rank= and world_size= say it), padded to the
     other rank's batch count, read from ORC."""
+
     def make():
         return StructuredDataset.create_dataloader(
             data["orc"], format="orc", rank=1, world_size=2, num_workers=2, shuffle=True, **{**CONFIG, "split_bytes": 2000}
@@ -308,12 +304,22 @@ def test_a_loader_that_delivers_nothing_fails(tmp_path):
 
 # ------------------------------------------------------------------ the default batch key
 def test_fingerprint_compares_every_column_by_value_and_type():
-    batch = {"id": torch.arange(3), "x": torch.tensor([0.5, math.nan, 1.0]), "text": ["a", "b", "c"],
-             "ragged": Ragged(torch.arange(4), torch.tensor([0, 1, 4])), "nested": {"b": [np.int64(1)], "a": (2,)}}
+    batch = {
+        "id": torch.arange(3),
+        "x": torch.tensor([0.5, math.nan, 1.0]),
+        "text": ["a", "b", "c"],
+        "ragged": Ragged(torch.arange(4), torch.tensor([0, 1, 4])),
+        "nested": {"b": [np.int64(1)], "a": (2,)},
+    }
     same = {"nested": {"a": [2], "b": [1]}, **{k: v for k, v in batch.items() if k != "nested"}}
     same["x"] = torch.tensor([0.5, math.nan, 1.0])
     assert fingerprint(batch) == fingerprint(same)  # NaN equals NaN, dict order and list/tuple do not matter
     assert hash(fingerprint(batch))
-    for key, other in [("id", torch.arange(3, dtype=torch.int32)), ("id", torch.tensor([0, 2, 1])), ("text", ["a", "b", "d"]),
-                       ("ragged", Ragged(torch.arange(4), torch.tensor([0, 2, 4]))), ("x", torch.tensor([[0.5, math.nan, 1.0]]))]:
+    for key, other in [
+        ("id", torch.arange(3, dtype=torch.int32)),
+        ("id", torch.tensor([0, 2, 1])),
+        ("text", ["a", "b", "d"]),
+        ("ragged", Ragged(torch.arange(4), torch.tensor([0, 2, 4]))),
+        ("x", torch.tensor([[0.5, math.nan, 1.0]])),
+    ]:
         assert fingerprint({**batch, key: other}) != fingerprint(batch), key
