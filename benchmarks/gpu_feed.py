@@ -10,12 +10,13 @@ tabular / click-through shape: a small model that a slow feeder starves). Rows:
 - this loader with pin_memory off / on, and with ``device="cuda"``, at each worker count;
 - a hand-written IterableDataset (pyarrow iter_batches per file in DataLoader workers, pinned);
 - loader only: this loader and a ceiling of raw pyarrow decoding in as many processes (each
-  reading every batch it decodes), without a model.
+  reading every batch it decodes), without a model: the same epochs for both, timed from before
+  their processes start to the last row.
 
 On a machine without CUDA only the loader-only rows run; the GPU rows are reported as skipped.
 
     python benchmarks/gpu_feed.py DATA_DIR [--size-gb 4] [--files 32] [--workers 2,8,15] \
-        [--batch-size 4096] [--seconds 12] [--json results.json]
+        [--batch-size 4096] [--seconds 12] [--loader-epochs 3] [--json results.json]
 """
 
 from __future__ import annotations
@@ -168,41 +169,56 @@ def read_all(batch: dict[str, Any]) -> None:
         batch[key].sum()
 
 
-def loader_only(paths: list[str], batch_size: int, workers: int, seconds: float, touch: bool, mode: str = "process") -> float:
+def loader_only(paths: list[str], batch_size: int, workers: int, epochs: int, touch: bool, mode: str = "process") -> float:
+    """Rows/s of ``epochs`` epochs of this loader (persistent workers, ``set_epoch`` each epoch),
+    from creating the loader to the last batch, as a training job sees them."""
     torch.set_num_threads(1)  # the reading consumer takes one core, as a loop feeding a GPU does
     rows, start = 0, time.perf_counter()
-    for batch in ours(paths, batch_size, workers, worker_mode=mode):
-        if touch:
-            read_all(batch)
-        rows += len(batch["label"])
-        if time.perf_counter() - start > seconds:
-            break
-    return rows / (time.perf_counter() - start)
+    loader, dataset = StructuredDataset.create_dataloader(
+        paths, batch_size=batch_size, num_workers=workers, columns=COLUMNS, persistent_workers=True, worker_mode=mode
+    )
+    for epoch in range(epochs):
+        dataset.set_epoch(epoch)
+        for batch in loader:
+            if touch:
+                read_all(batch)
+            rows += len(batch["label"])
+    elapsed = time.perf_counter() - start
+    del loader
+    return rows / elapsed
 
 
-def _ceiling_worker(args: tuple[list[str], int, float]) -> tuple[int, float]:
-    paths, batch_size, seconds = args
+def deal_row_groups(paths: list[str], workers: int) -> list[list[tuple[str, int]]]:
+    """The row groups of ``paths``, file after file, dealt round robin to ``workers`` shares."""
+    groups = [(path, group) for path in paths for group in range(pq.ParquetFile(path).metadata.num_row_groups)]
+    return [groups[w::workers] for w in range(workers)]
+
+
+def _ceiling_share(args: tuple[list[tuple[str, int]], int]) -> int:
+    """Decode one process's row groups into tensors and read every batch; its rows."""
+    groups, batch_size = args
     torch.set_num_threads(1)
+    rows, files = 0, {}
+    for path, group in groups:
+        source = files.get(path) or files.setdefault(path, pq.ParquetFile(path))
+        for batch in source.iter_batches(batch_size=batch_size, row_groups=[group], columns=COLUMNS, use_threads=False):
+            read_all({"label": torch.from_numpy(batch.column("label").to_numpy()), "feat": torch.from_numpy(batch.column("feat").values.to_numpy())})
+            rows += len(batch)
+    return rows
+
+
+def ceiling(paths: list[str], batch_size: int, workers: int, epochs: int) -> float:
+    """Rows/s of raw pyarrow decoding in ``workers`` forked processes that read every batch they
+    decode, over the same epochs as ``loader_only`` and timed the same way (from before the
+    processes start to the last row): each epoch the row groups are dealt round robin (the most
+    even share), and the processes, kept from one epoch to the next, finish it before the next
+    starts, as the loader's persistent workers do."""
+    shares = [(share, batch_size) for share in deal_row_groups(paths, workers)]
     rows, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for path in paths:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=COLUMNS):
-                tensors = {
-                    "label": torch.from_numpy(batch.column("label").to_numpy()),
-                    "feat": torch.from_numpy(batch.column("feat").values.to_numpy(zero_copy_only=False)),
-                }
-                read_all(tensors)
-                rows += len(batch)
-                if time.perf_counter() - start > seconds:
-                    return rows, time.perf_counter() - start
-    return rows, time.perf_counter() - start
-
-
-def ceiling(paths: list[str], batch_size: int, workers: int, seconds: float) -> float:
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(workers, mp_context=context) as pool:
-        results = list(pool.map(_ceiling_worker, [(paths[w::workers] or paths, batch_size, seconds) for w in range(workers)]))
-    return sum(rows for rows, _ in results) / max(elapsed for _, elapsed in results)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        for _ in range(epochs):
+            rows += sum(pool.map(_ceiling_share, shares))
+    return rows / (time.perf_counter() - start)
 
 
 # ------------------------------------------------------------------ driver
@@ -213,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--files", type=int, default=32)
     parser.add_argument("--workers", default="2,8,15")
     parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--seconds", type=float, default=12.0)
+    parser.add_argument("--seconds", type=float, default=12.0, help="per training-loop row")
+    parser.add_argument("--loader-epochs", type=int, default=3, help="epochs of the data per loader-only row")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     paths = ensure_data(args.data, args.size_gb, args.files)
@@ -256,11 +273,11 @@ def main(argv: list[str] | None = None) -> None:
             for name in ("pin_memory=False", "pin_memory=True", "device='cuda'", "device='cuda' worker_mode='thread'"):
                 record(f"ours w={w} {name}", None)
     for w in [w for w in workers if w >= 8] or workers[-1:]:
-        top = ceiling(paths, args.batch_size, w, seconds)
-        untouched, touched = (loader_only(paths, args.batch_size, w, seconds, touch) for touch in (False, True))
+        top = ceiling(paths, args.batch_size, w, args.loader_epochs)
+        untouched, touched = (loader_only(paths, args.batch_size, w, args.loader_epochs, touch) for touch in (False, True))
         record(f"loader only: ours w={w}, batches not read", untouched, f"  ({untouched / top:.2f}x of the ceiling)")
         record(f"loader only: ours w={w}, every batch read", touched, f"  ({touched / top:.2f}x of the ceiling)")
-        threaded = loader_only(paths, args.batch_size, w, seconds, True, "thread")
+        threaded = loader_only(paths, args.batch_size, w, args.loader_epochs, True, "thread")
         record(f"loader only: ours w={w} threads, every batch read", threaded, f"  ({threaded / top:.2f}x of the ceiling)")
         record(f"loader only: ceiling, {w} processes reading", top)
     if cuda:

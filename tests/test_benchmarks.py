@@ -16,7 +16,7 @@ import pytest
 import torch
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
-SCRIPTS = ["run.py", "generate.py", "native_profile.py", "object_stores.py", "shuffle_quality.py", "stateful_overhead.py", "read_cost.py", "output_formats.py", "filter_counts.py", "random_access.py", "text_formats.py", "mixing.py", "many_files.py"]
+SCRIPTS = ["run.py", "generate.py", "native_profile.py", "object_stores.py", "shuffle_quality.py", "stateful_overhead.py", "read_cost.py", "output_formats.py", "filter_counts.py", "random_access.py", "text_formats.py", "mixing.py", "many_files.py", "gpu_feed.py", "main_capacity.py"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -252,3 +252,36 @@ def test_run_reports_the_read_figures_against_their_targets():
     assert "main-thread CPU per batch (read included) / the ideal feeder's = 2.00 (300 against 150 µs" in table
     ideal_row = next(line for line in table.splitlines() if line.startswith("| ideal feeder") and "| numeric |" in line)
     assert "| 20,000,000 | — |" in ideal_row and "| 20.00 | — | 150 | 0.5 |" in ideal_row
+
+
+def test_gpu_feeds_ceiling_deals_every_row_group_once_and_evenly(tmp_path):
+    import pyarrow.parquet as pq
+
+    generate = _import("generate")
+    paths = []
+    for index, groups in enumerate([3, 1, 4]):
+        paths.append(str(tmp_path / f"part-{index}.parquet"))
+        pq.write_table(generate.make_table(0, 100 * groups), paths[-1], row_group_size=100)
+    shares = _import("gpu_feed").deal_row_groups(paths, 3)
+    dealt = [group for share in shares for group in share]
+    assert sorted(dealt) == sorted((path, g) for path, count in zip(paths, [3, 1, 4]) for g in range(count))
+    assert [len(share) for share in shares] == [3, 3, 2]
+
+
+def test_main_capacitys_cached_decode_delivers_as_many_rows_with_repeated_values(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import StructuredDataset
+    from torch_dataloader_utils.read import chunks
+
+    generate = _import("generate")
+    path = str(tmp_path / "part.parquet")
+    pq.write_table(generate.make_table(0, 5000), path, row_group_size=1000)
+    real, _ = StructuredDataset.create_dataloader(path, batch_size=100, num_workers=2, columns=["id"], chunk_rows=500)
+    expected = [batch["id"] for batch in real]
+    monkeypatch.setattr(chunks.ChunkReader, "read", _import("main_capacity").cached_decode(chunks.ChunkReader.read))
+    loader, _ = StructuredDataset.create_dataloader(path, batch_size=100, num_workers=2, columns=["id"], chunk_rows=500)
+    batches = [batch["id"] for batch in loader]
+    assert [len(b) for b in batches] == [len(b) for b in expected] and sum(map(len, batches)) == 5000
+    assert torch.equal(batches[0], expected[0])  # each chunk size's first chunk is decoded
+    assert not all(torch.equal(a, b) for a, b in zip(batches, expected))  # the values repeat: decoding was cached
