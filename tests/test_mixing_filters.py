@@ -68,9 +68,10 @@ def test_a_state_of_another_filter_is_refused(data):
         plain.load_state_dict(state)
 
 
-def test_a_source_without_the_filters_column_is_named(data, tmp_path):
+def test_a_source_without_the_filters_column_or_matching_rows_is_named(data, tmp_path):
     pq.write_table(pa.table({"id": pa.array([1, 2], pa.int64())}), tmp_path / "part.parquet")
     with pytest.raises(ValueError, match=r"source 1 \(.*\): filters=.* names a column the files do not have"):
         StructuredDataset([Source(data["a"]), Source(str(tmp_path))], filters=FILTERS, columns=["id"], num_workers=0)
-    with pytest.raises(ValueError, match=r"source 1 .* no rows that match filters="):
-        StructuredDataset([Source(data["a"]), Source(data["b"], rows_per_epoch=5)], filters=[("x", "<", 5.0)], num_workers=0)
+    for empty in (Source(data["b"], rows_per_epoch=5), Source(data["b"], weight=1), Source(data["b"])):  # also at 1x, where it would add nothing
+        with pytest.raises(ValueError, match=r"source 1 .* no rows that match filters=\[\('x', '<', 5.0\)\]"):
+            StructuredDataset([Source(data["a"]), empty], filters=[("x", "<", 5.0)], num_workers=0)

@@ -87,3 +87,26 @@ def test_an_error_in_the_transform_names_the_batch(data, workers):
     message = str(error.value)
     assert "fail_on_row_50 raised KeyError" in message and "no token for row 50" in message
     assert "batch 6 of lane 0 (its rows [48, 56), epoch 0)" in message and "part-00000.parquet  full file" in message
+
+
+def unchanged(batch: dict) -> dict:
+    return batch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_transform_gets_batches_under_the_null_and_decimal_options(tmp_path, workers):
+    from decimal import Decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    amounts = pa.array([Decimal("1.25"), None, Decimal("-3.75")] * 4, pa.decimal128(5, 2))
+    pq.write_table(pa.table({"n": pa.array([1, None, 3] * 4, pa.int64()), "d": amounts}), tmp_path / "part.parquet")
+    options = dict(batch_size=5, num_workers=workers, nulls="mask", fill_values={"n": -1, "d": 0}, decimals="int64")
+    expected = list(StructuredDataset.create_dataloader(str(tmp_path), **options)[0])
+    seen = list(StructuredDataset.create_dataloader(str(tmp_path), transform=unchanged, **options)[0])
+    assert expected[0]["d"].tolist() == [125, 0, -375, 125, 0] and expected[0]["n.valid"].tolist() == [True, False, True, True, False]
+    assert len(seen) == len(expected) == 3
+    for got, want in zip(seen, expected):
+        assert sorted(got) == sorted(want) == ["d", "d.valid", "n", "n.valid"]
+        assert all(torch.equal(got[key], want[key]) for key in want)

@@ -190,9 +190,9 @@ def build_mixture_catalog(
         lacks = [missing_columns(s, unified) if s is not None else tuple(unified.names) for s in projected]
         check_missing_columns(unified, read_columns, lacks, list(zip(labels, sizes)))
     rows = allocate_rows(sizes, [s.rows_per_epoch for s in sources], [s.weight for s in sources], None if epoch_rows is None else int(epoch_rows))
-    empty = [label for label, size, n in zip(labels, sizes, rows) if size == 0 and n]
+    empty = [label for label, size in zip(labels, sizes) if size == 0]
     if empty:
-        matching = " that match filters=" if filters is not None else ""
+        matching = f" that match filters={filters!r}" if filters is not None else ""
         raise ValueError(f"{empty[0]} has no rows{matching}, so it cannot contribute rows to an epoch; leave it out of the mixture")
     mixture = _combine(sources, catalogs, unified, rows, split_bytes, order, canonical_lanes)
     if filters is not None:

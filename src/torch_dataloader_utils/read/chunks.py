@@ -145,7 +145,7 @@ class ChunkReader:
         if self.output is not None and self.output.prepared:
             batch_of = lambda start, stop: self._describe_batch(task, rows.present, start, stop)  # noqa: E731 - for an error message
             shared = joined and self.output.transform is None and self.output.format in PACKED_FORMATS
-            prepared = prepare_batches(table, self.output, where, in_main or shared, batch_of)
+            prepared = prepare_batches(table, self.output, where, in_main or shared, batch_of, self.policy)
             carried: dict[str, Any] = {}
             if shared:  # the batches' bytes travel in the worker's shared buffers (packed_batches.py)
                 carried, prepared = pack_batches(prepared, self.output.format)

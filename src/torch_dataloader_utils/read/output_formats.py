@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from ..errors import TransformError
 from .convert import Where, slice_columns, table_to_columns
+from .nulls import DEFAULT_POLICY, ColumnPolicy
 
 OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
 
@@ -72,13 +73,15 @@ def batch_bounds(rows: int, size: int) -> Iterator[tuple[int, int]]:
         yield start, min(start + size, rows)
 
 
-def prepare_batches(table: pa.Table, output: BatchOutput, where: Where, copy: bool, batch_of: Callable[[int, int], str]) -> list[Any]:
-    """The chunk ``table`` as finished batches: sliced, in ``output.format``, transformed.
-    ``copy``: False where the batches are pickled next (a DataLoader worker): torch tensors may stay
-    views of ``table``, Arrow batches are compacted to their own rows; ``batch_of(start,
-    stop)`` describes a batch for a transform's error."""
+def prepare_batches(
+    table: pa.Table, output: BatchOutput, where: Where, copy: bool, batch_of: Callable[[int, int], str], policy: ColumnPolicy = DEFAULT_POLICY
+) -> list[Any]:
+    """The chunk ``table`` as finished batches: sliced, in ``output.format`` (torch tensors under the
+    null and decimal ``policy``), transformed. ``copy``: False where the batches are pickled next (a
+    DataLoader worker): torch tensors may stay views of ``table``, Arrow batches are compacted to
+    their own rows; ``batch_of(start, stop)`` describes a batch for a transform's error."""
     if output.format == "torch":
-        columns = table_to_columns(table, where, copy=copy)
+        columns = table_to_columns(table, where, copy=copy, policy=policy)
         batches = [slice_columns(columns, start, stop, where) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
     else:
         form = _FORMS[output.format]
