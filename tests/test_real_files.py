@@ -18,7 +18,7 @@ import torch
 from pyarrow import orc
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.errors import UnsupportedFileError
+from torch_dataloader_utils.errors import UnsupportedFileError, WideningError
 from torch_dataloader_utils.read.convert import Ragged
 from torch_dataloader_utils.read.forms import batch_form
 from torch_dataloader_utils.testing import assert_resumes_exactly
@@ -36,6 +36,8 @@ REFUSED = {
 }
 #: files pyarrow reads at planning but not whole: the read error names the file and pyarrow's reason
 UNREADABLE = {"ARROW-GH-41317.parquet": "expected length 3 but got length 0"}
+#: files whose values pyarrow's default read gets wrong: the read raises naming the file and column
+WRONG_IN_PYARROW = {"int96_from_spark.parquet": r"column 'a' holds a timestamp that nanoseconds cannot hold"}
 
 
 def _pyarrow_read(path: pathlib.Path) -> pa.Table:
@@ -128,7 +130,7 @@ def assert_equal_to_pyarrow(path: pathlib.Path, **kwargs) -> None:
         assert _same(got, want), (path.name, name, got[:5], want[:5])
 
 
-READABLE = sorted(p.name for p in REAL.iterdir() if p.name not in REFUSED and p.name not in UNREADABLE and p.suffix != ".md")
+READABLE = sorted(p.name for p in REAL.iterdir() if p.name not in {**REFUSED, **UNREADABLE, **WRONG_IN_PYARROW} and p.suffix != ".md")
 
 
 @pytest.mark.parametrize("name", READABLE)
@@ -268,3 +270,25 @@ def test_resumes_exactly_on_writers_files(written, writer, num_workers):
         return StructuredDataset.create_dataloader(str(written[writer]), batch_size=64, chunk_rows=128, num_workers=num_workers, nulls="mask", shuffle=True)
 
     assert_resumes_exactly(make, epochs=1, points=[(0, 1), (0, 4), (0, -2)])
+
+
+def test_int96_timestamps_outside_nanoseconds_raise_instead_of_wrapping_around():
+    """Spark's 9999-12-31 in INT96: pyarrow's default read wraps it into 1816-03-29."""
+    name = "int96_from_spark.parquet"
+    assert pq.read_table(str(REAL / name)).column("a")[2].as_py().year == 1816  # 9999-12-31, wrapped around
+    loader, _ = StructuredDataset.create_dataloader(str(REAL / name), num_workers=0, nulls="fill")
+    with pytest.raises(WideningError, match=WRONG_IN_PYARROW[name]) as error:
+        list(loader)
+    assert name in str(error.value) and "INT96" in str(error.value)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_int96_timestamps_in_range_are_exact_in_nanoseconds(tmp_path, workers):
+    import datetime
+
+    stamps = [datetime.datetime(1700, 1, 1), datetime.datetime(2024, 5, 6, 7, 8, 9, 123456), datetime.datetime(2262, 4, 11)]
+    pq.write_table(pa.table({"ts": pa.array(stamps * 40, pa.timestamp("us"))}), tmp_path / "int96.parquet", use_deprecated_int96_timestamps=True)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=7, num_workers=workers, split_rows=30)
+    assert dataset.schema.field("ts").type == pa.timestamp("ns")
+    got = [value for batch in loader for value in batch["ts"].tolist()]
+    assert got == pq.read_table(tmp_path / "int96.parquet").column("ts").cast(pa.int64()).to_pylist()

@@ -99,6 +99,22 @@ def test_decimals_as_float64_or_scaled_int64(tmp_path):
     assert dataset.schema.field("d").type == pa.decimal128(10, 2)  # the scale, for the int64 form
 
 
+def test_decimals_as_float64_are_the_nearest_double(tmp_path):
+    texts = ["0.41", "0.07", "3.03", "12.12", "-6.06", "9999999.99", "1.10"]
+    values = [decimal.Decimal(t) for t in texts]
+    columns = {
+        "d32": pa.array(values, pa.decimal32(9, 2)),
+        "d128": pa.array(values, pa.decimal128(38, 5)),
+        "d256": pa.array(values, pa.decimal256(50, 2)),
+        "big": pa.array([decimal.Decimal(10**30) + v for v in values], pa.decimal128(38, 2)),  # beyond int64: the nearest double, or one unit off
+    }
+    pq.write_table(pa.table(columns), tmp_path / "d.parquet")
+    batch, _ = _one_batch(tmp_path)
+    for name in ("d32", "d128", "d256"):
+        assert batch[name].tolist() == [float(t) for t in texts], name
+    assert [abs(got - float(decimal.Decimal(10**30) + v)) <= 2**50 for got, v in zip(batch["big"].tolist(), values)] == [True] * len(values)
+
+
 def test_a_decimal_beyond_int64_names_the_column(tmp_path):
     pq.write_table(pa.table({"d": pa.array([decimal.Decimal(10**30)], pa.decimal128(38, 0))}), tmp_path / "d.parquet")
     with pytest.raises(Exception, match=r"column 'd' .* does not fit int64"):

@@ -18,6 +18,11 @@ import pyarrow.parquet as pq
 from ._thrift_compact import Struct, ThriftError, ThriftList, decode_struct
 
 MAGIC = b"PAR1"
+# Parquet INT96 timestamps (Spark's, Hive's and Impala's legacy default) are decoded in
+# microseconds, then conformed to the nanoseconds the schema gives them (pyarrow's unit for
+# INT96) with a checked cast: decoding them straight to nanoseconds wraps a value outside
+# 1677-2262 (Spark's 9999-12-31 "open end") around silently, where the checked cast raises.
+INT96_DECODE_UNIT = "us"
 ENCRYPTED_MAGIC = b"PARE"  # the end of a file whose footer is encrypted
 
 # parquet.thrift's field ids. FileMetaData:

@@ -49,6 +49,7 @@ from ._parquet_footer import (
     FILE_ENCRYPTION_ALGORITHM,
     GROUP_COLUMNS,
     GROUP_NUM_ROWS,
+    INT96_DECODE_UNIT,
     META_CODEC,
     META_COMPRESSED,
     META_DATA_OFFSET,
@@ -323,7 +324,7 @@ def _prepared(
     if isinstance(source, pa.NativeFile) and not any(stored.values()) and all(_in_place(cuts[c.name][0]) for c in group):
         # pyarrow reads the kept pages from the file itself, under a footer of their own
         metadata = in_place_footer(thrift, schema, unit, {c.leaf: (c.name, cuts[c.name][0]) for c in group}, rows)
-        return pq.ParquetFile(source, metadata=metadata, pre_buffer=False), names, rows
+        return pq.ParquetFile(source, metadata=metadata, pre_buffer=False, coerce_int96_timestamp_unit=INT96_DECODE_UNIT), names, rows
     held = {}
     for c in group:
         cut, dictionary = cuts[c.name][0], stored[c.leaf]
@@ -333,7 +334,7 @@ def _prepared(
             cut = dataclasses.replace(cut, dictionary=(cut.dictionary[0], len(dictionary)))
         held[c.leaf] = (c.name, cut, dictionary, _read(source, *cut.pages))
     data = spliced_bytes(thrift, schema, unit, held, rows)
-    return pq.ParquetFile(pa.BufferReader(data), pre_buffer=False), names, rows
+    return pq.ParquetFile(pa.BufferReader(data), pre_buffer=False, coerce_int96_timestamp_unit=INT96_DECODE_UNIT), names, rows
 
 
 def _stored_dictionary(source: Any, indexes: PageIndexes, unit: int, column: _Column, cut: Cut) -> bytes | None:

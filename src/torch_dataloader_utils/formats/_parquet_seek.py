@@ -37,6 +37,7 @@ from ._parquet_footer import (
     FILE_ENCRYPTION_ALGORITHM,
     GROUP_COLUMNS,
     GROUP_NUM_ROWS,
+    INT96_DECODE_UNIT,
     MAGIC,
     META_COMPRESSED,
     META_DATA_OFFSET,
@@ -197,7 +198,7 @@ def iter_from_row(
     streams = []
     for first_row, names in by_first_row.items():
         spliced = cut_file(source, thrift, schema, unit, {leaf: (name, cuts[name]) for leaf, name in names.items()}, num_rows - first_row)
-        reader = pq.ParquetFile(spliced, pre_buffer=False, buffer_size=buffer_size)
+        reader = pq.ParquetFile(spliced, pre_buffer=False, buffer_size=buffer_size, coerce_int96_timestamp_unit=INT96_DECODE_UNIT)
         lead = row - first_row  # decoded and dropped
         batches = reader.iter_batches(batch_size=decode_batch_rows(lead, batch_rows), columns=list(names.values()), use_threads=False)
         streams.append(_RowStream(batches, lead, num_rows - first_row))

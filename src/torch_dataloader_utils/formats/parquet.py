@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
-from ._parquet_footer import footer_bytes, footer_struct
+from ._parquet_footer import INT96_DECODE_UNIT, footer_bytes, footer_struct
 from ._parquet_index_cache import PageIndexes
 from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading_bounds
 from ._parquet_range import Decoded, read_range, worth_reading_rows
@@ -53,7 +53,7 @@ class _ParquetReader:
         # open file (megabytes per file); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
         self._buffer_size = buffer_size
-        self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size)
+        self._file = pq.ParquetFile(source, metadata=footer, pre_buffer=False, buffer_size=buffer_size, coerce_int96_timestamp_unit=INT96_DECODE_UNIT)
         self._footer: pq.FileMetaData = footer if footer is not None else self._file.metadata
         self._use_threads = use_threads
         self._pages = PageIndexes()  # the page indexes read_rows and column_pages decoded

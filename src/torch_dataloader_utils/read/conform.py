@@ -51,6 +51,14 @@ def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     try:
         return column.cast(field.type, safe=True)
     except pa.ArrowInvalid as error:
+        if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+            raise WideningError(
+                f"column {field.name!r} holds a timestamp that nanoseconds cannot hold (they reach from 1677-09-21 to "
+                f"2262-04-11; {error}), and it is read as {field.type}: some file stores it in nanoseconds, in ORC, or "
+                "as Parquet INT96 (the legacy type of Spark, Hive and Impala, which pyarrow reads as nanoseconds). Leave "
+                "the column out with columns=[...], or store it in microseconds (Spark: spark.sql.parquet."
+                "outputTimestampType=TIMESTAMP_MICROS)"
+            ) from error
         raise WideningError(
             f"column {field.name!r} is {column.type} here but is read as {field.type} in all files (the files' types "
             f"differ), and a value does not fit: {error}. Cast the column to one type in the data, or leave it out "

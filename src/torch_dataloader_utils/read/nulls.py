@@ -103,23 +103,40 @@ def valid_mask(array: pa.Array) -> np.ndarray:
 
 
 def decimal_values(array: pa.Array, name: str, policy: ColumnPolicy, where: Where) -> pa.Array:
-    """A decimal column as float64 (exact to 15-16 significant digits) or, with
-    ``decimals="int64"``, its unscaled integers (value * 10**scale) as int64."""
+    """A decimal column as float64 (the nearest double to each value while its unscaled integer
+    has at most 15 digits) or, with ``decimals="int64"``, its unscaled integers (value *
+    10**scale) as int64."""
+    raw, valid, fits = _unscaled(array)
+    mask = ~valid if array.null_count else None
     if policy.decimals == "float64":
-        return pc.cast(array, pa.float64(), safe=False)
+        scale = array.type.scale
+        if not fits.all() or abs(scale) > _EXACT_POWERS_OF_TEN:
+            return pc.cast(array, pa.float64(), safe=False)
+        # an integer below 2**53 divided by an exact power of ten is rounded once, to the
+        # nearest double; pyarrow's cast is not (0.41 would come as 0.41000000000000003)
+        values = raw / 10.0**scale if scale >= 0 else raw * 10.0 ** (-scale)
+        return pa.array(values, pa.float64(), mask=mask)
+    if not fits.all():
+        raise ValueError(
+            f"column {name!r} ({array.type}) has a value in {where()} whose unscaled integer does not fit int64; "
+            "read it with decimals='float64' (the default), or leave the column out with columns=[...]"
+        )
+    return pa.array(raw, pa.int64(), mask=mask)
+
+
+_EXACT_POWERS_OF_TEN = 22  # 10**22 is the largest power of ten a double holds exactly
+
+
+def _unscaled(array: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A decimal array's unscaled integers as int64 (where they fit), its validity, and where they fit."""
     words = array.type.bit_width // 64
     valid = valid_mask(array)
     if words == 0:  # decimal32: the unscaled integers as stored
         raw = np.frombuffer(array.buffers()[1], dtype=np.int32)[array.offset : array.offset + len(array)].astype(np.int64)
-    else:
-        stored = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset * words : (array.offset + len(array)) * words]
-        stored = stored.reshape(len(array), words)
-        raw = stored[:, 0]
-        high = stored[:, 1:]
-        fits = (high == (raw >> 63)[:, None]).all(axis=1) | ~valid
-        if not fits.all():
-            raise ValueError(
-                f"column {name!r} ({array.type}) has a value in {where()} whose unscaled integer does not fit int64; "
-                "read it with decimals='float64' (the default), or leave the column out with columns=[...]"
-            )
-    return pa.array(raw, pa.int64(), mask=~valid if array.null_count else None)
+        return raw, valid, np.ones(len(array), dtype=bool)
+    stored = np.frombuffer(array.buffers()[1], dtype=np.int64)[array.offset * words : (array.offset + len(array)) * words]
+    stored = stored.reshape(len(array), words)
+    raw = stored[:, 0]
+    high = stored[:, 1:]
+    fits = (high == (raw >> 63)[:, None]).all(axis=1) | ~valid
+    return raw, valid, fits
