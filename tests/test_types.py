@@ -88,6 +88,16 @@ def test_fill_values_are_checked():
         StructuredDataset("unused", nulls="fill", fill_values={"i": "x"})
 
 
+def test_fill_values_naming_no_column_is_refused_at_planning(tmp_path):
+    pq.write_table(pa.table({"label": pa.array([1, None], pa.int64()), "user": pa.array([{"age": 30}, None])}), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"fill_values names column\(s\) \['lable'\] that the files do not have\. The batch columns are \['label', 'user.age'\]"):
+        StructuredDataset(str(tmp_path), nulls="fill", fill_values={"lable": -1}, num_workers=0)
+    with pytest.raises(ValueError, match=r"\['user'\] .* filled per leaf: \['user.age'\]"):
+        StructuredDataset(str(tmp_path), nulls="mask", fill_values={"user": -1}, num_workers=0)
+    batch, _ = _one_batch(tmp_path, nulls="fill", fill_values={"label": -1, "user.age": -2}, columns=["label"])  # a column not selected is fine
+    assert batch["label"].tolist() == [1, -1]
+
+
 def test_decimals_as_float64_or_scaled_int64(tmp_path):
     values = [decimal.Decimal("1.25"), None, decimal.Decimal("-99999999.99")]
     pq.write_table(pa.table({"d": pa.array(values, pa.decimal128(10, 2)), "w": pa.array(values, pa.decimal256(40, 2))}), tmp_path / "d.parquet")

@@ -138,6 +138,19 @@ def check_mask_names(selected: Sequence[BatchColumn], policy: ColumnPolicy) -> N
         )
 
 
+def check_fill_names(every: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
+    """ValueError when ``fill_values`` names a column that no batch has (a typo would otherwise
+    leave that column's nulls at the default fill)."""
+    names = [c.name for c in every]
+    unknown = [key for key in policy.fill_values if key not in names]
+    if not unknown:
+        return
+    parents = sorted({key for key in unknown if any(name.startswith(f"{key}.") for name in names)})
+    leaves = [name for name in names if any(name.startswith(f"{parent}.") for parent in parents)]
+    hint = f"; a struct's or map's nulls are filled per leaf: {leaves}" if parents else ""
+    raise ValueError(f"fill_values names column(s) {unknown} that the files do not have{hint}. The batch columns are {names}")
+
+
 def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, policy: ColumnPolicy) -> list[BatchColumn] | None:
     """The batch columns ``columns`` select from ``catalog`` (None: the catalog has no schema),
     after every check planning can make: types that do not unify, repeated columns, and, for
@@ -151,7 +164,9 @@ def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, po
     check_conflicts(catalog, selected)
     check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)
     if tensors:  # the other forms hold every type, and nulls
-        check_forms(catalog, selected, nested.batch_columns(catalog.schema))
+        every = nested.batch_columns(catalog.schema)
+        check_forms(catalog, selected, every)
+        check_fill_names(every, policy)
         check_mask_names(selected, policy)
         check_missing(catalog, selected, policy)
         if catalog.row_filter is None:  # statistics count the nulls of rows a filter may leave out
