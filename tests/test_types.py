@@ -231,3 +231,16 @@ def test_spellings_of_utc_unify_and_other_zones_are_refused(tmp_path):
     pq.write_table(pa.table({"t": pa.array([5], pa.timestamp("ns", tz="Europe/Paris"))}), tmp_path / "d.parquet")
     with pytest.raises(ValueError, match="d.parquet"):
         StructuredDataset(str(tmp_path))
+
+
+def test_a_top_level_column_named_like_a_leaf_is_refused_unless_one_is_left_out(tmp_path):
+    pq.write_table(pa.table({"id": [0, 1], "st.a": [10, 11], "st": pa.array([{"a": 1}, {"a": 2}])}), tmp_path / "s.parquet")
+    with pytest.raises(ValueError, match=r"two columns of the batches would be named 'st.a': the top-level column 'st.a' and a leaf of the column 'st'"):
+        StructuredDataset(str(tmp_path), num_workers=0)
+    batch, _ = _one_batch(tmp_path, columns=["id", "st.a"])  # the top-level column, as docs/types.md says
+    assert batch["st.a"].tolist() == [10, 11]
+    map_dir = tmp_path / "m"
+    map_dir.mkdir()
+    pq.write_table(pa.table({"m": pa.array([[("k", 1)], []], pa.map_(pa.string(), pa.int64())), "m.keys": [5, 6]}), map_dir / "m.parquet")
+    with pytest.raises(ValueError, match=r"named 'm.keys': a leaf of the column 'm' and the top-level column 'm.keys'"):
+        StructuredDataset(str(map_dir), num_workers=0)

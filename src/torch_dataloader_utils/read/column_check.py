@@ -138,6 +138,23 @@ def check_mask_names(selected: Sequence[BatchColumn], policy: ColumnPolicy) -> N
         )
 
 
+def check_batch_names(selected: Sequence[BatchColumn]) -> None:
+    """ValueError when two batch columns would have one name: a top-level column named like a
+    struct's leaf or a map's part ("st.a" beside a struct "st" with a field "a")."""
+    seen: dict[str, BatchColumn] = {}
+    for column in selected:
+        other = seen.setdefault(column.name, column)
+        if other is not column:
+            raise ValueError(
+                f"two columns of the batches would be named {column.name!r}: {_described(other)} and {_described(column)}. "
+                "Leave one of them out with columns=[...], or rename one in the data"
+            )
+
+
+def _described(column: BatchColumn) -> str:
+    return f"the top-level column {column.top!r}" if not column.path else f"a leaf of the column {column.top!r}"
+
+
 def check_fill_names(every: Sequence[BatchColumn], policy: ColumnPolicy) -> None:
     """ValueError when ``fill_values`` names a column that no batch has (a typo would otherwise
     leave that column's nulls at the default fill)."""
@@ -162,6 +179,7 @@ def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, po
     if not row_counts(catalog.layouts).any():
         return selected  # nothing will be converted (files without rows may type a column as null)
     check_conflicts(catalog, selected)
+    check_batch_names(selected)
     check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)
     if tensors:  # the other forms hold every type, and nulls
         every = nested.batch_columns(catalog.schema)
