@@ -273,6 +273,16 @@ def test_bad_filters_name_the_problem(data):
         StructuredDataset(data["parquet"], filters="label < 3", num_workers=0)
 
 
+def test_a_naive_datetime_against_a_zoned_column_names_the_filter(tmp_path):
+    import datetime
+
+    stamps = pa.array([datetime.datetime(2024, 3, 1, hour) for hour in range(10)], pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table({"at": stamps}, metadata={"pandas": "{}"}), tmp_path / "t.parquet")
+    with pytest.raises(ValueError, match=r"filters=\(at >= 2024-03-01 05:00:00.000000\) does not fit the columns' types \(at: timestamp\[us, tz=UTC\]\): .*time ?zone") as error:
+        StructuredDataset(str(tmp_path), filters=[("at", ">=", datetime.datetime(2024, 3, 1, 5))], num_workers=0)
+    assert "pandas" not in str(error.value)
+
+
 def unchanged(batch):
     return batch
 

@@ -116,7 +116,7 @@ def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str])
             raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}") from error
         raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
-        raise ValueError(f"filters={expression} does not fit the columns' types ({schema}): {error}") from error
+        raise ValueError(f"filters={expression} does not fit the columns' types ({schema.remove_metadata()}): {error}") from error
 
 
 def _referenced_columns(expression: pc.Expression, schema: pa.Schema) -> tuple[str, ...]:
@@ -301,6 +301,9 @@ def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unifie
     # a fragment is only a holder of its guarantee here: nothing is opened at its path
     fragments = [file_format.make_fragment(f"unit/{index}", nowhere, partition_expression=g) for index, g in enumerate(guarantees)]
     dataset = ds.FileSystemDataset(fragments, unified, file_format, nowhere)
-    some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
-    other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+    try:
+        some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
+        other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:  # e.g. a time zone against none
+        raise ValueError(f"filters={rows_filter.expression} does not fit the columns' types ({unified.remove_metadata()}): {error}") from error
     return [NONE if index not in some else SOME if index in other else ALL for index in range(len(guarantees))]
