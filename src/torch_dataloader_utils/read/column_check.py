@@ -179,8 +179,8 @@ def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, po
     if not row_counts(catalog.layouts).any():
         return selected  # nothing will be converted (files without rows may type a column as null)
     check_conflicts(catalog, selected)
-    check_batch_names(selected)
     check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)
+    check_batch_names(selected)
     if tensors:  # the other forms hold every type, and nulls
         every = nested.batch_columns(catalog.schema)
         check_forms(catalog, selected, every)
