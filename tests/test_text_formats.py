@@ -210,3 +210,18 @@ def test_every_compression_is_one_unit_read_whole(tmp_path, suffix, codec):
     dataset = StructuredDataset(str(tmp_path), format=None, num_workers=0, batch_size=50, split_bytes=100)
     assert dataset._catalog.layouts[0].unit_rows == (120,)
     assert sorted(i for batch in dataset for i in ids(batch)) == list(range(120))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_csv_with_carriage_return_line_ends_reads_every_row(tmp_path, workers):
+    """Old Mac files (and pandas' lineterminator="\\r") end lines with a lone CR, which pyarrow reads."""
+    (tmp_path / "a.csv").write_bytes(("id,s\r" + "".join(f'{i},"v{i}"\r' for i in range(600))).encode())
+    (tmp_path / "b.csv").write_bytes(("id,s\n" + "".join(f"{i},w\n" for i in range(600, 610))).encode())
+
+    def make():
+        return StructuredDataset.create_dataloader(str(tmp_path), format="csv", batch_size=64, num_workers=workers, split_rows=250)
+
+    loader, dataset = make()
+    assert len(dataset) == 610
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(610))
+    assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), stride=4)

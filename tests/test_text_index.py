@@ -40,6 +40,29 @@ def test_csv_records_with_quoted_newlines_blank_lines_and_any_blocks(block, seed
         assert rest.column("a")[0].as_py() == csv.read_csv(pa.BufferReader(data), parse_options=options).column("a")[entry * 10].as_py()
 
 
+def _mixed_line_ends(rows: int, seed: int) -> bytes:
+    """CSV whose lines end in CR, LF or CRLF at random, with quoted CRs and empty CR lines."""
+    rng = random.Random(seed)
+    out = "a,b" + rng.choice(["\r", "\n", "\r\n"])
+    for i in range(rows):
+        out += f"{i}," + rng.choice(["x", '"q\rz"', '"r\r\nn"', ""]) + rng.choice(["\r", "\n", "\r\n"])
+        if rng.random() < 0.05:
+            out += "\r"
+    return out.encode()
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 64, 1 << 20])
+@pytest.mark.parametrize("data", [b"a,b\r1,x\r2,y\r3,z", b"a,b\r1,x\r2,y\r", _mixed_line_ends(200, 0), _mixed_line_ends(200, 1)], ids=["cr", "cr-end", "mixed0", "mixed1"])
+def test_csv_lines_ending_in_a_lone_carriage_return_are_records(block, data):
+    options = csv.ParseOptions(newlines_in_values=True)
+    table = csv.read_csv(pa.BufferReader(data), parse_options=options)
+    index = scan_records(_blocks(data, block), RecordScanner(ord('"'), skip=1, every=3, returns=True))
+    assert index.rows == table.num_rows >= 2 and index.data_start == 4
+    for entry in range(len(index.offsets)):
+        rest = csv.read_csv(pa.BufferReader(data[index.offsets[entry] :]), read_options=csv.ReadOptions(column_names=["a", "b"]), parse_options=options)
+        assert rest.column("a")[0].as_py() == table.column("a")[entry * 3].as_py()
+
+
 def test_json_lines_of_blanks_are_not_records():
     data = b'{"a": "1"}\n\n   \n{"a": "}\\n{"}\r\n\t\n{"a": "3"}'
     for block in (1, 3, 100):

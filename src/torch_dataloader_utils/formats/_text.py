@@ -228,7 +228,7 @@ class TextFormat:
         tag = self._tags.get(url)
         if self._cache is None or tag is None:
             return None
-        text = f"rowindex\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
+        text = f"rowindex\0{_text_index.SCAN_RULES}\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
         return "rowindex-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
     def _cached(self, key: str | None, url: str) -> tuple[RowIndex, pa.Schema] | None:

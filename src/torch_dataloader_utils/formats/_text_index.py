@@ -1,6 +1,7 @@
 """The sparse row index of a text file (CSV, JSON Lines): where its records start.
 
-One pass over the file finds every record boundary (a newline outside quotes) and keeps the
+One pass over the file finds every record boundary (a newline outside quotes; for CSV also a
+carriage return that no newline follows, the line end of old Mac files) and keeps the
 byte offset of every ``every``-th record. Byte ranges between kept offsets hold exactly
 ``every`` records, so a file can be cut into units at record boundaries with exact row
 counts, and a read can start at any row by seeking to the kept record before it and dropping
@@ -22,6 +23,8 @@ import numpy as np
 
 #: records per index entry: a resume parses and drops fewer than this many rows
 INDEX_EVERY = 256
+#: the version of the scan's rules, in the row index cache's key (2: a lone CR ends a CSV record)
+SCAN_RULES = 2
 _NEWLINE, _RETURN = 10, 13
 
 
@@ -59,11 +62,15 @@ class RecordScanner:
     ``quote``: the quote byte (None: none); ``skip``: leading records that are not data (a
     header); ``marker``: a byte every data record holds (``{`` for JSON objects), so that lines
     of blanks are not counted (None: only empty lines are not records); ``count_empty``: empty
-    lines are records too.
+    lines are records too; ``returns``: a carriage return without a newline after it ends a
+    record too (as pyarrow's CSV parser reads it).
     """
 
-    def __init__(self, quote: int | None, skip: int, every: int | None = None, marker: int | None = None, count_empty: bool = False):
-        self._quote, self._skip, self._marker, self._count_empty = quote, skip, marker, count_empty
+    def __init__(
+        self, quote: int | None, skip: int, every: int | None = None, marker: int | None = None, count_empty: bool = False, returns: bool = False
+    ):
+        self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip, marker, count_empty, returns
+        self._pending_return = False  # the last block ended with a carriage return (a record end unless a newline follows)
         self._every = INDEX_EVERY if every is None else every
         self._pos = 0  # bytes fed so far
         self._record_start = 0
@@ -79,12 +86,13 @@ class RecordScanner:
         data = np.frombuffer(block, dtype=np.uint8)
         if not len(data):
             return
-        newlines = np.flatnonzero(data == _NEWLINE)
+        newlines, line_feeds = self._line_ends(data)
         if self._quote is not None:
-            newlines = self._outside_quotes(data, newlines)
+            outside = self._outside_quotes(data, newlines)
+            newlines, line_feeds = newlines[outside], line_feeds[outside]
         ends = newlines + (self._pos + 1)  # exclusive ends of the records closed in this block
         starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64) if len(ends) else ends
-        keep = self._non_empty(data, newlines, starts, ends)
+        keep = self._non_empty(data, newlines, line_feeds, starts, ends)
         if self._skip:
             taken = min(self._skip, len(ends))
             self._skip -= taken
@@ -101,17 +109,35 @@ class RecordScanner:
         self._pos += len(data)
         self._prev = int(data[-1])
 
+    def _line_ends(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where lines end in ``data`` (-1: the carriage return that ended the block before), and
+        which of them are newlines (the others carriage returns)."""
+        newlines = np.flatnonzero(data == _NEWLINE)
+        if not self._returns:
+            return newlines, np.ones(len(newlines), dtype=bool)
+        returns = np.flatnonzero(data == _RETURN)
+        inside = returns[returns < len(data) - 1]
+        lone = inside[data[inside + 1] != _NEWLINE]  # (one at the block's end waits for the next block's first byte)
+        before = [-1] if self._pending_return and data[0] != _NEWLINE else []
+        self._pending_return = bool(len(returns)) and int(returns[-1]) == len(data) - 1
+        if not len(lone) and not before:
+            return newlines, np.ones(len(newlines), dtype=bool)
+        ends = np.concatenate([np.array(before, dtype=np.int64), lone, newlines])
+        order = np.argsort(ends, kind="stable")
+        return ends[order], (np.arange(len(ends)) >= len(before) + len(lone))[order]
+
     def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray) -> np.ndarray:
+        """Which of ``newlines`` are outside quotes."""
         quotes = np.flatnonzero(data == self._quote)
         if not len(quotes) and not self._in_quote:
-            return newlines
+            return np.ones(len(newlines), dtype=bool)
         inside = ((np.searchsorted(quotes, newlines) + self._in_quote) & 1).astype(bool)
         if inside.any():
             self._quoted_newlines = True
         self._in_quote = bool((len(quotes) + self._in_quote) & 1)
-        return newlines[~inside]
+        return ~inside
 
-    def _non_empty(self, data: np.ndarray, newlines: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    def _non_empty(self, data: np.ndarray, newlines: np.ndarray, line_feeds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         if self._marker is not None:  # a record holds the marker between its start and its end
             at = starts - self._pos  # (the first record may have started in an earlier block: < 0)
             held = (at >= 0) & (data[np.clip(at, 0, len(data) - 1)] == self._marker)  # the usual case: it starts with it
@@ -126,7 +152,7 @@ class RecordScanner:
             return np.ones(len(ends), dtype=bool)
         length = ends - starts
         before = np.where(newlines > 0, data[np.maximum(newlines - 1, 0)], self._prev)
-        return ~((length == 1) | ((length == 2) & (before == _RETURN)))
+        return ~((length == 1) | ((length == 2) & (before == _RETURN) & line_feeds))
 
     def _count(self, starts: np.ndarray) -> None:
         rows = np.arange(self._rows, self._rows + len(starts))

@@ -75,6 +75,7 @@ class CsvFormat(TextFormat):
             ord(quote) if quote else None,
             int(parse.read.get("skip_rows", 0)) + int(header),
             count_empty=not parse.parse.get("ignore_empty_lines", True),
+            returns=True,
         )
 
     def with_index(self, parse: CsvParse, index: RowIndex) -> CsvParse:
