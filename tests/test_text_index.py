@@ -86,3 +86,22 @@ def test_index_round_trips_through_bytes_and_finds_the_record_before_a_row():
     again = RowIndex.from_bytes(index.to_bytes())
     assert again.offsets.tolist() == [4, 40, 80] and (again.rows, again.every, again.quoted_newlines) == (25, 10, True)
     assert again.record_offset(0) == (4, 0) and again.record_offset(19) == (40, 10) and again.record_offset(24) == (80, 20)
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 1 << 20])
+@pytest.mark.parametrize("ending", ["\n", "\r\n", "\r"])
+def test_skipped_lines_are_lines_whatever_quotes_they_hold(block, ending):
+    """pyarrow's skip_rows skips lines; a quote in one does not open a quoted field."""
+    lines = ['# exported from "Sales report', '"a', "id,s", *[f'{i},"v{i}"' for i in range(20)]]
+    data = ending.join(lines).encode() + ending.encode()
+    rows = csv.read_csv(pa.BufferReader(data), read_options=csv.ReadOptions(skip_rows=2)).num_rows
+    index = scan_records(_blocks(data, block), RecordScanner(ord('"'), skip=1, every=4, returns=True, raw_skip=2))
+    assert index.rows == rows == 20
+    assert data[index.data_start :].startswith(b"0,")
+    assert all(data[offset:].startswith(f'{i},"'.encode()) for offset, i in zip(index.offsets, range(0, 20, 4), strict=True))
+
+
+@pytest.mark.parametrize("data", [b'id,size_in"\n1,2\n3,4\n', b'id,s\n1,a"b\n2,c\n'])
+def test_a_file_ending_inside_quotes_is_refused(data):
+    with pytest.raises(ValueError, match="ends inside quotes.*quote_char=False"):
+        scan_records([data], RecordScanner(ord('"'), skip=1, returns=True))

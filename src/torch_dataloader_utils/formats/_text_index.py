@@ -63,13 +63,24 @@ class RecordScanner:
     header); ``marker``: a byte every data record holds (``{`` for JSON objects), so that lines
     of blanks are not counted (None: only empty lines are not records); ``count_empty``: empty
     lines are records too; ``returns``: a carriage return without a newline after it ends a
-    record too (as pyarrow's CSV parser reads it).
+    record too (as pyarrow's CSV parser reads it); ``raw_skip``: leading lines skipped before
+    ``skip`` records, whose quote characters do not count (pyarrow's ``skip_rows``). A file that
+    ends inside quotes is refused (ValueError): a quote character its fields do not pair up, such as
+    one in the middle of an unquoted field, would put every later record inside quotes.
     """
 
     def __init__(
-        self, quote: int | None, skip: int, every: int | None = None, marker: int | None = None, count_empty: bool = False, returns: bool = False
+        self,
+        quote: int | None,
+        skip: int,
+        every: int | None = None,
+        marker: int | None = None,
+        count_empty: bool = False,
+        returns: bool = False,
+        raw_skip: int = 0,
     ):
-        self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip, marker, count_empty, returns
+        self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip + raw_skip, marker, count_empty, returns
+        self._raw_skip = raw_skip  # leading lines skipped as lines, quotes in them not counted (pyarrow's skip_rows)
         self._pending_return = False  # the last block ended with a carriage return (a record end unless a newline follows)
         self._every = INDEX_EVERY if every is None else every
         self._pos = 0  # bytes fed so far
@@ -77,7 +88,7 @@ class RecordScanner:
         self._in_quote = False
         self._marked = False  # the open record has held the marker byte
         self._prev = -1  # the last byte fed
-        self._data_start = 0 if skip == 0 else -1
+        self._data_start = 0 if skip + raw_skip == 0 else -1
         self._rows = 0
         self._marks: list[np.ndarray] = []
         self._quoted_newlines = False
@@ -86,6 +97,10 @@ class RecordScanner:
         data = np.frombuffer(block, dtype=np.uint8)
         if not len(data):
             return
+        if self._raw_skip:
+            data = self._skip_lines(data)
+            if not len(data):
+                return
         newlines, line_feeds = self._line_ends(data)
         if self._quote is not None:
             outside = self._outside_quotes(data, newlines)
@@ -109,22 +124,45 @@ class RecordScanner:
         self._pos += len(data)
         self._prev = int(data[-1])
 
+    def _skip_lines(self, data: np.ndarray) -> np.ndarray:
+        """Take up to ``raw_skip`` lines off the front of ``data`` as lines; the rest of it."""
+        ends, _, pending = self._ends_in(data, self._pending_return)
+        taken = min(self._raw_skip, len(ends))
+        self._raw_skip -= taken
+        self._skip -= taken
+        if self._raw_skip:  # the block ends inside a skipped line
+            cut, self._pending_return = len(data), pending
+        else:  # (taken >= 1) the rest is scanned as records, from the end of the last skipped line
+            cut, self._pending_return = int(ends[taken - 1]) + 1, False
+            self._record_start = self._pos + cut
+            if not self._skip:
+                self._data_start = self._record_start
+        if cut:
+            self._pos += cut
+            self._prev = int(data[cut - 1])
+        return data[cut:]
+
     def _line_ends(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where lines end in ``data`` (-1: the carriage return that ended the block before), and
         which of them are newlines (the others carriage returns)."""
+        ends, line_feeds, self._pending_return = self._ends_in(data, self._pending_return)
+        return ends, line_feeds
+
+    def _ends_in(self, data: np.ndarray, pending: bool) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``_line_ends``, given whether the block before ended with a carriage return; and whether this one does."""
         newlines = np.flatnonzero(data == _NEWLINE)
         if not self._returns:
-            return newlines, np.ones(len(newlines), dtype=bool)
+            return newlines, np.ones(len(newlines), dtype=bool), False
         returns = np.flatnonzero(data == _RETURN)
         inside = returns[returns < len(data) - 1]
         lone = inside[data[inside + 1] != _NEWLINE]  # (one at the block's end waits for the next block's first byte)
-        before = [-1] if self._pending_return and data[0] != _NEWLINE else []
-        self._pending_return = bool(len(returns)) and int(returns[-1]) == len(data) - 1
+        before = [-1] if pending and data[0] != _NEWLINE else []
+        ends_with_return = bool(len(returns)) and int(returns[-1]) == len(data) - 1
         if not len(lone) and not before:
-            return newlines, np.ones(len(newlines), dtype=bool)
+            return newlines, np.ones(len(newlines), dtype=bool), ends_with_return
         ends = np.concatenate([np.array(before, dtype=np.int64), lone, newlines])
         order = np.argsort(ends, kind="stable")
-        return ends[order], (np.arange(len(ends)) >= len(before) + len(lone))[order]
+        return ends[order], (np.arange(len(ends)) >= len(before) + len(lone))[order], ends_with_return
 
     def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray) -> np.ndarray:
         """Which of ``newlines`` are outside quotes."""
@@ -161,6 +199,13 @@ class RecordScanner:
 
     def finish(self) -> RowIndex:
         """The index, once every block has been fed (a last record may lack its newline)."""
+        if self._in_quote:
+            raise ValueError(
+                "the file ends inside quotes: a quote character that its fields do not pair up (one in the middle of "
+                "an unquoted field, as in a\"b, or in the header) puts every record after it inside quotes, so its "
+                "records cannot be counted. Quote such fields (a\"b as \"a\"\"b\"), or pass quote_char=False in "
+                "csv_options if the file quotes no field"
+            )
         tail = self._pos - self._record_start
         if self._marker is not None:
             last = self._marked

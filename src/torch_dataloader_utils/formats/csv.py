@@ -73,9 +73,10 @@ class CsvFormat(TextFormat):
         header = not parse.read.get("column_names") and not parse.read.get("autogenerate_column_names")
         return RecordScanner(
             ord(quote) if quote else None,
-            int(parse.read.get("skip_rows", 0)) + int(header),
+            int(header),
             count_empty=not parse.parse.get("ignore_empty_lines", True),
             returns=True,
+            raw_skip=int(parse.read.get("skip_rows", 0)),
         )
 
     def with_index(self, parse: CsvParse, index: RowIndex) -> CsvParse:
