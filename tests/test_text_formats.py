@@ -146,6 +146,8 @@ def test_jsonl_fields_beyond_the_first_block_are_an_error_unless_ignored(tmp_pat
         list(StructuredDataset(str(tmp_path), format="json", num_workers=0, json_options={"block_size": 1024}))
     ignored = StructuredDataset(str(tmp_path), format="json", num_workers=0, json_options={"block_size": 1024, "unexpected_field_behavior": "ignore"})
     assert sum(len(batch["a"]) for batch in ignored) == 401
+    with pytest.raises(ValueError, match="unexpected_field_behavior='infer' is not accepted.*explicit_schema"):
+        StructuredDataset(str(tmp_path), format="json", num_workers=0, json_options={"unexpected_field_behavior": "infer"})
 
 
 def test_a_gzip_file_is_one_split_and_resumes_by_dropping_rows(tmp_path):

@@ -40,6 +40,13 @@ class JsonLinesFormat(TextFormat):
     def check_options(self, options: dict) -> dict:
         if "newlines_in_values" in options:
             raise ValueError("json option 'newlines_in_values' is not accepted: JSON Lines holds one record per line")
+        if options.get("unexpected_field_behavior") == "infer":
+            raise ValueError(
+                "json option unexpected_field_behavior='infer' is not accepted: a file's fields are fixed at planning, from "
+                "its first block, so a field that first appears later would be left out of some batches. Pass "
+                "json_options={'explicit_schema': pyarrow.schema([...])} with every field, or 'ignore' to leave such "
+                "fields out ('error', the default here, raises at the first one)"
+            )
         sort_options("json", options, _GROUPS)
         return options
 
