@@ -148,3 +148,17 @@ def test_remote_hive_directories_on_s3(s3, root):
     batches = list(loader)
     assert sorted(i for batch in batches for i in ids(batch)) == list(range(300))
     assert {year for batch in batches for year in batch["year"].tolist()} == {2023, 2024}
+
+
+def test_partition_integers_past_int64_stay_exact_as_strings(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import StructuredDataset
+
+    for key in ("1", "12345678901234567891"):
+        (tmp_path / f"account={key}").mkdir()
+        pq.write_table(pa.table({"id": [0]}), tmp_path / f"account={key}" / "p.parquet")
+    dataset = StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, batch_size=2, output_format="dict")
+    assert dataset.schema.field("account").type == pa.string()
+    assert sorted(value for batch in dataset for value in batch["account"]) == ["1", "12345678901234567891"]

@@ -74,9 +74,10 @@ def _segments(entry: FileEntry, roots: Sequence[str]) -> list[str]:
 
 def _typed(texts: list[str | None]) -> tuple[pa.DataType, list[Any]]:
     present = [t for t in texts if t is not None]
-    if present and all(_INT.match(t) for t in present) and all(-(2**63) <= int(t) < 2**63 for t in present):
+    integers = bool(present) and all(_INT.match(t) for t in present)
+    if integers and all(-(2**63) <= int(t) < 2**63 for t in present):
         return pa.int64(), [None if t is None else int(t) for t in texts]
-    if present and all(_FLOAT.match(t) for t in present):
+    if present and not integers and all(_FLOAT.match(t) for t in present):  # (integers past int64: strings, exact)
         return pa.float64(), [None if t is None else float(t) for t in texts]
     if present and all(_DATE.match(t) for t in present):
         try:
