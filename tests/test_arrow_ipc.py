@@ -63,3 +63,20 @@ def test_remote_arrow_files_on_s3_read_exactly_once(s3, root):
         s3.url("arrow-ipc"), format=None, num_workers=2, batch_size=64, split_bytes=1500, storage_options=s3.options, columns=["id"]
     )
     assert sorted(i for batch in loader for i in ids(batch)) == list(range(ROWS))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_polars_categorical_and_enum_columns_are_strings(tmp_path, workers):
+    polars = pytest.importorskip("polars")
+    frame = polars.DataFrame(
+        {
+            "id": list(range(6)),
+            "cat": polars.Series(["a", "b", "a", None, "c", "b"], dtype=polars.Categorical),
+            "e": polars.Series(["x", "y", "x", "y", "x", "x"], dtype=polars.Enum(["x", "y"])),
+        }
+    )
+    frame.write_ipc(tmp_path / "a.arrow")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), format="arrow", batch_size=4, num_workers=workers)
+    batches = list(loader)
+    assert [value for batch in batches for value in batch["cat"]] == ["a", "b", "a", None, "c", "b"]
+    assert [value for batch in batches for value in batch["e"]] == ["x", "y", "x", "y", "x", "x"]

@@ -169,6 +169,9 @@ def without_views(kind: pa.DataType) -> pa.DataType:
     / large_binary, which pyarrow casts them to and batches have a form for."""
     if kind in VIEW_TYPES:
         return VIEW_TYPES[kind]
+    if pa.types.is_dictionary(kind):  # (Polars' Categorical and Enum in Arrow IPC)
+        values = without_views(kind.value_type)
+        return kind if values == kind.value_type else pa.dictionary(kind.index_type, values, kind.ordered)
     if _is_list(kind) or pa.types.is_fixed_size_list(kind):
         inner = without_views(kind.value_type)
         if inner == kind.value_type:
