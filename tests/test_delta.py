@@ -88,6 +88,38 @@ def test_a_version_that_is_gone_is_a_checkpoint_mismatch(table, tmp_path):
         dataset.load_state_dict(state)
 
 
+def _state_at_version_0(path, **write) -> dict:
+    write_deltalake(str(path), _part(0, 300), **write)
+    loader, dataset = DeltaDataset.create_dataloader(str(path), batch_size=100, num_workers=0)
+    next(iter(loader))
+    return dataset.state_dict()
+
+
+def test_a_version_whose_files_were_vacuumed_is_a_checkpoint_mismatch(tmp_path):
+    state = _state_at_version_0(tmp_path)
+    write_deltalake(str(tmp_path), _part(300, 305), mode="overwrite")
+    DeltaTable(str(tmp_path)).vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    loader, dataset = DeltaDataset.create_dataloader(str(tmp_path), batch_size=100, num_workers=0)
+    with pytest.raises(CheckpointMismatchError, match=r"whose data files are gone: .*version 0"):
+        dataset.load_state_dict(state)
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(300, 305))  # the refused state changed nothing
+
+
+def test_a_version_whose_log_was_cleaned_up_is_a_checkpoint_mismatch(tmp_path):
+    import time
+
+    state = _state_at_version_0(tmp_path, configuration={"delta.logRetentionDuration": "interval 0 seconds"})
+    for i in range(3):
+        write_deltalake(str(tmp_path), _part(300 + i, 301 + i), mode="append")
+    table = DeltaTable(str(tmp_path))
+    table.create_checkpoint()
+    time.sleep(1.1)
+    table.cleanup_metadata()
+    _, dataset = DeltaDataset.create_dataloader(str(tmp_path), batch_size=100, num_workers=0)
+    with pytest.raises(CheckpointMismatchError, match=r"version 0 of Delta table .* cannot be loaded any more"):
+        dataset.load_state_dict(state)
+
+
 def test_missing_extra_names_it(monkeypatch, table):
     import sys
 

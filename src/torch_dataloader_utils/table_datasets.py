@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from .catalog.build import Catalog
 from .catalog.filter_prune import filter_expression
 from .dataset import StructuredDataset
+from .errors import CheckpointMismatchError
 from .options import integer
 from .state.schema import FILTERS, TABLE
 from .state.validate import mismatch, table_entry
@@ -106,7 +107,13 @@ class _TableDataset(StructuredDataset):
             return
         self._check_table(entry)
         before = (self._catalog, self._ref)
-        self._switch(self._plan_table(entry["snapshot"], from_state=True))
+        try:
+            self._switch(self._plan_table(entry["snapshot"], from_state=True))
+        except FileNotFoundError as error:  # the snapshot's log is there, but not all of its data files
+            raise CheckpointMismatchError(
+                f"Checkpoint state was taken on a snapshot whose data files are gone: {error}.\n\n  Start the epoch again "
+                "from its beginning (set_epoch), or keep the files of snapshots until training jobs that read them end."
+            ) from error
         try:
             action()
         except BaseException:

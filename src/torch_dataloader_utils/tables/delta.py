@@ -45,15 +45,24 @@ def open_delta(path: str, version: int | None, storage_options: dict | None, fro
     try:
         return deltalake.DeltaTable(path, version=version, storage_options=delta_storage_options(storage_options))
     except Exception as error:
-        if version is None or type(error).__name__ == "TableNotFoundError":
+        if version is None or (type(error).__name__ == "TableNotFoundError" and not (from_state and _exists(path, storage_options))):
             raise
-        if from_state:
+        if from_state:  # (its log cleaned up: deltalake says TableNotFoundError for the version alone)
             raise CheckpointMismatchError(
                 f"Checkpoint state was taken on version {version} of Delta table {path!r}, which cannot be loaded any more "
                 f"({type(error).__name__}: {error}).\n\n  Its log or files were cleaned up (log retention, VACUUM): start the epoch "
                 "again from its beginning (set_epoch), or keep versions until training jobs that read them end."
             ) from error
         raise ValueError(f"Delta table {path!r} has no version {version} that can be loaded ({type(error).__name__}: {error})") from error
+
+
+def _exists(path: str, storage_options: dict | None) -> bool:
+    """Whether the latest version of the Delta table at ``path`` loads."""
+    try:
+        _deltalake().DeltaTable(path, storage_options=delta_storage_options(storage_options))
+    except Exception:  # noqa: BLE001 - any failure means the same here
+        return False
+    return True
 
 
 def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
