@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 else:
     from ..formats._lazy import compute as pc  # imported when first used
 
+from ..errors import UnsupportedFileError
 from ..formats import FileFormat
 from ..plan.splits import FileLayout
 from ..storage.versions import FileEntry
@@ -169,10 +170,11 @@ class PartitionedFormat:
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         schema = self.inner.schema(fs, path, footer[0])
         clash = [key for key in self.partitions.keys if key in schema.names]
-        if clash:
-            raise ValueError(
-                f"column {clash[0]!r} is both a column of the file and a partition directory (partitioning='hive'); "
-                "rename one, or pass partitioning=None"
+        if clash:  # (UnsupportedFileError: planning names the file, and adds no advice about damaged files)
+            raise UnsupportedFileError(
+                f"column {clash[0]!r} is both a column of the file and a partition directory (partitioning='hive'), as "
+                "writers that keep the partition columns in the files make it (polars' partition_by); rename one, or "
+                "pass partitioning=None"
             )
         for field in self.partitions.fields:
             schema = schema.append(field)
