@@ -120,3 +120,18 @@ def test_a_dotted_column_name_reads_that_column_not_a_struct_field(tmp_path, num
     (batch,) = list(loader)
     assert batch["meta.lang"] == table.column("meta.lang").to_pylist()
     assert batch["meta.score"].tolist() == table.column("meta.score").to_pylist()
+
+
+def test_a_timestamp_past_nanoseconds_is_named_without_the_damaged_file_advice(tmp_path):
+    import datetime
+
+    from torch_dataloader_utils.errors import DataReadError
+
+    stamps = pa.array([datetime.datetime(2024, 1, 1), datetime.datetime(9999, 12, 31)], pa.timestamp("us"))
+    orc.write_table(pa.table({"id": [0, 1], "ts": stamps}), str(tmp_path / "x.orc"))
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format="orc", batch_size=3, num_workers=0)
+    with pytest.raises(DataReadError, match=r"x\.orc .*nanoseconds cannot hold .*columns=") as error:
+        list(loader)
+    assert "damaged" not in str(error.value) and "on_error" not in str(error.value)
+    (batch,) = list(StructuredDataset.create_dataloader(str(tmp_path), format="orc", batch_size=3, num_workers=0, columns=["id"])[0])
+    assert batch["id"].tolist() == [0, 1]

@@ -240,6 +240,11 @@ class StreamReader:
             return WideningError(f"{entry.url}: {error}")
         detail = " ".join(str(error).split()).rstrip(".")  # pyarrow's messages may span lines
         message = f"cannot read {entry.url} (split {self.describe_split(piece.split, epoch)}, unit {piece.unit}): {detail}"
+        if "out of range for nanosecond resolution" in detail:  # pyarrow reads ORC timestamps in ns only: the file is fine
+            return DataReadError(
+                f"{message}. The file holds a timestamp that nanoseconds cannot hold (they reach from 1677-09-21 to "
+                "2262-04-11), and pyarrow reads ORC timestamps in nanoseconds: leave the column out with columns=[...]"
+            )
         if not isinstance(error, (RemoteReadError, FileChangedError)):  # not an outage or a rewrite
             message += ". If the file is damaged, replace or remove it"
             if not self._skip_errors:  # (with it, these rows are being left out and reported)
