@@ -65,18 +65,34 @@ def test_remote_arrow_files_on_s3_read_exactly_once(s3, root):
     assert sorted(i for batch in loader for i in ids(batch)) == list(range(ROWS))
 
 
+def _ipc(path, table: pa.Table) -> None:
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        writer.write_table(table)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_polars_categorical_and_enum_columns_are_strings(tmp_path, workers):
-    polars = pytest.importorskip("polars")
-    frame = polars.DataFrame(
-        {
-            "id": list(range(6)),
-            "cat": polars.Series(["a", "b", "a", None, "c", "b"], dtype=polars.Categorical),
-            "e": polars.Series(["x", "y", "x", "y", "x", "x"], dtype=polars.Enum(["x", "y"])),
-        }
-    )
-    frame.write_ipc(tmp_path / "a.arrow")
-    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), format="arrow", batch_size=4, num_workers=workers)
-    batches = list(loader)
-    assert [value for batch in batches for value in batch["cat"]] == ["a", "b", "a", None, "c", "b"]
-    assert [value for batch in batches for value in batch["e"]] == ["x", "y", "x", "y", "x", "x"]
+    """Polars writes Categorical and Enum as dictionary<string_view>: read as strings, alone, next to
+    a plain Polars string column and a pandas categorical; dictionary<binary_view> likewise as bytes."""
+    pl = pytest.importorskip("polars")
+    alone, mixed, parquet = tmp_path / "alone", tmp_path / "mixed", tmp_path / "parquet"
+    for directory in (alone, mixed, parquet):
+        directory.mkdir()
+    pl.DataFrame({"id": [0, 1, 2], "cat": pl.Series(["a", "b", "a"], dtype=pl.Categorical)}).write_ipc(alone / "categorical.arrow")
+    pl.DataFrame({"id": [0, 1, 2], "cat": pl.Series(["a", "b", "a"], dtype=pl.Enum(["a", "b"]))}).write_ipc(mixed / "enum.arrow")
+    pl.DataFrame({"id": [3, 4], "cat": pl.Series(["c", "b"], dtype=pl.String)}).write_ipc(mixed / "string.arrow")
+    feather.write_feather(pa.table({"id": [5], "cat": pa.array(["z"]).dictionary_encode().cast(pa.dictionary(pa.int8(), pa.string()))}), str(mixed / "c.arrow"))
+    pl.DataFrame({"id": [0, 1, 2], "cat": pl.Series(["a", "b", "a"], dtype=pl.Categorical)}).write_parquet(parquet / "categorical.parquet")
+    assert pa.ipc.open_file(str(alone / "categorical.arrow")).schema.field("cat").type.value_type == pa.string_view()
+    for directory, expected in ((alone, ["a", "b", "a"]), (mixed, ["a", "b", "a", "c", "b", "z"]), (parquet, ["a", "b", "a"])):
+        for output_format in ("torch", "dict"):
+            loader, _ = StructuredDataset.create_dataloader(str(directory), format=None, num_workers=workers, batch_size=2, output_format=output_format)
+            by_id = {i: c for batch in loader for i, c in zip(batch["id"], batch["cat"])}
+            assert [by_id[i] for i in sorted(by_id)] == expected, (directory.name, output_format)
+    views = tmp_path / "views"
+    views.mkdir()
+    _ipc(views / "dictionary.arrow", pa.table({"id": [0, 1, 2], "b": pa.array([b"x", b"y", b"x"], pa.binary_view()).dictionary_encode()}))
+    _ipc(views / "view.arrow", pa.table({"id": [3], "b": pa.array([b"q"], pa.binary_view())}))
+    loader, dataset = StructuredDataset.create_dataloader(str(views), format="arrow", num_workers=workers, batch_size=2)
+    assert dataset.schema.field("b").type == pa.large_binary()
+    assert sorted(b for batch in loader for b in batch["b"]) == [b"q", b"x", b"x", b"y"]

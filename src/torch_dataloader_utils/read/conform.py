@@ -8,6 +8,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
 
+from ..catalog.schema import without_views
 from ..errors import FileChangedError, RemoteReadError, WideningError
 from ..plan.columns import unit_rows_at
 
@@ -42,9 +43,19 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             continue
         column = table.column(index)
         if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
-            column = column.cast(column.type.value_type)
+            column = _decoded(column)
         arrays.append(column if column.type == field.type else _widened(column, field))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _decoded(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A dictionary column as its values; view values (Polars' Categorical, dictionary<string_view>)
+    become large first, as pyarrow has no kernel to take views out of a dictionary."""
+    kind = column.type
+    values = without_views(kind.value_type)
+    if values != kind.value_type:
+        column = column.cast(pa.dictionary(kind.index_type, values, kind.ordered))
+    return column.cast(values)
 
 
 def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
