@@ -163,3 +163,12 @@ def test_partition_integers_past_int64_stay_exact_as_strings(tmp_path):
     dataset = StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, batch_size=2, output_format="dict")
     assert dataset.schema.field("account").type == pa.string()
     assert sorted(value for batch in dataset for value in batch["account"]) == ["1", "12345678901234567891"]
+
+
+def test_an_integer_beyond_int64_keeps_its_key_a_string_also_beside_floats():
+    """A float would round 12345678901234567891 (and make 1 read 1.0): the key is a string, exact."""
+    big = "12345678901234567891"
+    parts = parse_partitions(_entries(f"/r/a=1/b=1.5/c={2**63 - 1}/f", f"/r/a={big}/b=-{big}/c=-{2**63}/f"), ["/r"])
+    assert parts.types == (pa.string(), pa.string(), pa.int64())
+    assert parts.values[f"/r/a={big}/b=-{big}/c=-{2**63}/f"] == (big, f"-{big}", -(2**63))
+    assert parts.values[f"/r/a=1/b=1.5/c={2**63 - 1}/f"] == ("1", "1.5", 2**63 - 1)

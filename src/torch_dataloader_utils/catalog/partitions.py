@@ -75,10 +75,11 @@ def _segments(entry: FileEntry, roots: Sequence[str]) -> list[str]:
 
 def _typed(texts: list[str | None]) -> tuple[pa.DataType, list[Any]]:
     present = [t for t in texts if t is not None]
-    integers = bool(present) and all(_INT.match(t) for t in present)
-    if integers and all(-(2**63) <= int(t) < 2**63 for t in present):
+    integers = [int(t) for t in present if _INT.match(t)]
+    fit = all(-(2**63) <= i < 2**63 for i in integers)  # an integer beyond int64 keeps its digits: a string (a float would round it)
+    if present and len(integers) == len(present) and fit:
         return pa.int64(), [None if t is None else int(t) for t in texts]
-    if present and not integers and all(_FLOAT.match(t) for t in present):  # (integers past int64: strings, exact)
+    if present and fit and all(_FLOAT.match(t) for t in present):
         return pa.float64(), [None if t is None else float(t) for t in texts]
     if present and all(_DATE.match(t) for t in present):
         try:
