@@ -227,3 +227,10 @@ def test_csv_with_carriage_return_line_ends_reads_every_row(tmp_path, workers):
     assert len(dataset) == 610
     assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(610))
     assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), stride=4)
+
+
+def test_a_jsonl_file_without_objects_is_refused_naming_it(tmp_path):
+    (tmp_path / "ok.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "array.jsonl").write_text("[1, 2, 3]\n")
+    with pytest.raises(ValueError, match=r"array\.jsonl .*no line holds '\{'"):
+        StructuredDataset(str(tmp_path), format="jsonl", num_workers=0)

@@ -105,3 +105,10 @@ def test_skipped_lines_are_lines_whatever_quotes_they_hold(block, ending):
 def test_a_file_ending_inside_quotes_is_refused(data):
     with pytest.raises(ValueError, match="ends inside quotes.*quote_char=False"):
         scan_records([data], RecordScanner(ord('"'), skip=1, returns=True))
+
+
+def test_json_lines_with_content_but_no_object_are_refused_and_blank_files_are_empty():
+    with pytest.raises(ValueError, match="no line holds '{'"):
+        scan_records([b"[1, 2, 3]\n", b"4\n"], RecordScanner(None, 0, marker=ord("{")))
+    assert scan_records([b"  \n", b"\r\n\t\n"], RecordScanner(None, 0, marker=ord("{"))).rows == 0
+    assert scan_records([b'{"a": 1}'], RecordScanner(None, 0, marker=ord("{"))).rows == 1

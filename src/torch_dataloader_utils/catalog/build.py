@@ -127,7 +127,7 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
             raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
         if named not in (None, fmt.name):
             advice = f"Its name says {named}: pass format={named!r}."
-        elif hasattr(fmt, "schema_advice"):  # a text file has no footer: planning scanned its records
+        elif getattr(fmt, "schema_advice", ""):  # a text file has no footer: planning scanned its records (a hive wrapper has it empty for Parquet)
             options = "csv_options" if fmt.name == "csv" else "json_options"
             advice = f"Fix, replace or remove the file, or pass a path without it ({options} set how it is parsed)."
             if fmt.name == "jsonl":

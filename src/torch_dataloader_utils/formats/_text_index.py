@@ -92,6 +92,7 @@ class RecordScanner:
         self._rows = 0
         self._marks: list[np.ndarray] = []
         self._quoted_newlines = False
+        self._content = False  # (with a marker) a byte other than blanks was fed
 
     def feed(self, block: bytes | memoryview) -> None:
         data = np.frombuffer(block, dtype=np.uint8)
@@ -119,6 +120,7 @@ class RecordScanner:
             self._record_start = int(ends[-1])
             self._marked = False
         if self._marker is not None:
+            self._content = self._content or bool(np.any((data != 32) & (data != 9) & (data != _NEWLINE) & (data != _RETURN)))
             tail = data[int(newlines[-1]) + 1 :] if len(newlines) else data
             self._marked = self._marked or bool(np.any(tail == self._marker))
         self._pos += len(data)
@@ -199,6 +201,8 @@ class RecordScanner:
 
     def finish(self) -> RowIndex:
         """The index, once every block has been fed (a last record may lack its newline)."""
+        if self._content and not self._rows and not self._marked:
+            raise ValueError(f"no line holds {chr(self._marker or 0)!r}, so it holds no record (a JSON Lines file holds one object per line)")
         if self._in_quote:
             raise ValueError(
                 "the file ends inside quotes: a quote character that its fields do not pair up (one in the middle of "
