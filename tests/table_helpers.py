@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import uuid
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -172,5 +173,5 @@ def add_deletion_vector(table_path: str, file_path: str, positions: list[int]) -
     actions = [{"remove": remove}, {"add": {**add, "deletionVector": vector, "dataChange": True, "modificationTime": now}}]
     with open(os.path.join(log, f"{len(versions):020d}.json"), "w") as handle:
         handle.write("\n".join(json.dumps(a) for a in actions) + "\n")
-    ids = pq.read_table(os.path.join(table_path, file_path.replace("%3D", "="))).column("id").to_pylist()
+    ids = pq.read_table(os.path.join(table_path, unquote(file_path))).column("id").to_pylist()
     return [ids[p] for p in positions]

@@ -171,3 +171,52 @@ def test_table_on_s3(s3, tmp_path):
     reference = assert_resumes_exactly(make, epochs=1, points=[(0, 3)], batch_key=batch_key)
     assert sorted(ids_of(reference.batches[0])) == list(range(400))
     assert make()[1].snapshot == 1
+
+
+@pytest.mark.parametrize("root, value", [("my table #1", "a b"), ("t", "日本/x=1%")])
+def test_percent_encoded_paths_are_read_with_their_deletion_vectors(tmp_path, root, value):
+    """Delta writes a table root and partition values with spaces, '/', '%' or non-ASCII
+    percent-encoded in its log: every file is found, and a deletion vector on such a file applied."""
+    from table_helpers import add_deletion_vector
+
+    table = str(tmp_path / root)
+    data = rows(0, 200, region=pa.array([value if i < 100 else "plain" for i in range(200)]))
+    write_deltalake(table, data, partition_by=["region"], configuration={"delta.enableDeletionVectors": "true"})
+    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pylist()
+    encoded = next(a["path"] for a in actions if a["partition.region"] == value)
+    deleted = add_deletion_vector(table, encoded, [0, 5, 99])
+    reference = assert_resumes_exactly(_make(table, num_workers=0), epochs=1, points=[(0, 2)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == sorted(set(range(200)) - set(deleted))
+
+
+def test_a_checkpoint_resumes_after_every_row_was_deleted(table):
+    """A version without data files is a table with no rows (not an error), so the job can still
+    be created and resume the version its checkpoint read."""
+    loader, dataset = _make(table)()
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    DeltaTable(table).delete()
+    loader, dataset = _make(table)()
+    assert len(dataset) == 0 and run_epoch(loader, dataset) == []
+    dataset.load_state_dict(states[3])
+    assert run_epoch(loader, dataset) == full[4:]
+
+
+def test_random_access_numbers_the_rows_the_filters_leave_out(table):
+    """filters= choose what the loader delivers, not the numbering (as for plain files)."""
+    DeltaTable(table).delete("id >= 700")
+    _, filtered = _make(table, filters=pc.field("id") < 10, num_workers=0)()
+    _, whole = _make(table, num_workers=0)()
+    assert len(filtered) == 10 and filtered.num_rows == whole.num_rows == 700
+    picks = [0, 20, 350, -1]
+    assert filtered[picks]["id"].tolist() == whole[picks]["id"].tolist()
+    assert filtered.locate(-1) == whole.locate(-1)
+
+
+def test_a_null_partition_value_is_found_at_planning(tmp_path):
+    """nulls="raise" (the default) names the file of the null partition, before any row is read."""
+    table = str(tmp_path / "t")
+    write_deltalake(table, rows(0, 30, day=pa.array([1, 2, None] * 10, pa.int64())), partition_by=["day"])
+    with pytest.raises(ValueError, match=r"statistics show nulls.*\n  column 'day' has 10 null value\(s\) in \S*day=__HIVE_DEFAULT_PARTITION__\S*\n"):
+        DeltaDataset(table, num_workers=0)
+    assert len(DeltaDataset(table, num_workers=0, nulls="fill")) == 30

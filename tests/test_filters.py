@@ -271,6 +271,8 @@ def test_bad_filters_name_the_problem(data):
         StructuredDataset(data["parquet"], filters=pc.field("text") < 3, num_workers=0)
     with pytest.raises(TypeError, match="Expression"):
         StructuredDataset(data["parquet"], filters="label < 3", num_workers=0)
+    with pytest.raises(ValueError, match=r"refer to a column by position \(pc.field\(0\)\); name it"):
+        StructuredDataset(data["parquet"], filters=pc.field(0) < 3, num_workers=0)
 
 
 def test_a_naive_datetime_against_a_zoned_column_names_the_filter(tmp_path):

@@ -295,3 +295,14 @@ def test_type_promotion_widens_old_files(tmp_path):
     loader, _ = IcebergDataset.create_dataloader("db.t", config, batch_size=10, num_workers=0)
     (batch,) = list(loader)
     assert batch["n"].dtype == torch.int64 and dict(zip(batch["id"].tolist(), batch["n"].tolist())) == {0: 5, 1: 6, 2: 2**40}
+
+
+def test_random_access_numbers_the_rows_the_filters_leave_out(table):
+    """scan_filter and filters choose what the loader delivers, not the numbering (as for plain files)."""
+    config, _ = table
+    _, filtered = _make(config, scan_filter="id >= 700", filters=pc.field("id") < 710, num_workers=0)()
+    _, whole = _make(config, num_workers=0)()
+    assert len(filtered) == 10 and filtered.num_rows == whole.num_rows == 1000
+    picks = [0, 20, 699, -1]
+    assert filtered[picks]["id"].tolist() == whole[picks]["id"].tolist()
+    assert sorted(filtered[0:1000]["id"].tolist()) == list(range(1000))

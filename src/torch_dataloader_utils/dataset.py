@@ -144,7 +144,7 @@ class StructuredDataset(IterableDataset):
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
         self._files_digest: tuple[Catalog, str] | None = None
         # random access numbers every stored row: filters= choose what the loader delivers, not the index
-        self._rows = RowAccess(stored, read_columns, row_cache_bytes, selected, self.policy, output_format)
+        self._rows = RowAccess(self._rows_catalog(stored), read_columns, row_cache_bytes, selected, self.policy, output_format)
         return_freed_memory(len(stored.files))
 
     # ----------------------------------------------------------- public API
@@ -165,11 +165,9 @@ class StructuredDataset(IterableDataset):
         loader_kwargs = {k: kwargs.pop(k) for k in _LOADER_OPTIONS if k in kwargs}
         fixed = sorted(set(kwargs) & _FIXED_LOADER_OPTIONS)
         if fixed:
-            raise TypeError(
-                f"create_dataloader does not take the DataLoader option(s) {fixed}: the loader sets them itself "
-                f"(batches come from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; "
-                "for a DataLoader of your own, see docs/stateful-dataloader.md"
-            )
+            raise TypeError(f"create_dataloader does not take the DataLoader option(s) {fixed}: the loader sets them itself (batches come "
+                            f"from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; for a DataLoader of "
+                            "your own, see docs/stateful-dataloader.md")  # fmt: skip
         device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
         if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
             raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
@@ -254,12 +252,10 @@ class StructuredDataset(IterableDataset):
         if epoch != delivery.progress.epoch:
             if delivery.restored_partly():
                 log.warning(
-                    "set_epoch(%d) drops the progress load_state_dict restored for epoch %d, whose remaining rows are "
-                    "then never delivered. To continue the restored epoch, start your epoch loop at dataset.epoch: "
-                    "for epoch in range(dataset.epoch, num_epochs)",
-                    epoch,
-                    delivery.progress.epoch,
-                )
+                    "set_epoch(%d) drops the progress load_state_dict restored for epoch %d, whose remaining rows are then never "
+                    "delivered. To continue the restored epoch, start your epoch loop at dataset.epoch: for epoch in range(dataset.epoch, "
+                    "num_epochs)", epoch, delivery.progress.epoch,
+                )  # fmt: skip
             delivery.reset(epoch)
         self._worker.epoch_cell[0] = epoch
 
@@ -334,6 +330,10 @@ class StructuredDataset(IterableDataset):
             return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *more)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
+    def _rows_catalog(self, catalog: Catalog) -> Catalog | Callable[[], Catalog]:
+        """What random access numbers for ``catalog`` (a table dataset's: its snapshot without filters)."""
+        return catalog
+
     def _use_catalog(self, catalog: Catalog) -> StreamBook:
         """Plan ``catalog``'s files; a table dataset re-plans another snapshot through this."""
         catalog_before = getattr(self, "_catalog", None)
@@ -359,7 +359,7 @@ class StructuredDataset(IterableDataset):
         self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
         if hasattr(self, "_delivery"):
             self._delivery.reader.replan(catalog, book)
-            self._rows = self._rows.replanned(catalog)
+            self._rows = self._rows.replanned(self._rows_catalog(catalog))
         return book
 
     def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:

@@ -10,9 +10,10 @@ travel) or ``pin_snapshot=True``. See docs/tables.md.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .catalog.build import Catalog
 from .catalog.filter_prune import filter_expression
@@ -23,7 +24,7 @@ from .state.schema import FILTERS, TABLE
 from .state.validate import mismatch, table_entry
 from .storage.remote import IOOptions
 from .tables import delta, iceberg
-from .tables.plan import TablePlan, TableRef, table_catalog
+from .tables.plan import TablePlan, TableRef, table_catalog, with_row_filter
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,10 @@ class _TableDataset(StructuredDataset):
     _pinned: bool
     _filter_text: str | None = None  # the row filters, recorded by digest: a resume with others is refused
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+    _rows_source: Catalog | Callable[[], Catalog]  # what random access numbers: the snapshot without filters
+
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
+        """The snapshot's plan as read (deletes and filters applied) and as numbered (deletes only)."""
         raise NotImplementedError
 
     def _current_snapshot(self) -> int:
@@ -43,14 +47,29 @@ class _TableDataset(StructuredDataset):
 
     def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
         self._split_bytes, self._io = split_bytes, io
-        plan = self._plan_table(self._requested)
-        self._ref = plan.ref
-        return table_catalog(plan, split_bytes, io)
+        plans = self._plan_table(self._requested)
+        self._ref = plans[0].ref
+        return self._catalogs(plans)
 
-    def _switch(self, plan: TablePlan) -> None:
-        """Read ``plan``'s snapshot from now on."""
-        self._use_catalog(table_catalog(plan, self._split_bytes, self._io))
-        self._ref = plan.ref
+    def _catalogs(self, plans: tuple[TablePlan, TablePlan]) -> Catalog:
+        """The catalog to read; the one to number rows in is kept for ``_rows_catalog``, built on first use."""
+        read, numbered = plans
+        catalog = table_catalog(read, self._split_bytes, self._io)
+        self._rows_source = catalog if numbered is read else functools.partial(table_catalog, numbered, self._split_bytes, self._io)
+        return catalog
+
+    def _rows_catalog(self, catalog: Catalog) -> Catalog | Callable[[], Catalog]:
+        return self._rows_source
+
+    def _switch(self, plans: tuple[TablePlan, TablePlan]) -> None:
+        """Read the plans' snapshot from now on."""
+        before = self._rows_source
+        try:
+            self._use_catalog(self._catalogs(plans))
+        except BaseException:
+            self._rows_source = before
+            raise
+        self._ref = plans[0].ref
 
     @property
     def snapshot(self) -> int:
@@ -106,7 +125,7 @@ class _TableDataset(StructuredDataset):
             action()
             return
         self._check_table(entry)
-        before = (self._catalog, self._ref)
+        before = (self._catalog, self._ref, self._rows_source)
         try:
             self._switch(self._plan_table(entry["snapshot"], from_state=True))
         except FileNotFoundError as error:  # the snapshot's log is there, but not all of its data files
@@ -121,6 +140,7 @@ class _TableDataset(StructuredDataset):
             raise
         finally:
             if not keep:
+                self._rows_source = before[2]
                 self._use_catalog(before[0])
                 self._ref = before[1]
 
@@ -185,11 +205,14 @@ class IcebergDataset(_TableDataset):
     def _load(self) -> Any:
         return iceberg.load_table(self._name, self._catalog_config)
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
         table = self._load()
         found = iceberg.snapshot_of(table, self._name, snapshot, from_state)
         options = self._storage_options if self._storage_options is not None else iceberg.storage_options_of(self._catalog_config, table)
-        return iceberg.plan_iceberg(table, self._name, found, self._scan_filter, self._filters, self._columns, options)
+        read = iceberg.plan_iceberg(table, self._name, found, self._scan_filter, self._filters, self._columns, options)
+        if self._scan_filter is None and self._filters is None:
+            return read, read
+        return read, iceberg.plan_iceberg(table, self._name, found, None, None, self._columns, options)
 
     def _current_snapshot(self) -> int:
         return iceberg.snapshot_of(self._load(), self._name, None).snapshot_id
@@ -229,9 +252,10 @@ class DeltaDataset(_TableDataset):
         StructuredDataset.create_dataloader's)."""
         return super().create_dataloader(path, version, **kwargs)  # type: ignore[arg-type]
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> TablePlan:
+    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
         table = delta.open_delta(self._uri, snapshot, self._storage_options, from_state)
-        return delta.plan_delta(table, self._uri, self._filters, self._storage_options)
+        numbered = delta.plan_delta(table, self._uri, self._storage_options)
+        return with_row_filter(numbered, self._filters), numbered
 
     def _current_snapshot(self) -> int:
         return int(delta.open_delta(self._uri, None, self._storage_options).version())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -81,10 +82,15 @@ def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | Non
     return tuple(form)
 
 
+_POSITIONAL = re.compile(r"FieldPath\(\d")
+
+
 def filter_expression(filters: Any) -> pc.Expression:
     """``filters`` as an Expression: itself, or pyarrow's DNF list form converted; ValueError /
     TypeError naming what is wrong."""
     if isinstance(filters, pc.Expression):
+        if _POSITIONAL.search(str(filters)):  # a column by position: the files' positions differ from the dataset's
+            raise ValueError(f"filters {filters} refer to a column by position (pc.field(0)); name it instead, e.g. pc.field('label')")
         return filters
     if isinstance(filters, (list, tuple)) and filters:
         try:

@@ -141,7 +141,9 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
     """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that
     disagree, or with ``conflicts`` given, each such column's message put there (the column
     keeps the type it had first) for the caller to raise if the column is selected."""
-    if schemas and all(s is schemas[0] for s in schemas):  # one shared object (the plan cache's, or equal footers')
+    if not schemas:
+        return pa.schema([])
+    if all(s is schemas[0] for s in schemas):  # one shared object (the plan cache's, or equal footers')
         return _wide_dictionaries(schemas[0])
     distinct: dict[pa.Schema, list[str]] = {}
     for schema, name in zip(schemas, names):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -52,14 +52,14 @@ class RowAccess:
 
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: Catalog | Callable[[], Catalog],
         columns: list[str] | None,
         cache_bytes: int = DEFAULT_ROW_CACHE_BYTES,
         selected: list[BatchColumn] | None = None,
         policy: ColumnPolicy = DEFAULT_POLICY,
         output_format: str = "torch",
     ):
-        self.catalog = catalog
+        self._catalog = catalog
         self.output_format = output_format  # what a batch is (output_formats.OUTPUT_FORMATS)
         self.columns = columns  # as read: top-level columns when ``selected`` takes structs and maps apart
         self.selected = selected
@@ -68,6 +68,12 @@ class RowAccess:
         self.cache = UnitCache(cache_bytes)
         self._readers: OrderedDict[int, Any] = OrderedDict()
         self._lock = threading.Lock()
+
+    @functools.cached_property
+    def catalog(self) -> Catalog:
+        """The files rows are numbered in; made on first use where given as a function (a table
+        dataset's snapshot without its filters, whose footers only random access needs)."""
+        return self._catalog if isinstance(self._catalog, Catalog) else self._catalog()
 
     @functools.cached_property
     def index(self) -> RowIndex:
@@ -108,7 +114,7 @@ class RowAccess:
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
         return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
 
-    def replanned(self, catalog: Catalog) -> RowAccess:
+    def replanned(self, catalog: Catalog | Callable[[], Catalog]) -> RowAccess:
         """The same access over another catalog (a table dataset's other snapshot)."""
         return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy, self.output_format)
 

@@ -4,6 +4,7 @@ their partition values and deletion vectors, as a ``TablePlan``."""
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -11,7 +12,7 @@ import pyarrow as pa
 from ..errors import CheckpointMismatchError
 from .deletes import merge_dropped
 from .files import TableFile
-from .plan import TablePlan, TableRef, apply_row_filter, table_filesystem
+from .plan import TablePlan, TableRef, table_filesystem
 
 #: s3fs storage options -> the deltalake (object_store) option they set
 _S3_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
@@ -70,11 +71,11 @@ def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
     vectors = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
     dropped = {}
     for path, keep in zip(vectors.column("filepath").to_pylist(), vectors.column("selection_vector").to_pylist()):
-        dropped[fs._strip_protocol(path)] = np.flatnonzero(~np.asarray(keep, dtype=bool)).astype(np.int64)
+        dropped[fs._strip_protocol(_decoded(path))] = np.flatnonzero(~np.asarray(keep, dtype=bool)).astype(np.int64)
     return dropped
 
 
-def plan_delta(table: Any, uri: str, filters: Any, storage_options: dict | None) -> TablePlan:
+def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
     """The version's data files, with partition values as constant columns and deletion vectors applied."""
     mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
     if mode != "none":
@@ -83,7 +84,7 @@ def plan_delta(table: Any, uri: str, filters: Any, storage_options: dict | None)
     actions = pa.table(table.get_add_actions(flatten=True))
     relative = actions.column("path").to_pylist()
     full_paths = [_full_path(table.table_uri, path) for path in relative]
-    fs = table_filesystem(full_paths[0] if full_paths else table.table_uri, storage_options)
+    fs = table_filesystem(full_paths[0] if full_paths else _decoded(table.table_uri), storage_options)
     has_vectors = "deletionVectors" in (table.protocol().reader_features or [])
     vectors = _deletion_vectors(table, fs) if has_vectors else {}
     partitions = [name for name in actions.column_names if name.startswith("partition.")]
@@ -96,14 +97,17 @@ def plan_delta(table: Any, uri: str, filters: Any, storage_options: dict | None)
             constants[name] = pa.scalar(values[column][row], schema.field(name).type)
         dropped = vectors.get(fs._strip_protocol(full), np.zeros(0, dtype=np.int64))
         files.append(TableFile(full, merge_dropped(dropped), None, constants))
-    plan = TablePlan(TableRef("delta", table.table_uri, int(table.version())), files, schema, fs)
-    apply_row_filter(plan, filters)
-    return plan
+    return TablePlan(TableRef("delta", table.table_uri, int(table.version())), files, schema, fs)
 
+
+
+def _decoded(uri: str) -> str:
+    """A URI deltalake gives (``table_uri``, a deletion vector's file: percent-encoded, so a space
+    is ``%20``) as the path the filesystem opens."""
+    scheme, sep, rest = uri.partition("://")
+    return f"{scheme}{sep}{unquote(rest)}" if sep else unquote(uri)
 
 
 def _full_path(table_uri: str, path: str) -> str:
-    """An add action's file: its path is relative to the table (URL-encoded) unless it is a URI."""
-    from urllib.parse import unquote
-
-    return path if "://" in path else f"{table_uri.rstrip('/')}/{unquote(path)}"
+    """An add action's file: a percent-encoded URI, relative to the table unless absolute."""
+    return _decoded(path) if "://" in path else f"{_decoded(table_uri).rstrip('/')}/{unquote(path)}"

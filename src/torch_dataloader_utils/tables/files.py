@@ -9,7 +9,7 @@ splits and an exact resume work on those rows as on a plain file's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,19 @@ class TableFileFormat:
     def schema(self, fs: Any, path: str, footer: TableFooter) -> pa.Schema:
         """The file's schema as the table names it."""
         return footer.schema
+
+    def null_counts(self, footer: TableFooter, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per column among ``names`` where planning knows them: every kept row of a null
+        constant (a null partition value); a stored column's statistics when the file drops no row."""
+        file = footer.file
+        kept = int(footer.unit_starts[-1]) - len(file.dropped)
+        counts = {name: kept for name in names if name in file.constants and not file.constants[name].is_valid}
+        base_counts = getattr(self.base, "null_counts", None)
+        if base_counts is not None and not len(file.dropped):
+            physical = {table: raw for raw, table in footer.names.items()}
+            stored = base_counts(footer.footer, [physical[name] for name in names if name in physical])
+            counts.update({footer.names[raw]: count for raw, count in stored.items()})
+        return counts
 
     def open(self, fs: Any, path: str, footer: TableFooter, use_threads: bool) -> TableFileReader:
         return TableFileReader(self.base.open(fs, path, footer.footer, use_threads), footer)

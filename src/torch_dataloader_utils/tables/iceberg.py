@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from .deletes import PositionDeletes
 from .files import TableFile
-from .plan import TablePlan, TableRef, apply_row_filter, table_filesystem
+from .plan import TablePlan, TableRef, table_filesystem, with_row_filter
 
 #: catalog_config properties of pyiceberg's S3 FileIO -> the s3fs storage option they set
 _S3_OPTIONS = {
@@ -143,9 +143,7 @@ def plan_iceberg(
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
         dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
         files.append(TableFile(data.file_path, dropped, names))
-    plan = TablePlan(ref, files, arrow_schema, fs)
-    apply_row_filter(plan, _and(arrow_filter, filters))
-    return plan
+    return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
 
 
 def _and(first: Any, second: Any) -> Any:

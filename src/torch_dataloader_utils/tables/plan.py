@@ -54,18 +54,21 @@ def table_filesystem(example_path: str, storage_options: dict | None) -> Any:
     return filesystem_for([example_path], storage_options)
 
 
-def apply_row_filter(plan: TablePlan, expression: pc.Expression | None) -> None:
-    """Drop the rows of every file that ``expression`` does not keep (each file's filter columns
-    are read once, here, so that unit row counts are exact)."""
+def with_row_filter(plan: TablePlan, expression: pc.Expression | None) -> TablePlan:
+    """``plan`` with every file also dropping the rows ``expression`` does not keep (each file's
+    filter columns are read once, here, so that unit row counts are exact); ``plan`` unchanged."""
     if expression is None:
-        return
+        return plan
     if not isinstance(expression, pc.Expression):
         raise TypeError(
             f"filters must be a pyarrow.compute expression over the table's columns, e.g. pc.field('year') == 2024; "
             f"got {type(expression).__name__}"
         )
-    for file in progress(iter(plan.files), len(plan.files), "evaluating the row filter"):
-        file.dropped = merge_dropped(file.dropped, unmatched_rows(plan.fs, file, expression, plan.schema))
+    files = [
+        replace(file, dropped=merge_dropped(file.dropped, unmatched_rows(plan.fs, file, expression, plan.schema)))
+        for file in progress(iter(plan.files), len(plan.files), "evaluating the row filter")
+    ]
+    return replace(plan, files=files)
 
 
 _INFO_THREADS = 32
@@ -96,13 +99,13 @@ def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
 
 def table_catalog(plan: TablePlan, split_bytes: int, io: IOOptions | None) -> Catalog:
     """The catalog of a snapshot's files: footers read once, units counting the rows the table keeps."""
-    if not plan.files:
-        raise ValueError(f"{plan.ref.describe()} has no data files: nothing to read")
     fs = open_store(plan.fs, io)
     by_storage_path = {plan.fs._strip_protocol(file.path): file for file in plan.files}
     entries = _entries(fs, sorted(by_storage_path), plan.ref)
     files = {entry.fs_path: by_storage_path[entry.fs_path] for entry in entries}
     catalog = catalog_of_files(fs, TableFileFormat(get_format("parquet"), files, plan.schema), entries, split_bytes)
+    if not plan.files:  # a snapshot without data files (a new table, every row deleted): no rows
+        return replace(catalog, schema=plan.schema)
     if catalog.schema is None:
         return catalog
     order = [name for name in plan.schema.names if name in catalog.schema.names]
