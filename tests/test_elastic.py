@@ -247,6 +247,26 @@ def test_checkpoint_after_an_elastic_resume_resumes_exactly(data):
     assert max(seen.values()) == 1 and sorted(seen) == list(range(ROWS))
 
 
+def test_damaged_lanes_or_batch_target_after_an_elastic_resume_are_refused(data):
+    """A state that carries dealt lanes is checked against its own row totals, and a global
+    state's ranks must agree on the batch target (else rows would be lost or DDP would hang)."""
+    import copy
+
+    config = _config(True)
+    merged = merge_states([_run(data, rank, 2, 2, config, stop=4)[1] for rank in range(2)])
+    dealt = merge_states([_run(data, rank, 3, 1, config, state=merged, elastic=True, stop=2)[1] for rank in range(3)])
+    cut = copy.deepcopy(dealt)
+    cut["ranks"][0]["lanes"][0] = cut["ranks"][0]["lanes"][0][:-1]
+    with pytest.raises(CheckpointMismatchError, match=r"'lanes' is damaged[\s\S]*'rows_total' says"):
+        _run(data, 0, 3, 1, config, state=cut)
+    raised = copy.deepcopy(dealt)
+    raised["ranks"][0]["batch_target"] += 5
+    for rank in range(3):
+        with pytest.raises(CheckpointMismatchError, match=r"disagree on 'lanes' or 'batch_target'"):
+            _run(data, rank, 3, 1, config, state=raised)
+    assert [_run(data, rank, 3, 1, config, state=dealt)[2] for rank in range(3)]  # the intact state loads
+
+
 def test_same_topology_global_state_resumes_each_rank_exactly(data):
     config = _config(True)
     full = [_run(data, rank, 2, 2, config)[0] for rank in range(2)]

@@ -190,4 +190,10 @@ def check_global(state: Mapping[str, Any]) -> None:
             )
         if part.get(EPOCH) != state.get(EPOCH):
             raise mismatch(f"Checkpoint state 'ranks[{rank}]' is from another epoch.", [], ["the global state is damaged"])
+        if (part.get(LANES) is None) != (ranks[0].get(LANES) is None) or part.get(BATCH_TARGET) != ranks[0].get(BATCH_TARGET):
+            raise mismatch(
+                f"Checkpoint state 'ranks[{rank}]' and 'ranks[0]' disagree on 'lanes' or 'batch_target'.",
+                [],
+                [f"batch_target {part.get(BATCH_TARGET)!r} against {ranks[0].get(BATCH_TARGET)!r}: every rank of one deal has the same; the global state is damaged"],
+            )
 

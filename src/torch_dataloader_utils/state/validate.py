@@ -35,6 +35,7 @@ from .schema import (
     PADDING_DELIVERED,
     RANKS,
     ROWS_DELIVERED,
+    ROWS_TOTAL,
     SCOPE,
     SCOPES,
     SHUFFLE_ONLY_KEYS,
@@ -266,6 +267,10 @@ def validate_rank_state(
         raise mismatch("Checkpoint state key 'padding_delivered' is damaged.", [], [f"found {padding!r:.40}"])
     workers = max(1, config["_num_workers"])
     saved_lanes = _parse_lanes(state.get(LANES), epoch, book, workers)
+    totals = state.get(ROWS_TOTAL)
+    if saved_lanes is not None and isinstance(totals, list) and totals != [lane_length(lane) for lane in saved_lanes]:
+        lengths = [lane_length(lane) for lane in saved_lanes]
+        raise mismatch("Checkpoint state key 'lanes' is damaged.", [], [f"its lanes hold {lengths} rows, but 'rows_total' says {totals}"])
     lanes = saved_lanes or book.canonical_lanes(epoch, config["_rank"], config["_world_size"], config["_num_workers"])
     if len(positions) != len(lanes) or len(completed) != len(lanes):
         raise mismatch(
