@@ -268,11 +268,24 @@ def test_a_column_name_twice_in_a_file_is_refused_naming_file_and_column(tmp_pat
         (pa.list_(pa.float32(), 3), pa.list_(pa.float32(), 2), None),
         (pa.timestamp("s"), pa.timestamp("ms"), pa.timestamp("ms")),
         (pa.timestamp("us", tz="UTC"), pa.timestamp("ns"), None),  # another time zone (or none)
+        (pa.struct([("a", pa.int32())]), pa.struct([("a", pa.int64()), ("b", pa.string())]), pa.struct([("a", pa.int64()), ("b", pa.string())])),
+        (pa.struct([("a", pa.int32())]), pa.struct([("a", pa.string())]), None),
     ],
 )
 def test_type_rule(a, b, unified):
     assert merge_types(a, b) == unified
     assert merge_types(b, a) == unified
+
+
+def test_a_struct_that_gained_a_field_reads_it_as_null_in_older_files(tmp_path):
+    """As a column added later: the field is null in the files written before it."""
+    old = pa.table({"id": [0, 1], "st": pa.array([{"a": 1}, {"a": 2}], pa.struct([("a", pa.int32())]))})
+    new = pa.table({"id": [2], "st": pa.array([{"a": 3, "b": "x"}], pa.struct([("a", pa.int32()), ("b", pa.string())]))})
+    pq.write_table(old, tmp_path / "a.parquet")
+    pq.write_table(new, tmp_path / "b.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), num_workers=0, batch_size=8, nulls="mask")
+    (batch,) = list(loader)
+    assert batch["st.a"].tolist() == [1, 2, 3] and batch["st.b"] == [None, None, "x"]
 
 
 def test_conform_orders_fills_and_casts_safely():

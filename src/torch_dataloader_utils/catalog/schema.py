@@ -115,17 +115,35 @@ def _merge_nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
             return None
         field = a.value_field.with_type(values)
         return pa.large_list(field) if pa.types.is_large_list(a) or pa.types.is_large_list(b) else pa.list_(field)
-    if pa.types.is_struct(a) and pa.types.is_struct(b) and [f.name for f in a] == [f.name for f in b]:
-        kinds = [merge_types(x.type, y.type) for x, y in zip(a, b)]
-        if any(kind is None for kind in kinds):
-            return None
-        return pa.struct([pa.field(x.name, kind, nullable=x.nullable or y.nullable) for x, y, kind in zip(a, b, kinds)])
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return _merge_structs(a, b)
     if pa.types.is_map(a) and pa.types.is_map(b) and a.keys_sorted == b.keys_sorted:
         key, item = merge_types(a.key_type, b.key_type), merge_types(a.item_type, b.item_type)
         if key is None or item is None:
             return None
         return pa.map_(a.key_field.with_type(key), a.item_field.with_type(item), keys_sorted=a.keys_sorted)
     return None
+
+
+def _merge_structs(a: pa.StructType, b: pa.StructType) -> pa.DataType | None:
+    """Structs unify field by field, by name; a field only one has is added (null where the other
+    is read), as a column only some files have: a struct that gained a field since older files."""
+    names_a, names_b = [f.name for f in a], [f.name for f in b]
+    if len(set(names_a)) != len(names_a) or len(set(names_b)) != len(names_b):  # a repeated name: matched by position
+        if names_a != names_b:
+            return None
+        kinds = [merge_types(x.type, y.type) for x, y in zip(a, b)]
+        return None if None in kinds else pa.struct([pa.field(x.name, k, nullable=x.nullable or y.nullable) for x, y, k in zip(a, b, kinds)])
+    others = {f.name: f for f in b}
+    fields = []
+    for field in a:
+        other = others.pop(field.name, None)
+        kind = field.type if other is None else merge_types(field.type, other.type)
+        if kind is None:
+            return None
+        fields.append(pa.field(field.name, kind, nullable=True if other is None else field.nullable or other.nullable))
+    fields += [f.with_nullable(True) for f in others.values()]
+    return pa.struct(fields)
 
 
 def _is_list(kind: pa.DataType) -> bool:

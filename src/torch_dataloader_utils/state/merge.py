@@ -194,6 +194,6 @@ def check_global(state: Mapping[str, Any]) -> None:
             raise mismatch(
                 f"Checkpoint state 'ranks[{rank}]' and 'ranks[0]' disagree on 'lanes' or 'batch_target'.",
                 [],
-                [f"batch_target {part.get(BATCH_TARGET)!r} against {ranks[0].get(BATCH_TARGET)!r}: every rank of one deal has the same; the global state is damaged"],
+                [f"batch_target {part.get(BATCH_TARGET)!r} against {ranks[0].get(BATCH_TARGET)!r}: the ranks of one deal share it; the state is damaged"],
             )
 

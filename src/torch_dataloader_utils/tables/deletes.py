@@ -74,7 +74,7 @@ def filter_columns(expression: pc.Expression, table_schema: pa.Schema) -> list[s
 def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_schema: pa.Schema) -> np.ndarray:
     """Positions of ``file``'s rows that ``expression`` does not keep (false or null). Only the
     columns it names are read, as the table names them; a column the file lacks is nulls, a
-    partition column its constant."""
+    partition column its constant (Iceberg: a partition value the file does not store)."""
     columns = filter_columns(expression, table_schema)
     with fs.open(_storage_path(fs, file.path), "rb") as handle:
         parquet = pq.ParquetFile(handle)
@@ -87,8 +87,8 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
         kind = table_schema.field(name).type
         if name in physical:
             arrays[name] = read.column(physical[name]).cast(kind)
-        elif name in file.constants:
-            arrays[name] = pa.repeat(file.constants[name], rows).cast(kind)
+        elif name in file.constants or name in file.partition_values:
+            arrays[name] = pa.repeat(file.constants.get(name, file.partition_values.get(name)), rows).cast(kind)
         else:
             arrays[name] = pa.nulls(rows, kind)
     try:

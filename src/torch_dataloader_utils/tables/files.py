@@ -31,6 +31,10 @@ class TableFile:
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     field_names: Mapping[int, str] | None = None  # Iceberg: field id -> the column's name in the snapshot's schema
     constants: dict[str, pa.Scalar] = field(default_factory=dict)
+    # Iceberg: the table's name mapping (a stored name -> field id) for columns written without field ids
+    mapped_ids: Mapping[str, int] | None = None
+    # Iceberg: identity partition values, for a file that does not store its partition columns (imported files)
+    partition_values: dict[str, pa.Scalar] = field(default_factory=dict)
 
 
 def column_names(schema: pa.Schema, file: TableFile, table_names: set[str]) -> dict[str, str]:
@@ -40,7 +44,10 @@ def column_names(schema: pa.Schema, file: TableFile, table_names: set[str]) -> d
         raw = (column.metadata or {}).get(FIELD_ID)
         if file.field_names is not None and raw is not None:
             name = file.field_names.get(int(raw))
-        else:  # a file written without field ids (Iceberg: added files; Delta): by name
+        elif file.field_names is not None and file.mapped_ids is not None:  # no field ids: by the table's name mapping
+            mapped = file.mapped_ids.get(column.name)
+            name = None if mapped is None else file.field_names.get(mapped)
+        else:  # a file written without field ids and no name mapping (Iceberg: added files; Delta): by name
             name = column.name if column.name in table_names else None
         if name is not None and name not in file.constants:
             names[column.name] = name
@@ -56,6 +63,7 @@ class TableFooter:
     names: dict[str, str]  # file column -> table column
     unit_starts: np.ndarray  # first row of each unit in the file (and the file's row count last)
     schema: pa.Schema  # the file's schema as the table names it (constants included)
+    constants: dict[str, pa.Scalar]  # columns added with one value: the file's constants, and partition values it does not store
 
 
 class TableFileFormat:
@@ -82,8 +90,10 @@ class TableFileFormat:
         base_schema = self.base.schema(fs, path, footer)
         names = column_names(base_schema, file, set(self.table_schema.names))
         columns = [pa.field(names[c.name], c.type) for c in base_schema if c.name in names]
-        columns += [pa.field(name, self._type(name, value)) for name, value in file.constants.items()]
-        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns))
+        stored = set(names.values())
+        constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
+        columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants)
         return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
@@ -99,7 +109,7 @@ class TableFileFormat:
         constant (a null partition value); a stored column's statistics when the file drops no row."""
         file = footer.file
         kept = int(footer.unit_starts[-1]) - len(file.dropped)
-        counts = {name: kept for name in names if name in file.constants and not file.constants[name].is_valid}
+        counts = {name: kept for name in names if name in footer.constants and not footer.constants[name].is_valid}
         base_counts = getattr(self.base, "null_counts", None)
         if base_counts is not None and not len(file.dropped):
             physical = {table: raw for raw, table in footer.names.items()}
@@ -131,7 +141,7 @@ class TableFileReader:
 
     def _finish(self, table: pa.Table, columns: list[str] | None) -> pa.Table:
         table = table.rename_columns([self._footer.names[name] for name in table.column_names])
-        for name, value in self._footer.file.constants.items():
+        for name, value in self._footer.constants.items():
             if columns is None or name in columns:
                 column = self._footer.schema.field(name)
                 table = table.append_column(column, pa.repeat(value, table.num_rows).cast(column.type))

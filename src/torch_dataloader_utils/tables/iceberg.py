@@ -85,6 +85,36 @@ def _field_names(schema: Any) -> dict[int, str]:
     return {column.field_id: column.name for column in schema.fields}
 
 
+def _name_mapping(table: Any) -> dict[str, int] | None:
+    """The table's name mapping (``schema.name-mapping.default``, which ``add_files`` and migrations
+    set) for top-level columns: how a file written without field ids names each one."""
+    mapping = table.name_mapping()
+    if mapping is None:
+        return None
+    return {name: field.field_id for field in mapping for name in field.names if field.field_id is not None}
+
+
+def _identity_fields(spec: Any, names: Mapping[int, str]) -> list[tuple[int, str]]:
+    """(position in the partition tuple, column name) of the spec's identity partitions on columns of the schema."""
+    from pyiceberg.transforms import IdentityTransform
+
+    return [(i, names[f.source_id]) for i, f in enumerate(spec.fields) if isinstance(f.transform, IdentityTransform) and f.source_id in names]
+
+
+def _partition_values(data: Any, identity: list[tuple[int, str]], arrow_schema: Any) -> dict[str, Any]:
+    """A data file's identity partition values, typed as the columns: the values of those columns
+    where the file does not store them (the Iceberg spec: readers take them from the metadata)."""
+    import pyarrow as pa
+
+    values = {}
+    for position, name in identity:
+        try:
+            values[name] = pa.scalar(data.partition[position], arrow_schema.field(name).type)
+        except (pa.ArrowException, TypeError, ValueError, KeyError):  # a value pyarrow cannot type so: left to the file
+            continue
+    return values
+
+
 def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
     """(pyiceberg's row filter for planning, the same filter as a pyarrow expression)."""
     from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -98,7 +128,7 @@ def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
         expression = parse(scan_filter) if isinstance(scan_filter, str) else scan_filter
         if not isinstance(expression, BooleanExpression):
             raise TypeError(f"got {type(scan_filter).__name__}")
-        return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True))
+        return expression, expression_to_pyarrow(bind(schema, expression, case_sensitive=True), schema)  # schema: a struct leaf by its path
     except Exception as error:  # pyiceberg's parse and bind errors: re-raised naming the argument
         raise ValueError(
             f"scan_filter {scan_filter!r:.200} is not a pyiceberg expression over the snapshot's columns {[f.name for f in schema.fields]} "
@@ -134,6 +164,8 @@ def plan_iceberg(
     fs = table_filesystem(example, storage_options)
     deletes = PositionDeletes(fs)
     names = _field_names(schema)
+    mapping = _name_mapping(table)
+    identity = {spec_id: _identity_fields(spec, names) for spec_id, spec in table.specs().items()}
     files = []
     for task in tasks:
         data = task.file
@@ -142,7 +174,8 @@ def plan_iceberg(
         if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
         dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
-        files.append(TableFile(data.file_path, dropped, names))
+        partition = _partition_values(data, identity.get(data.spec_id, []), arrow_schema)
+        files.append(TableFile(data.file_path, dropped, names, mapped_ids=mapping, partition_values=partition))
     return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
 
 
