@@ -244,3 +244,47 @@ def test_a_top_level_column_named_like_a_leaf_is_refused_unless_one_is_left_out(
     pq.write_table(pa.table({"m": pa.array([[("k", 1)], []], pa.map_(pa.string(), pa.int64())), "m.keys": [5, 6]}), map_dir / "m.parquet")
     with pytest.raises(ValueError, match=r"named 'm.keys': a leaf of the column 'm' and the top-level column 'm.keys'"):
         StructuredDataset(str(map_dir), num_workers=0)
+
+
+def test_extension_columns_arrive_as_what_they_store(tmp_path):
+    """UUID, JSON (as pyarrow writes Parquet's logical types), bool8 and fixed_shape_tensor: the
+    storage's batch form, the same as a writer that stores the plain type (files of both unify)."""
+    import uuid
+
+    ids = [uuid.UUID(int=i).bytes for i in range(4)]
+    storage = {
+        "u": pa.array(ids, pa.binary(16)),
+        "j": pa.array(['{"a": 1}', "[]", "2", "null"]),
+        "b": pa.array([1, 0, 1, None], pa.int8()),
+        "t": pa.array([[i, i, i, i] for i in range(4)], pa.list_(pa.float32(), 4)),
+    }
+    kinds = {"u": pa.uuid(), "j": pa.json_(), "b": pa.bool8(), "t": pa.fixed_shape_tensor(pa.float32(), [2, 2])}
+    extension = {name: pa.ExtensionArray.from_storage(kinds[name], array) for name, array in storage.items()}
+    pq.write_table(pa.table({"id": range(4), **extension}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": range(4, 6), **{k: v[:2] for k, v in storage.items() if k != "b"}, "b": pa.array([True, False])}), tmp_path / "b.parquet")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), num_workers=0, batch_size=6, nulls="mask")
+    (batch,) = list(loader)
+    assert batch["u"] == ids + ids[:2] and batch["j"] == ['{"a": 1}', "[]", "2", "null", '{"a": 1}', "[]"]
+    assert batch["b"].dtype == torch.bool and batch["b.valid"].tolist() == [True, True, True, False, True, True]
+    assert batch["t"].shape == (6, 4) and batch["t"][3].tolist() == [3.0] * 4
+    assert dataset[0]["u"] == ids[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_run_end_encoded_columns_arrive_decoded(tmp_path, num_workers):
+    """Arrow IPC keeps run-end encoding; batches hold the values (shuffled, by random access, resumed)."""
+    import pyarrow.compute as pc
+    import pyarrow.feather as feather
+
+    from torch_dataloader_utils.testing import assert_resumes_exactly
+
+    table = pa.table({"id": pa.array(range(60), pa.int64()), "x": pc.run_end_encode(pa.array([i // 10 for i in range(60)], pa.float64()))})
+    feather.write_feather(table, str(tmp_path / "a.arrow"), chunksize=20, compression="uncompressed")
+
+    def make():
+        return StructuredDataset.create_dataloader(str(tmp_path), format="arrow", batch_size=7, num_workers=num_workers, shuffle=True, shuffle_seed=1)
+
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 3)], batch_key=lambda b: tuple(b["id"].tolist()))
+    assert sorted(i for batch in reference.batches[0] for i in batch) == list(range(60))
+    _, dataset = make()
+    assert dataset[[35, 2]]["x"].tolist() == [3.0, 0.0]

@@ -172,13 +172,14 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
     seen_in: dict[str, dict[pa.DataType, list[str]]] = {}
     for schema, files in distinct.items():
         for field in schema:
-            seen_in.setdefault(field.name, {}).setdefault(field.type, []).extend(files)
+            kind = stored_type(field.type)
+            seen_in.setdefault(field.name, {}).setdefault(kind, []).extend(files)
             current = fields.get(field.name)
-            merged = field.type if current is None else merge_types(current, field.type)
+            merged = kind if current is None else merge_types(current, kind)
             if merged is None:
                 if conflicts is None:
-                    raise ValueError(_conflict(field.name, current, field.type, seen_in[field.name]))
-                conflicts.setdefault(field.name, _conflict(field.name, current, field.type, seen_in[field.name]))
+                    raise ValueError(_conflict(field.name, current, kind, seen_in[field.name]))
+                conflicts.setdefault(field.name, _conflict(field.name, current, kind, seen_in[field.name]))
                 continue
             fields[field.name] = merged
     return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
@@ -211,12 +212,24 @@ def without_views(kind: pa.DataType) -> pa.DataType:
     return kind
 
 
+def stored_type(kind: pa.DataType) -> pa.DataType:
+    """A column's type as batches hold it: an extension type (UUID, JSON, fixed_shape_tensor, as
+    pyarrow reads Parquet's logical types and Arrow IPC metadata) as its storage type, ``bool8`` as
+    bool, a run-end encoded column as its values. Top level only: read/conform.py casts those."""
+    if isinstance(kind, pa.BaseExtensionType):
+        return pa.bool_() if kind.extension_name == "arrow.bool8" else kind.storage_type
+    if pa.types.is_run_end_encoded(kind):
+        return kind.value_type
+    return kind
+
+
 def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
     """Dictionary columns with 32-bit indices: a shuffle window takes rows of row groups (and
     files) with different dictionaries, and merging them can overflow 8- or 16-bit indices.
-    View strings and binary (Polars' Arrow IPC files) are read as their large types."""
+    View strings and binary (Polars' Arrow IPC files) are read as their large types, extension
+    and run-end encoded columns as what they store (``stored_type``)."""
     for index, field in enumerate(schema):
-        kind = without_views(field.type)
+        kind = without_views(stored_type(field.type))
         if pa.types.is_dictionary(kind) and kind.index_type.bit_width < 32:
             kind = pa.dictionary(pa.int32(), kind.value_type, kind.ordered)
         if kind != field.type:

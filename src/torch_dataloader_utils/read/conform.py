@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..catalog.schema import without_views
 from ..errors import FileChangedError, RemoteReadError, WideningError
@@ -42,6 +43,8 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             arrays.append(pa.nulls(table.num_rows, field.type))
             continue
         column = table.column(index)
+        if pa.types.is_run_end_encoded(column.type):  # pyarrow casts no run-end encoded column
+            column = pc.run_end_decode(column)
         if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
             column = _decoded(column)
         arrays.append(column if column.type == field.type else _widened(column, field))
