@@ -163,6 +163,17 @@ def test_inspect_a_list_of_rank_states_and_a_global_state(capsys, data, tmp_path
     assert out.count("YES") == 4
 
 
+def test_inspect_key_reaches_a_state_under_an_integer_dict_key(capsys, data, tmp_path):
+    """{rank: state}: inspect names it 'dataset_states.1', and --key takes that name back."""
+    states = {r: saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)}
+    torch.save({"dataset_states": states}, tmp_path / "ddp.pt")
+    code, out, _ = run(capsys, "inspect", tmp_path / "ddp.pt")
+    assert code == 0 and "'dataset_states.1'" in out
+    code, out, err = run(capsys, "inspect", tmp_path / "ddp.pt", "--key", "dataset_states.1", data)
+    assert code == 0, err
+    assert "'dataset_states.1'" in out and "rank=1," in out and "YES" in out and "dataset_states.0" not in out
+
+
 def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
     """The state does not record `columns`; a column the job never read needs no batch form."""
     import pyarrow as pa
@@ -223,6 +234,8 @@ def test_inspect_never_runs_code_from_a_checkpoint(capsys, tmp_path, zip_format)
 def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     code, _, err = run(capsys, "inspect", tmp_path / "absent.json")
     assert code == 2 and "no such file" in err
+    code, _, err = run(capsys, "inspect", tmp_path)
+    assert code == 2 and "is a directory" in err
     (tmp_path / "other.json").write_text('{"model": 1}')
     code, _, err = run(capsys, "inspect", tmp_path / "other.json")
     assert code == 2 and "--key" in err
@@ -418,3 +431,15 @@ def test_bench_reads_nulls_in_number_columns_with_the_nulls_option(capsys, tmp_p
     for policy in ("fill", "mask"):
         code, out, _ = run(capsys, "bench", tmp_path / "nulls", "--num-workers", 0, "--batch-size", 8, "--no-resume", "--nulls", policy, "--json")
         assert code == 0 and json.loads(out)["rows"] == 30
+
+
+# --------------------------------------------------------------- errors under -v
+@pytest.mark.parametrize("verbose", ["-v", "-vv"])
+def test_verbose_input_errors_show_the_traceback_and_still_exit_2(capsys, tmp_path, verbose):
+    (tmp_path / "x.parquet").write_bytes(b"not a parquet file")
+    for path, message in ((tmp_path / "no-such-dir", "no-such-dir"), (tmp_path / "x.parquet", "cannot read the parquet footer")):
+        code, _, err = run(capsys, verbose, "plan", path)
+        assert code == 2, err
+        assert "Traceback (most recent call last)" in err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("tdu plan: error: ") and message in last

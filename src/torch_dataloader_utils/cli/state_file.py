@@ -52,6 +52,8 @@ def _select(value: Any, key: str) -> Any:
     for part in key.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
+        elif isinstance(value, dict) and part.lstrip("-").isdigit() and int(part) in value:  # {rank: state}: find_states names it so
+            value = value[int(part)]
         elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
             value = value[int(part)]
         else:
@@ -62,6 +64,8 @@ def _select(value: Any, key: str) -> Any:
 
 def load_checkpoint(path: str) -> Any:
     """A JSON file, or a torch checkpoint loaded with weights_only=True (loading never runs code)."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory; give the file that holds the state (a JSON file or a torch checkpoint)")
     if not os.path.isfile(path):
         raise UsageError(f"no such file: {path}")
     with open(path, "rb") as file:
