@@ -202,8 +202,8 @@ def test_inspect_checks_a_state_with_its_own_chunk_rows_and_names_a_damaged_one(
     assert not [r for r in caplog.records if "chunk_rows" in r.getMessage()]
     with open(tmp_path / "bad.json", "w") as file:
         json.dump(dict(state, chunk_rows="many"), file)
-    code, out, _ = run(capsys, "inspect", tmp_path / "bad.json", data)
-    assert code == 1 and "NO" in out and "'chunk_rows' is damaged" in out
+    code, out, err = run(capsys, "inspect", tmp_path / "bad.json", data)
+    assert code == 2 and out == "" and "state key 'chunk_rows' is damaged" in err
 
 
 def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):
@@ -270,6 +270,26 @@ def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, 
         assert code == 2 and out == ""
         assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1
         assert "ckpt.pt at key 'dataset'" in err and f"state key {key!r} is damaged" in err
+
+
+def test_inspect_a_state_damaged_past_its_types_is_an_input_error_before_anything_is_built(capsys, data, tmp_path):
+    """Values of the right type that no saved state holds: named by the library's own checks
+    (header, shape, the dataset's argument checks), exit 2 with or without PATH; a huge
+    num_workers is refused at once instead of building that many workers."""
+    state = StructuredDataset(data, batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES).state_dict()
+    worker_state = {**{k: v for k, v in state.items() if k.startswith("_")}, "format_version": 1, "scope": "worker",
+                    "epoch": 0, "worker": 0, "rows_delivered": 8, "files_digest": "d"}
+    for key, value, base in (
+        ("padding_delivered", -3, state), ("_num_workers", 5, state), ("_num_workers", 10**9, state), ("_rank", 5, state),
+        ("_world_size", 0, state), ("scope", "weird", state), ("format_version", "1", state), ("_equalize", "foo", state),
+        ("_on_error", "retry", state), ("_batch_size", 0, state), ("completed_shards", [], state), ("worker", 2, worker_state),
+    ):
+        (tmp_path / "state.json").write_text(json.dumps({**base, key: value}))
+        for argv in ([], ["--json"], [data]):
+            code, out, err = run(capsys, "inspect", tmp_path / "state.json", *argv)
+            assert code == 2 and out == "", (key, value, argv, out)
+            assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1, err
+            assert f"state key {key!r}" in err, (key, err)
 
 
 def test_inspect_against_damaged_data_is_an_input_error(capsys, data, tmp_path):

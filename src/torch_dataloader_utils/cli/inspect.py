@@ -27,18 +27,8 @@ from ..state.schema import (
 from .inspect_mixture import describe_mixture, mixture_for_state, mixture_sources, mixture_sources_of, print_mixture, rows_by_source
 from .options import storage_options
 from .output import EXIT_FAILED, EXIT_OK, human_bytes, print_json
+from .state_check import check_state_fields
 from .state_file import load_checkpoint, states_in
-
-
-def check_state_fields(state: dict) -> None:
-    """Raise UsageError naming the first key that ``describe_state`` cannot read, with what to do."""
-    from ..state.shape import StateShapeError, check_state_shape
-
-    try:
-        check_state_shape(state)
-    except StateShapeError as error:
-        raise UsageError(f"state key {error.key!r} is damaged: {error.detail}. The state was altered or not saved from "
-                         "dataset.state_dict(); use an intact copy of the checkpoint or discard it") from None
 
 
 def describe_state(state: dict) -> dict:

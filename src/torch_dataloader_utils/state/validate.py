@@ -121,7 +121,7 @@ def check_header(state: Any) -> str:
         raise mismatch(f"Checkpoint state has an invalid format_version {version}.", [], ["the state is damaged"])
     scope = state.get(SCOPE, "rank")
     if scope not in SCOPES:
-        raise mismatch(f"Checkpoint state has an unknown scope {scope!r}.", [], ["the state is damaged"])
+        raise mismatch(f"Checkpoint state key 'scope' holds an unknown scope {scope!r}.", [], ["the state is damaged"])
     return scope
 
 
