@@ -174,6 +174,25 @@ def test_inspect_key_reaches_a_state_under_an_integer_dict_key(capsys, data, tmp
     assert "'dataset_states.1'" in out and "rank=1," in out and "YES" in out and "dataset_states.0" not in out
 
 
+def test_inspect_one_rank_entry_of_a_global_state(capsys, data, tmp_path):
+    """--key ranks.1 is that rank's complete state (the entry with the global state's files);
+    the entry saved on its own is named as such, not taken for changed data."""
+    from torch_dataloader_utils import CheckpointMismatchError
+    from torch_dataloader_utils.distributed import merge_states
+
+    states = [saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)]
+    (tmp_path / "global.json").write_text(json.dumps(merge_states(states)))
+    code, out, err = run(capsys, "inspect", tmp_path / "global.json", "--key", "ranks.1", data)
+    assert code == 0 and "'ranks.1'" in out and "rank=1," in out and "YES" in out, (out, err)
+    entry = merge_states(states)["ranks"][1]
+    (tmp_path / "entry.json").write_text(json.dumps(entry))
+    code, out, _ = run(capsys, "inspect", tmp_path / "entry.json", data)
+    assert code == 1 and "one rank's entry of a global state" in out and "local_state" in out and "data changed" not in out
+    dataset = StructuredDataset(data, batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES, world_size=2, rank=1)
+    with pytest.raises(CheckpointMismatchError, match="one rank's entry of a global state"):
+        dataset.load_state_dict(entry)
+
+
 def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
     """The state does not record `columns`; a column the job never read needs no batch form."""
     import pyarrow as pa
