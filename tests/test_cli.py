@@ -193,6 +193,30 @@ def test_inspect_one_rank_entry_of_a_global_state(capsys, data, tmp_path):
         dataset.load_state_dict(entry)
 
 
+def test_inspect_shows_the_padding_batches_delivered_and_still_to_come(capsys, tmp_path):
+    """A short rank under equalize="pad" has delivered its own rows but owes padding batches."""
+    write_dataset(tmp_path / "d", [[300], [40], [40]])
+    config = dict(batch_size=8, num_workers=0, world_size=3, rank=2)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), **config)
+    total = len(loader)
+    for index, _ in enumerate(loader):
+        if index == 9:
+            break
+    state = dataset.state_dict()
+    assert dataset.last_batch_is_padding and state["padding_delivered"] > 0
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    padding_done = state["padding_delivered"] // 8
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "d")
+    assert code == 0
+    assert f"batches    10 delivered, {padding_done} of them padding" in out
+    assert f"batches: {total} in epoch 0, {total - 10} still to come, of them {total - 10} padding" in out
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "d", "--json")
+    (info,) = json.loads(out)
+    assert (info["batches_delivered"], info["padding_delivered"], info["padding_batches_delivered"]) == (10, state["padding_delivered"], padding_done)
+    check = info["matches_data"]
+    assert (check["batches_total"], check["batches_remaining"], check["padding_batches_remaining"]) == (total, total - 10, total - 10)
+
+
 def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
     """The state does not record `columns`; a column the job never read needs no batch form."""
     import pyarrow as pa
