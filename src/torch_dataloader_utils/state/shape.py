@@ -129,7 +129,7 @@ def check_state_shape(state: Mapping[str, Any]) -> None:
         return
     # the per-worker lists must agree with each other and with the number of workers
     delivered, next_worker = state[ROWS_DELIVERED], state.get(NEXT_WORKER)
-    workers = state.get("_num_workers")
+    workers: Any = state.get("_num_workers")
     if is_count(workers) and len(delivered) != max(1, workers):  # (a rank without workers reads one lane)
         raise StateShapeError("_num_workers", f"'rows_delivered' has one entry per worker ({len(delivered)}), found {workers!r:.40}")
     for key in (COMPLETED_SHARDS, IN_PROGRESS, COMPLETED_RANGES):
@@ -145,11 +145,13 @@ def check_state_shape(state: Mapping[str, Any]) -> None:
 
 def _check_topology(state: Mapping[str, Any]) -> None:
     """The rank within the world size (both already checked to be integers, where present)."""
-    world_size, rank = state.get("_world_size"), state.get("_rank")
+    world_size: Any = state.get("_world_size")
+    rank: Any = state.get("_rank")
     if is_count(world_size) and world_size < 1:
         raise StateShapeError("_world_size", f"expected an integer >= 1, found {world_size}")
     if is_count(world_size) and is_count(rank) and rank >= world_size:
         raise StateShapeError("_rank", f"expected a rank in [0, world_size={world_size}), found {rank}")
-    worker, workers = state.get(WORKER), state.get("_num_workers")
+    worker: Any = state.get(WORKER)
+    workers: Any = state.get("_num_workers")
     if state.get(SCOPE) == "worker" and is_count(worker) and is_count(workers) and worker >= max(1, workers):
         raise StateShapeError(WORKER, f"expected a worker in [0, num_workers={workers}), found {worker!r:.40}")
