@@ -163,6 +163,60 @@ def test_inspect_a_list_of_rank_states_and_a_global_state(capsys, data, tmp_path
     assert out.count("YES") == 4
 
 
+def test_inspect_key_reaches_a_state_under_an_integer_dict_key(capsys, data, tmp_path):
+    """{rank: state}: inspect names it 'dataset_states.1', and --key takes that name back."""
+    states = {r: saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)}
+    torch.save({"dataset_states": states}, tmp_path / "ddp.pt")
+    code, out, _ = run(capsys, "inspect", tmp_path / "ddp.pt")
+    assert code == 0 and "'dataset_states.1'" in out
+    code, out, err = run(capsys, "inspect", tmp_path / "ddp.pt", "--key", "dataset_states.1", data)
+    assert code == 0, err
+    assert "'dataset_states.1'" in out and "rank=1," in out and "YES" in out and "dataset_states.0" not in out
+
+
+def test_inspect_one_rank_entry_of_a_global_state(capsys, data, tmp_path):
+    """--key ranks.1 is that rank's complete state (the entry with the global state's files);
+    the entry saved on its own is named as such, not taken for changed data."""
+    from torch_dataloader_utils import CheckpointMismatchError
+    from torch_dataloader_utils.distributed import merge_states
+
+    states = [saved_state(data, tmp_path / f"s{r}.json", world_size=2, rank=r)[0] for r in range(2)]
+    (tmp_path / "global.json").write_text(json.dumps(merge_states(states)))
+    code, out, err = run(capsys, "inspect", tmp_path / "global.json", "--key", "ranks.1", data)
+    assert code == 0 and "'ranks.1'" in out and "rank=1," in out and "YES" in out, (out, err)
+    entry = merge_states(states)["ranks"][1]
+    (tmp_path / "entry.json").write_text(json.dumps(entry))
+    code, out, _ = run(capsys, "inspect", tmp_path / "entry.json", data)
+    assert code == 1 and "one rank's entry of a global state" in out and "local_state" in out and "data changed" not in out
+    dataset = StructuredDataset(data, batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES, world_size=2, rank=1)
+    with pytest.raises(CheckpointMismatchError, match="one rank's entry of a global state"):
+        dataset.load_state_dict(entry)
+
+
+def test_inspect_shows_the_padding_batches_delivered_and_still_to_come(capsys, tmp_path):
+    """A short rank under equalize="pad" has delivered its own rows but owes padding batches."""
+    write_dataset(tmp_path / "d", [[300], [40], [40]])
+    config = dict(batch_size=8, num_workers=0, world_size=3, rank=2)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path / "d"), **config)
+    total = len(loader)
+    for index, _ in enumerate(loader):
+        if index == 9:
+            break
+    state = dataset.state_dict()
+    assert dataset.last_batch_is_padding and state["padding_delivered"] > 0
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    padding_done = state["padding_delivered"] // 8
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "d")
+    assert code == 0
+    assert f"batches    10 delivered, {padding_done} of them padding" in out
+    assert f"batches: {total} in epoch 0, {total - 10} still to come, of them {total - 10} padding" in out
+    code, out, _ = run(capsys, "inspect", tmp_path / "state.json", tmp_path / "d", "--json")
+    (info,) = json.loads(out)
+    assert (info["batches_delivered"], info["padding_delivered"], info["padding_batches_delivered"]) == (10, state["padding_delivered"], padding_done)
+    check = info["matches_data"]
+    assert (check["batches_total"], check["batches_remaining"], check["padding_batches_remaining"]) == (total, total - 10, total - 10)
+
+
 def test_inspect_matches_data_with_columns_the_job_left_out(capsys, tmp_path):
     """The state does not record `columns`; a column the job never read needs no batch form."""
     import pyarrow as pa
@@ -191,8 +245,8 @@ def test_inspect_checks_a_state_with_its_own_chunk_rows_and_names_a_damaged_one(
     assert not [r for r in caplog.records if "chunk_rows" in r.getMessage()]
     with open(tmp_path / "bad.json", "w") as file:
         json.dump(dict(state, chunk_rows="many"), file)
-    code, out, _ = run(capsys, "inspect", tmp_path / "bad.json", data)
-    assert code == 1 and "NO" in out and "'chunk_rows' is damaged" in out
+    code, out, err = run(capsys, "inspect", tmp_path / "bad.json", data)
+    assert code == 2 and out == "" and "state key 'chunk_rows' is damaged" in err
 
 
 def test_inspect_with_changed_data_says_no_and_why(capsys, data, tmp_path):
@@ -223,6 +277,8 @@ def test_inspect_never_runs_code_from_a_checkpoint(capsys, tmp_path, zip_format)
 def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     code, _, err = run(capsys, "inspect", tmp_path / "absent.json")
     assert code == 2 and "no such file" in err
+    code, _, err = run(capsys, "inspect", tmp_path)
+    assert code == 2 and "is a directory" in err
     (tmp_path / "other.json").write_text('{"model": 1}')
     code, _, err = run(capsys, "inspect", tmp_path / "other.json")
     assert code == 2 and "--key" in err
@@ -257,6 +313,26 @@ def test_inspect_a_damaged_state_is_an_input_error_naming_the_key(capsys, data, 
         assert code == 2 and out == ""
         assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1
         assert "ckpt.pt at key 'dataset'" in err and f"state key {key!r} is damaged" in err
+
+
+def test_inspect_a_state_damaged_past_its_types_is_an_input_error_before_anything_is_built(capsys, data, tmp_path):
+    """Values of the right type that no saved state holds: named by the library's own checks
+    (header, shape, the dataset's argument checks), exit 2 with or without PATH; a huge
+    num_workers is refused at once instead of building that many workers."""
+    state = StructuredDataset(data, batch_size=8, num_workers=2, split_bytes=SPLIT_BYTES).state_dict()
+    worker_state = {**{k: v for k, v in state.items() if k.startswith("_")}, "format_version": 1, "scope": "worker",
+                    "epoch": 0, "worker": 0, "rows_delivered": 8, "files_digest": "d"}
+    for key, value, base in (
+        ("padding_delivered", -3, state), ("_num_workers", 5, state), ("_num_workers", 10**9, state), ("_rank", 5, state),
+        ("_world_size", 0, state), ("scope", "weird", state), ("format_version", "1", state), ("_equalize", "foo", state),
+        ("_on_error", "retry", state), ("_batch_size", 0, state), ("completed_shards", [], state), ("worker", 2, worker_state),
+    ):
+        (tmp_path / "state.json").write_text(json.dumps({**base, key: value}))
+        for argv in ([], ["--json"], [data]):
+            code, out, err = run(capsys, "inspect", tmp_path / "state.json", *argv)
+            assert code == 2 and out == "", (key, value, argv, out)
+            assert err.startswith("tdu inspect: error: ") and err.count("\n") == 1, err
+            assert f"state key {key!r}" in err, (key, err)
 
 
 def test_inspect_against_damaged_data_is_an_input_error(capsys, data, tmp_path):
@@ -418,3 +494,15 @@ def test_bench_reads_nulls_in_number_columns_with_the_nulls_option(capsys, tmp_p
     for policy in ("fill", "mask"):
         code, out, _ = run(capsys, "bench", tmp_path / "nulls", "--num-workers", 0, "--batch-size", 8, "--no-resume", "--nulls", policy, "--json")
         assert code == 0 and json.loads(out)["rows"] == 30
+
+
+# --------------------------------------------------------------- errors under -v
+@pytest.mark.parametrize("verbose", ["-v", "-vv"])
+def test_verbose_input_errors_show_the_traceback_and_still_exit_2(capsys, tmp_path, verbose):
+    (tmp_path / "x.parquet").write_bytes(b"not a parquet file")
+    for path, message in ((tmp_path / "no-such-dir", "no-such-dir"), (tmp_path / "x.parquet", "cannot read the parquet footer")):
+        code, _, err = run(capsys, verbose, "plan", path)
+        assert code == 2, err
+        assert "Traceback (most recent call last)" in err
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("tdu plan: error: ") and message in last

@@ -9,7 +9,7 @@ in tdu's terms, ``state_file`` how states are found in a checkpoint file.
 
 Exit codes: 0 success; 1 the check ran and failed (demo not exactly-once, the
 state does not fit the data); 2 usage or input error (bad arguments, missing
-files, not a dataset state).
+files, not a dataset state, a damaged state); with ``-v`` also the error's traceback.
 
 Commands import torch, pyarrow and the dataset inside their functions, so that
 ``tdu --help`` starts without them.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from ..errors import UsageError
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tdu {args.command}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except (FileNotFoundError, ValueError, OSError, ImportError) as error:
-        if args.verbose:
-            raise
+        if args.verbose:  # the traceback for a bug report, and still the error line and exit code of an input error
+            traceback.print_exc()
         print(f"tdu {args.command}: error: {in_tdu_options(without_worker_traceback(error))}", file=sys.stderr)
         return EXIT_USAGE

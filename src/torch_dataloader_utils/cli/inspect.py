@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..state.schema import (
+    BATCHES_DELIVERED,
     CHUNK_ROWS,
     COMPLETED_RANGES,
     COMPLETED_SHARDS,
@@ -17,6 +18,7 @@ from ..state.schema import (
     FILES_SUMMARY,
     IN_PROGRESS,
     NEXT_WORKER,
+    PADDING_DELIVERED,
     ROWS_DELIVERED,
     ROWS_TOTAL,
     SCOPE,
@@ -27,18 +29,8 @@ from ..state.schema import (
 from .inspect_mixture import describe_mixture, mixture_for_state, mixture_sources, mixture_sources_of, print_mixture, rows_by_source
 from .options import storage_options
 from .output import EXIT_FAILED, EXIT_OK, human_bytes, print_json
+from .state_check import check_state_fields
 from .state_file import load_checkpoint, states_in
-
-
-def check_state_fields(state: dict) -> None:
-    """Raise UsageError naming the first key that ``describe_state`` cannot read, with what to do."""
-    from ..state.shape import StateShapeError, check_state_shape
-
-    try:
-        check_state_shape(state)
-    except StateShapeError as error:
-        raise UsageError(f"state key {error.key!r} is damaged: {error.detail}. The state was altered or not saved from "
-                         "dataset.state_dict(); use an intact copy of the checkpoint or discard it") from None
 
 
 def describe_state(state: dict) -> dict:
@@ -76,6 +68,9 @@ def describe_state(state: dict) -> dict:
         rows_remaining=sum(totals) - sum(delivered) if isinstance(totals, list) else None,
         workers=workers,
         skipped_splits=list(state.get(SKIPPED_SPLITS) or []),
+        batches_delivered=state.get(BATCHES_DELIVERED),
+        padding_delivered=state.get(PADDING_DELIVERED) or 0,  # rows repeated so far to equal the ranks' batch counts
+        padding_batches_delivered=(state.get(PADDING_DELIVERED) or 0) // max(1, state.get("_batch_size") or 1),
     )
     mixture = describe_mixture(state)
     if mixture is not None:
@@ -126,6 +121,13 @@ def print_state(info: dict, label: str) -> None:
         print(f"  remaining  {info['rows_remaining']:,} rows in epoch {info['epoch']}")
     else:
         print("  remaining  unknown: this state has no 'rows_total' (older version); give PATH to compute it")
+    pads = info["padding_delivered"] or (topo.get("world_size") or 1) > 1 and topo.get("equalize") == "pad"
+    if info["batches_delivered"] is not None or pads:
+        parts = [] if info["batches_delivered"] is None else [f"{info['batches_delivered']:,} delivered"]
+        if pads:
+            parts.append(f"{info['padding_batches_delivered']:,} of them padding ({info['padding_delivered']:,} rows repeated "
+                         "so that every rank delivers the same number of batches)")
+        print("  batches    " + ", ".join(parts))
     if info.get("mixture") is not None:
         print_mixture(info["mixture"])
     for w in info["workers"]:
@@ -235,11 +237,22 @@ def check_against_data(state: dict, path: Sequence[str], args: argparse.Namespac
     if isinstance(state.get(ROWS_DELIVERED), list):  # a rank's state: what the loaded dataset has left, not what the state says
         loaded = dataset.state_dict(form="full")  # every completed split by content, also for a compact state
         remaining = sum(loaded["rows_total"]) - sum(loaded["rows_delivered"])
+        args.batches = _batches_left(dataset, loaded)
         if getattr(args, "splits", False):
             args.completed_splits = [{**split, "worker": entry["worker"]} for entry in loaded[COMPLETED_SHARDS] for split in entry["splits"]]
         if mixture:
             args.source_rows_delivered = rows_by_source(dataset)
     return True, "load_state_dict accepts it: a resume continues exactly where the state left off", remaining
+
+
+def _batches_left(dataset: Any, loaded: dict) -> dict:
+    """The epoch's batches of a loaded dataset (padding included), those still to come, and how
+    many of those are padding (rows repeated once the rank's own rows are delivered)."""
+    plan, size = dataset.delivery.plan(), dataset.batch_size
+    total = dataset.num_batches()
+    delivered = loaded.get(BATCHES_DELIVERED)
+    return {"batches_total": total, "batches_remaining": None if delivered is None else total - delivered,
+            "padding_batches_remaining": (plan.padding_rows - (loaded.get(PADDING_DELIVERED) or 0)) // size}
 
 
 def _where(key: str) -> str:
@@ -260,6 +273,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if args.path:
             matches, why, remaining = check_against_data(state, args.path, args)
             info["matches_data"] = {"matches": matches, "explanation": why, "rows_remaining": remaining}
+            if matches and remaining is not None:
+                info["matches_data"].update(args.batches)
             if getattr(args, "splits", False) and matches:
                 info["completed_splits"] = getattr(args, "completed_splits", [])
             if matches and info.get("mixture") is not None:
@@ -281,6 +296,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 if check["matches"]:
                     rest = "" if check["rows_remaining"] is None else f"; {check['rows_remaining']:,} rows remaining"
                     print(f"             {check['explanation']}{rest}")
+                    if check.get("batches_total") is not None:
+                        left = "" if check["batches_remaining"] is None else f", {check['batches_remaining']:,} still to come"
+                        padding = check["padding_batches_remaining"]
+                        print(f"             batches: {check['batches_total']:,} in epoch {info['epoch']}{left}"
+                              + (f", of them {padding:,} padding" if padding else ""))
                     for split in info.get("completed_splits", []):
                         print(f"  completed  worker {split['worker']}: {_split_text(split)}")
                 else:

@@ -52,6 +52,8 @@ def _select(value: Any, key: str) -> Any:
     for part in key.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]
+        elif isinstance(value, dict) and part.lstrip("-").isdigit() and int(part) in value:  # {rank: state}: find_states names it so
+            value = value[int(part)]
         elif isinstance(value, (list, tuple)) and part.lstrip("-").isdigit() and -len(value) <= int(part) < len(value):
             value = value[int(part)]
         else:
@@ -60,8 +62,25 @@ def _select(value: Any, key: str) -> Any:
     return value
 
 
+def _rank_of_global(checkpoint: Any, key: str) -> dict | None:
+    """The complete state of one rank when ``key`` names an entry of a global state's 'ranks'
+    (``ranks.1``): the entry with the global state's file list, which the entry itself lacks."""
+    *parent_key, ranks, index = ["", *key.split(".")]
+    if ranks != RANKS or not index.isdigit():
+        return None
+    parent = _select(checkpoint, ".".join(parent_key[1:])) if parent_key[1:] else checkpoint
+    entries = parent.get(RANKS) if isinstance(parent, dict) and parent.get(SCOPE) == "global" else None
+    if not isinstance(entries, list) or not isinstance(entries[int(index)], dict):
+        return None
+    from ..distributed import local_state
+
+    return local_state(parent, int(index))
+
+
 def load_checkpoint(path: str) -> Any:
     """A JSON file, or a torch checkpoint loaded with weights_only=True (loading never runs code)."""
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory; give the file that holds the state (a JSON file or a torch checkpoint)")
     if not os.path.isfile(path):
         raise UsageError(f"no such file: {path}")
     with open(path, "rb") as file:
@@ -104,6 +123,9 @@ def states_in(checkpoint: Any, key: str | None, path: str) -> list[tuple[str, di
     """The dataset state(s) to inspect: at ``key``, or all found in the checkpoint."""
     if key:
         value = _select(checkpoint, key)
+        rank_of_global = _rank_of_global(checkpoint, key)
+        if rank_of_global is not None:
+            return [(key, rank_of_global)]
         found = find_states(value, key)
         if not found:
             raise UsageError(f"{path}: the value at --key {key!r} is not a torch_dataloader_utils dataset state")

@@ -21,10 +21,12 @@ from .schema import (
     FILES_SUMMARY,
     IN_PROGRESS,
     NEXT_WORKER,
+    PADDING_DELIVERED,
     ROWS_DELIVERED,
     ROWS_TOTAL,
     SCOPE,
     SKIPPED_SPLITS,
+    WORKER,
 )
 from .validate import is_count
 
@@ -96,6 +98,7 @@ _TOPOLOGY_FIELDS: dict[str, _Field] = {
 _RANK_FIELDS: dict[str, _Field] = {
     ROWS_DELIVERED: (_are_counts, _COUNTS),
     NEXT_WORKER: (_optional(is_count), "the index of a worker (an integer >= 0)"),
+    PADDING_DELIVERED: (_optional(is_count), "a row count (an integer >= 0)"),
     ROWS_TOTAL: (_optional(_are_counts), _COUNTS),
     BATCHES_DELIVERED: (_optional(is_count), "a batch count (an integer >= 0)"),
     FILES: (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
@@ -106,7 +109,11 @@ _RANK_FIELDS: dict[str, _Field] = {
     SKIPPED_SPLITS: (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
     **_TOPOLOGY_FIELDS,
 }
-_WORKER_FIELDS: dict[str, _Field] = {"rows_delivered": (is_count, "a row count (an integer >= 0)"), **_TOPOLOGY_FIELDS}
+_WORKER_FIELDS: dict[str, _Field] = {
+    WORKER: (is_count, "the worker's index (an integer >= 0)"),
+    "rows_delivered": (is_count, "a row count (an integer >= 0)"),
+    **_TOPOLOGY_FIELDS,
+}
 
 
 def check_state_shape(state: Mapping[str, Any]) -> None:
@@ -117,12 +124,34 @@ def check_state_shape(state: Mapping[str, Any]) -> None:
         if not valid(value):
             found = "it is missing" if value is _MISSING else f"found {value!r:.80}"
             raise StateShapeError(key, f"expected {expected}, {found}")
+    _check_topology(state)
     if worker:
         return
-    # the per-worker lists must agree with each other
+    # the per-worker lists must agree with each other and with the number of workers
     delivered, next_worker = state[ROWS_DELIVERED], state.get(NEXT_WORKER)
+    workers: Any = state.get("_num_workers")
+    if is_count(workers) and len(delivered) != max(1, workers):  # (a rank without workers reads one lane)
+        raise StateShapeError("_num_workers", f"'rows_delivered' has one entry per worker ({len(delivered)}), found {workers!r:.40}")
+    for key in (COMPLETED_SHARDS, IN_PROGRESS, COMPLETED_RANGES):
+        entries = state.get(key)
+        if isinstance(entries, list) and len(entries) != len(delivered):
+            raise StateShapeError(key, f"expected one entry per worker ({len(delivered)}), found {len(entries)}")
     if isinstance(next_worker, int) and next_worker >= max(1, len(delivered)):
         raise StateShapeError(NEXT_WORKER, f"there are {len(delivered)} workers, found {next_worker}")
     totals = state.get(ROWS_TOTAL)
     if isinstance(totals, list) and (len(totals) != len(delivered) or any(d > t for d, t in zip(delivered, totals))):
         raise StateShapeError(ROWS_TOTAL, f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
+
+
+def _check_topology(state: Mapping[str, Any]) -> None:
+    """The rank within the world size (both already checked to be integers, where present)."""
+    world_size: Any = state.get("_world_size")
+    rank: Any = state.get("_rank")
+    if is_count(world_size) and world_size < 1:
+        raise StateShapeError("_world_size", f"expected an integer >= 1, found {world_size}")
+    if is_count(world_size) and is_count(rank) and rank >= world_size:
+        raise StateShapeError("_rank", f"expected a rank in [0, world_size={world_size}), found {rank}")
+    worker: Any = state.get(WORKER)
+    workers: Any = state.get("_num_workers")
+    if state.get(SCOPE) == "worker" and is_count(worker) and is_count(workers) and worker >= max(1, workers):
+        raise StateShapeError(WORKER, f"expected a worker in [0, num_workers={workers}), found {worker!r:.40}")

@@ -122,7 +122,7 @@ def check_header(state: Any) -> str:
         raise mismatch(f"Checkpoint state has an invalid format_version {version}.", [], ["the state is damaged"])
     scope = state.get(SCOPE, "rank")
     if scope not in SCOPES:
-        raise mismatch(f"Checkpoint state has an unknown scope {scope!r}.", [], ["the state is damaged"])
+        raise mismatch(f"Checkpoint state key 'scope' holds an unknown scope {scope!r}.", [], ["the state is damaged"])
     return scope
 
 
@@ -241,6 +241,14 @@ def validate_rank_state(
     for key in CONFIG_KEYS:
         if key not in state and key not in OPTIONAL_CONFIG_KEYS:
             raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
+    if FILES not in state and FILES_SUMMARY not in state:  # merge_states keeps the files once, beside 'ranks'
+        raise mismatch(
+            "Checkpoint state has no 'files': it is one rank's entry of a global state (merge_states keeps the file list once, beside 'ranks').",
+            [],
+            ["an entry of a global state's 'ranks' was passed on its own"],
+            "Load the whole global state (load_state_dict picks this rank's part), or take one rank's complete state with "
+            "torch_dataloader_utils.distributed.local_state(global_state, rank).",
+        )
     changed_files = _summary_file_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
     causes = config_causes(state, config, lambda: same_files_in_order(state.get(FILES), state.get(FILES_SUMMARY), fingerprint)) + changed_files
     if causes:
