@@ -89,6 +89,26 @@ def test_an_error_in_the_transform_names_the_batch(data, workers):
     assert "batch 6 of lane 0 (its rows [48, 56), epoch 0)" in message and "part-00000.parquet  full file" in message
 
 
+def with_a_lock(batch: dict) -> dict:
+    import threading
+
+    return {**batch, "lock": threading.Lock()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("loader_kind", ["loader", "stateful"])
+def test_a_result_that_cannot_leave_the_worker_is_an_error_not_a_hang(data, loader_kind):
+    """torch's queue thread only prints a pickling error and drops the batch; the loop would wait forever."""
+    if loader_kind == "loader":
+        loader, _ = StructuredDataset.create_dataloader(data, num_workers=2, transform=with_a_lock, **CONFIG)
+    else:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        loader = StatefulDataLoader(StructuredDataset(data, num_workers=2, transform=with_a_lock, **CONFIG), batch_size=None, num_workers=2)
+    with pytest.raises(TypeError, match=r"the transform's result for rows read from .* cannot leave the worker process .*cannot pickle '_thread.lock'"):
+        list(loader)
+
+
 def unchanged(batch: dict) -> dict:
     return batch
 

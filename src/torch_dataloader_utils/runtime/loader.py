@@ -24,6 +24,7 @@ from .device_feed import DeviceFeed, check_device
 from .host_feed import HostFeed
 from .stats import LoaderStats
 from .thread_reader import ThreadedChunks
+from .worker_stream import check_picklable
 
 if TYPE_CHECKING:
     from ..dataset import StructuredDataset
@@ -42,6 +43,7 @@ class _ChunkSource(Dataset):
         self.reader = reader
         self.board = board
         self.files: transfer.InheritedFiles | None = None  # for the workers forked next
+        self._pickle_checked = False  # (per worker process)
 
     def __getitem__(self, index: _Index) -> Chunk:
         task, releases = index
@@ -54,6 +56,9 @@ class _ChunkSource(Dataset):
         rows = task.stop - task.start
         # a quick first piece or a lane's last chunk: its buffer is made for whole chunks, which reuse it
         chunk.columns = pool.pack(chunk.columns, self.board, scale=self.reader.chunk_rows / rows if rows else 1.0)
+        if not self._pickle_checked:  # the first chunk of a worker: an output format's or a transform's values are alike
+            self._pickle_checked = True
+            check_picklable(chunk, self.reader, task)
         return chunk
 
     def __len__(self) -> int:

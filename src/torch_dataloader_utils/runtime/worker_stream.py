@@ -4,12 +4,32 @@ which the StatefulDataLoader saves per worker and hands back on resume."""
 
 from __future__ import annotations
 
+import pickle
 from functools import partial
 from typing import Any, Iterator
 
 import torch
 
+from ..plan.schedule import ChunkTask
+from ..read.chunks import ChunkReader
 from .delivery import RankDelivery
+
+
+def check_picklable(value: Any, reader: ChunkReader, task: ChunkTask) -> None:
+    """Raise in the worker what pickling ``value`` (read for ``task``) would raise in torch's queue
+    thread, where the error is only printed and the value lost: the main process would wait forever.
+    (Plain pickle: torch's own reductions would move tensors to shared memory for a handle never used.)"""
+    try:
+        pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises
+        output = reader.output
+        what = "the transform's result" if output is not None and output.transform is not None else "the batch"
+        fmt = output.format if output is not None else "torch"
+        raise TypeError(
+            f"{what} for {reader.describe(task)} cannot leave the worker process (output_format={fmt!r}): pickling it "
+            f"failed ({type(error).__name__}: {error}). Return picklable values from the transform, choose another "
+            "output_format (a month_day_nano_interval column pickles only as 'arrow'), or leave the column out with columns=[...]"
+        ) from error
 
 
 class WorkerStream:
@@ -55,11 +75,15 @@ class WorkerStream:
         plan = delivery.plan()
         positions = delivery.progress.positions
         size = plan.batching.batch_size
+        checked = False
         for base, task in plan.worker_tasks(worker, positions[worker]):
             chunk = delivery.reader.read(task)
             delivery.note_skipped(chunk.skipped)
             if chunk.num_read == 0:
                 positions[worker] = base + task.stop
             for batch, end in chunk.batches(size, partial(delivery.reader.describe, task)):
+                if not checked:  # the first batch of a pass: an output format's or a transform's values are alike
+                    checked = True
+                    check_picklable(batch, delivery.reader, task)
                 positions[worker] = base + end
                 yield batch
