@@ -131,6 +131,19 @@ def test_position_deletes_shape_the_plan(table):
     assert len(dataset) == 1000 - len(DELETED)
 
 
+def test_a_missing_position_delete_file_names_the_table(table):
+    import glob
+    import os
+
+    config, ice = table
+    add_position_deletes(ice, data_files(ice)[1], DELETED)
+    delete_file = next(task.delete_files for task in ice.scan().plan_files() if task.delete_files).pop().file_path
+    os.remove(delete_file.removeprefix("file://"))
+    assert not glob.glob(delete_file.removeprefix("file://"))
+    with pytest.raises(FileNotFoundError, match=r"a position delete file of Iceberg table 'db.t' snapshot \d+ does not exist"):
+        _make(config)()
+
+
 def test_expired_snapshot_is_a_checkpoint_mismatch(table):
     config, ice = table
     loader, dataset = _make(config, num_workers=0)()

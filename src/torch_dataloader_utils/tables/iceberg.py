@@ -173,7 +173,13 @@ def plan_iceberg(
             raise ValueError(f"{data.file_path} of Iceberg table {table_name!r} is {data.file_format}: this loader reads Parquet data files only")
         if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
-        dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
+        try:
+            dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
+        except FileNotFoundError as error:
+            raise FileNotFoundError(
+                f"a position delete file of Iceberg table {table_name!r} snapshot {snapshot.snapshot_id} does not exist ({error}): "
+                "the table's files were removed (orphan file clean-up) or the storage options point elsewhere"
+            ) from error
         partition = _partition_values(data, identity.get(data.spec_id, []), arrow_schema)
         files.append(TableFile(data.file_path, dropped, names, mapped_ids=mapping, partition_values=partition))
     return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
