@@ -18,13 +18,16 @@ from .delivery import RankDelivery
 def check_picklable(value: Any, reader: ChunkReader, task: ChunkTask) -> None:
     """Raise in the worker what pickling ``value`` (read for ``task``) would raise in torch's queue
     thread, where the error is only printed and the value lost: the main process would wait forever.
-    (Plain pickle: torch's own reductions would move tensors to shared memory for a handle never used.)"""
+    Torch batches without a transform hold only values that pickle. (Plain pickle: torch's own
+    reductions would move tensors to shared memory for a handle never used.)"""
+    output = reader.output
+    if output is None or (output.transform is None and output.format == "torch"):
+        return
     try:
         pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as error:  # noqa: BLE001 - whatever pickling raises
-        output = reader.output
-        what = "the transform's result" if output is not None and output.transform is not None else "the batch"
-        fmt = output.format if output is not None else "torch"
+        what = "the transform's result" if output.transform is not None else "the batch"
+        fmt = output.format
         raise TypeError(
             f"{what} for {reader.describe(task)} cannot leave the worker process (output_format={fmt!r}): pickling it "
             f"failed ({type(error).__name__}: {error}). Return picklable values from the transform, choose another "
