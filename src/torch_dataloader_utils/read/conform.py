@@ -7,7 +7,6 @@ from functools import lru_cache
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..catalog.schema import without_views
 from ..errors import FileChangedError, RemoteReadError, WideningError
@@ -44,6 +43,8 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
             continue
         column = table.column(index)
         if pa.types.is_run_end_encoded(column.type):  # pyarrow casts no run-end encoded column
+            import pyarrow.compute as pc  # (here: importing it costs every worker memory, see test_memory.py)
+
             column = pc.run_end_decode(column)
         if pa.types.is_dictionary(column.type) and not pa.types.is_dictionary(field.type):
             column = _decoded(column)
