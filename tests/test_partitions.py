@@ -172,3 +172,10 @@ def test_an_integer_beyond_int64_keeps_its_key_a_string_also_beside_floats():
     assert parts.types == (pa.string(), pa.string(), pa.int64())
     assert parts.values[f"/r/a={big}/b=-{big}/c=-{2**63}/f"] == (big, f"-{big}", -(2**63))
     assert parts.values[f"/r/a=1/b=1.5/c={2**63 - 1}/f"] == ("1", "1.5", 2**63 - 1)
+
+
+def test_digits_other_than_ascii_keep_a_key_a_string():
+    """Python's int() takes '٣' and '１２'; pyarrow keeps them strings, so does this loader."""
+    parts = parse_partitions(_entries("/r/k=3/f", "/r/k=٣/f", "/r/k=１２/f"), ["/r"])
+    assert parts.types == (pa.string(),)
+    assert sorted(v for (v,) in parts.values.values()) == sorted(["3", "٣", "１２"])

@@ -234,3 +234,26 @@ def test_a_jsonl_file_without_objects_is_refused_naming_it(tmp_path):
     (tmp_path / "array.jsonl").write_text("[1, 2, 3]\n")
     with pytest.raises(ValueError, match=r"array\.jsonl .*no line holds '\{'"):
         StructuredDataset(str(tmp_path), format="jsonl", num_workers=0)
+
+
+def test_a_checkpoint_refuses_other_reader_options(tmp_path):
+    """skip_rows (like quoting or delimiters) decides which records a file holds: a resume with
+    other csv_options would skip or repeat rows, so the state records them."""
+    from torch_dataloader_utils import CheckpointMismatchError
+
+    write_csv(tmp_path / "a.csv", 0, 300)
+
+    def make(**options):
+        return StructuredDataset.create_dataloader(str(tmp_path), format="csv", batch_size=10, num_workers=0, **options)
+
+    names = {"column_names": ["id", "name", "val"]}
+    loader, dataset = make(csv_options={**names, "skip_rows": 1})
+    iterator = iter(loader)
+    next(iterator)
+    state = dataset.state_dict()
+    with pytest.raises(CheckpointMismatchError, match=r"csv_options/json_options changed"):
+        make(csv_options={**names, "skip_rows": 101})[1].load_state_dict(state)
+    make(csv_options={"skip_rows": 1, **names})[1].load_state_dict(state)  # the same options in another order
+    plain_loader, plain = make()
+    next(iter(plain_loader))
+    assert "_reader_options" not in plain.state_dict()

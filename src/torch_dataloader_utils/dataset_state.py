@@ -3,6 +3,8 @@ state records. Functions of a ``StructuredDataset`` (dataset.py keeps the public
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Mapping
 
 from torch.utils.data import get_worker_info
@@ -11,7 +13,7 @@ from .catalog.mixture import MixCatalog
 from .state.canonical import CANONICAL_LANES, check_lanes_key
 from .state.compact import cached_summary, use_compact
 from .state.restore import check_worker_state
-from .state.schema import FILTERS, MIXTURE, rank_state, worker_state
+from .state.schema import FILTERS, MIXTURE, READER_OPTIONS, rank_state, worker_state
 from .state.validate import mismatch
 
 
@@ -87,5 +89,12 @@ def config(dataset: Any, **topology: int) -> dict:
         "_on_error": dataset.on_error,
         "_shuffle_buffer_rows": dataset.shuffle_buffer_rows,
         **({FILTERS: dataset._catalog.row_filter.digest} if dataset._catalog.row_filter is not None else {}),
+        **({READER_OPTIONS: _options_digest(dataset._source)} if dataset._source.csv_options or dataset._source.json_options else {}),
         **({MIXTURE: dataset._catalog.sources} if isinstance(dataset._catalog, MixCatalog) else {}),
     }
+
+
+def _options_digest(source: Any) -> str:
+    """A digest of the text readers' options as given (their values by repr: pyarrow types, schemas)."""
+    options = {"csv_options": dict(source.csv_options or {}), "json_options": dict(source.json_options or {})}
+    return hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()[:16]

@@ -35,9 +35,10 @@ from ..storage.versions import FileEntry
 from .discovery import _glob_root
 
 NULL_VALUE = "__HIVE_DEFAULT_PARTITION__"
-_INT = re.compile(r"^[+-]?\d+$")
-_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# ASCII digits only (re.ASCII): "٣" or full-width "１２" stay strings, as pyarrow reads them
+_INT = re.compile(r"^[+-]?\d+$", re.ASCII)
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$", re.ASCII)
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$", re.ASCII)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from .schema import (
     LANES,
     MIXTURE,
     RANKS,
+    READER_OPTIONS,
     SCOPE,
     SHUFFLE_ONLY_KEYS,
     VERSION,
@@ -94,6 +95,7 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
     summary[FILTERS] = state.get(FILTERS)
+    summary[READER_OPTIONS] = state.get(READER_OPTIONS)
     files = state[FILES_SUMMARY].get("digest") if isinstance(state.get(FILES_SUMMARY), Mapping) else state.get(FILES)
     summary[FILES_DIGEST] = hashlib.sha256(json.dumps(files).encode()).hexdigest()
     if state.get(MIXTURE) is not None:
@@ -113,8 +115,9 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
                 continue
             if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
-        if state.get(FILTERS) != first.get(FILTERS):
-            differences.append(f"filters: rank 0 has {first.get(FILTERS)!r}, rank {rank} {state.get(FILTERS)!r}")
+        for key, name in ((FILTERS, "filters"), (READER_OPTIONS, "csv_options/json_options")):
+            if state.get(key) != first.get(key):
+                differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
         differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]
         if (FILES_SUMMARY in state or FILES_SUMMARY in first) and plan_summary(state)[FILES_DIGEST] != plan_summary(first)[FILES_DIGEST]:
             differences.append(f"rank 0 and rank {rank} see different files (their states' files_summary digests differ)")

@@ -80,6 +80,8 @@ OPTIONAL_CONFIG_KEYS = ("_split_rows",)  # absent from states of earlier version
 SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only when shuffling
 #: digest of the row filter (read/filtering.py), present only with a filter: positions count matching rows
 FILTERS = "_filters"
+#: digest of csv_options / json_options, present only when given: they decide which records a text file holds
+READER_OPTIONS = "_reader_options"
 MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
 
 

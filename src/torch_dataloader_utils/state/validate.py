@@ -34,6 +34,7 @@ from .schema import (
     OPTIONAL_CONFIG_KEYS,
     PADDING_DELIVERED,
     RANKS,
+    READER_OPTIONS,
     ROWS_DELIVERED,
     ROWS_TOTAL,
     SCOPE,
@@ -141,6 +142,11 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any], same_file
             causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
     if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
         causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
+    if state.get(READER_OPTIONS) != config.get(READER_OPTIONS):  # (absent: none given, also before they were recorded)
+        causes.append(
+            f"csv_options/json_options changed: checkpoint={state.get(READER_OPTIONS) or 'none'}, current={config.get(READER_OPTIONS) or 'none'} "
+            "(digests of the options; skip_rows, quoting, delimiters and the like decide which records a file holds)"
+        )
     return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE), same_files)
 
 
