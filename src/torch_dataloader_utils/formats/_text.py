@@ -68,6 +68,7 @@ class TextFooter:
     schema: pa.Schema
     compression: str | None
     parse: Any
+    whole: bool = False  # one unit, parsed from the start for any row (records the scan may miscount)
 
     def unit_bytes(self, unit: int, first_entry: int | None = None) -> tuple[int, int]:
         """Bytes [start, end) of a unit, from index entry ``first_entry`` (default: its first)."""
@@ -198,10 +199,11 @@ class TextFormat:
         else:
             index, schema = found
         parse = self.with_index(parse, index)
-        units = (0, len(index.offsets)) if compression is not None else plan_units(index, self._unit_bytes, self._unit_rows)
+        whole = self.whole_file(parse)
+        units = (0, len(index.offsets)) if compression is not None or whole else plan_units(index, self._unit_bytes, self._unit_rows)
         if index.rows == 0:
             units = (0,)
-        footer = TextFooter(index, units, schema, compression, parse)
+        footer = TextFooter(index, units, schema, compression, parse, whole)
         count = len(units) - 1
         rows = tuple(min(index.rows, units[u + 1] * index.every) - units[u] * index.every for u in range(count))
         sizes = (size,) * count if compression is not None else tuple(end - start for start, end in map(footer.unit_bytes, range(count)))
@@ -211,6 +213,11 @@ class TextFormat:
         stream = open_decompressed(fs, path, size, compression) if compression else open_input(fs, path)
         with stream:
             return self.infer_schema(stream, parse)
+
+    def whole_file(self, parse: Any) -> bool:
+        """Whether the scan may miscount this file's records (CSV: an escape_char), so that it is one
+        unit, parsed from its start: then the read's row count check covers every record."""
+        return False
 
     def with_index(self, parse: Any, index: RowIndex) -> Any:
         """The file's parse settings once its records are known (CSV: quoted newlines)."""
@@ -275,6 +282,8 @@ class TextReader:
         footer = self._footer
         if footer.compression is not None:
             data, drop = self._decompressed(), first_row
+        elif footer.whole:
+            data, drop = self._bytes(*footer.unit_bytes(0)), first_row
         else:
             _, indexed_row = footer.index.record_offset(footer.unit_first_row(unit) + first_row)
             data = self._bytes(*footer.unit_bytes(unit, indexed_row // footer.index.every))

@@ -24,7 +24,7 @@ import numpy as np
 #: records per index entry: a resume parses and drops fewer than this many rows
 INDEX_EVERY = 256
 #: the version of the scan's rules, in the row index cache's key (2: a lone CR ends a CSV record)
-SCAN_RULES = 2
+SCAN_RULES = 3
 _NEWLINE, _RETURN = 10, 13
 
 
@@ -64,7 +64,8 @@ class RecordScanner:
     of blanks are not counted (None: only empty lines are not records); ``count_empty``: empty
     lines are records too; ``returns``: a carriage return without a newline after it ends a
     record too (as pyarrow's CSV parser reads it); ``raw_skip``: leading lines skipped before
-    ``skip`` records, whose quote characters do not count (pyarrow's ``skip_rows``). A file that
+    ``skip`` records, whose quote characters do not count (pyarrow's ``skip_rows``); ``escape``: a
+    byte that makes the next one literal (a quote or a line end it precedes counts for nothing). A file that
     ends inside quotes is refused (ValueError): a quote character its fields do not pair up, such as
     one in the middle of an unquoted field, would put every later record inside quotes.
     """
@@ -78,7 +79,10 @@ class RecordScanner:
         count_empty: bool = False,
         returns: bool = False,
         raw_skip: int = 0,
+        escape: int | None = None,
     ):
+        self._escape = escape
+        self._pending_escape = False  # the last block ended with an escape that takes the next byte
         self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip + raw_skip, marker, count_empty, returns
         self._raw_skip = raw_skip  # leading lines skipped as lines, quotes in them not counted (pyarrow's skip_rows)
         self._pending_return = False  # the last block ended with a carriage return (a record end unless a newline follows)
@@ -103,8 +107,12 @@ class RecordScanner:
             if not len(data):
                 return
         newlines, line_feeds = self._line_ends(data)
+        escaped = self._escaped(data) if self._escape is not None else None
+        if escaped is not None and len(escaped):
+            free = ~np.isin(newlines, escaped)
+            newlines, line_feeds = newlines[free], line_feeds[free]
         if self._quote is not None:
-            outside = self._outside_quotes(data, newlines)
+            outside = self._outside_quotes(data, newlines, escaped)
             newlines, line_feeds = newlines[outside], line_feeds[outside]
         ends = newlines + (self._pos + 1)  # exclusive ends of the records closed in this block
         starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64) if len(ends) else ends
@@ -166,9 +174,27 @@ class RecordScanner:
         order = np.argsort(ends, kind="stable")
         return ends[order], (np.arange(len(ends)) >= len(before) + len(lone))[order], ends_with_return
 
-    def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray) -> np.ndarray:
+    def _escaped(self, data: np.ndarray) -> np.ndarray:
+        """Positions in ``data`` of the bytes an escape takes literally. In a run of escape bytes every
+        other one escapes the next: the first, unless an escape the block before ended with takes it."""
+        found = np.flatnonzero(data == self._escape)
+        pending, self._pending_escape = self._pending_escape, False
+        lead = [0] if pending and (not len(found) or found[0] != 0) else []  # the byte the pending escape takes
+        if not len(found):
+            return np.array(lead, dtype=np.int64)
+        run_start = np.concatenate([[True], np.diff(found) != 1])
+        starts_at = np.maximum.accumulate(np.where(run_start, np.arange(len(found)), 0))
+        within = np.arange(len(found)) - starts_at
+        parity = np.where((starts_at == 0) & (pending and found[0] == 0), 1, 0)  # the first escape is itself taken
+        taken = found[(within & 1) == parity] + 1
+        self._pending_escape = bool(len(taken)) and int(taken[-1]) == len(data)
+        return np.concatenate([np.array(lead, dtype=np.int64), taken[taken < len(data)]])
+
+    def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray, escaped: np.ndarray | None = None) -> np.ndarray:
         """Which of ``newlines`` are outside quotes."""
         quotes = np.flatnonzero(data == self._quote)
+        if escaped is not None and len(escaped) and len(quotes):
+            quotes = quotes[~np.isin(quotes, escaped)]
         if not len(quotes) and not self._in_quote:
             return np.ones(len(newlines), dtype=bool)
         inside = ((np.searchsorted(quotes, newlines) + self._in_quote) & 1).astype(bool)

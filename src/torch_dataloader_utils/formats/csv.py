@@ -68,6 +68,9 @@ class CsvFormat(TextFormat):
             groups["parse"]["delimiter"] = "\t"
         return CsvParse(groups["read"], groups["parse"], groups["convert"])
 
+    def whole_file(self, parse: CsvParse) -> bool:
+        return bool(parse.parse.get("escape_char"))
+
     def scanner(self, parse: CsvParse) -> RecordScanner:
         quote = parse.parse.get("quote_char", '"')
         header = not parse.read.get("column_names") and not parse.read.get("autogenerate_column_names")
@@ -77,6 +80,7 @@ class CsvFormat(TextFormat):
             count_empty=not parse.parse.get("ignore_empty_lines", True),
             returns=True,
             raw_skip=int(parse.read.get("skip_rows", 0)),
+            escape=ord(escape) if (escape := parse.parse.get("escape_char")) else None,
         )
 
     def with_index(self, parse: CsvParse, index: RowIndex) -> CsvParse:
