@@ -230,6 +230,19 @@ def test_csv_with_carriage_return_line_ends_reads_every_row(tmp_path, workers):
     assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), stride=4)
 
 
+def test_jsonl_with_carriage_return_line_ends_reads_every_row(tmp_path):
+    """pyarrow reads objects separated by lone CRs; planning counts them so (it counted 1 row)."""
+    (tmp_path / "a.jsonl").write_bytes("".join(f'{{"id": {i}}}\r' for i in range(600)).encode())
+
+    def make():
+        return StructuredDataset.create_dataloader(str(tmp_path), format="jsonl", batch_size=64, num_workers=0, split_rows=250)
+
+    loader, dataset = make()
+    assert len(dataset) == 600 and len(dataset.splits) == 3
+    assert sorted(i for batch in loader for i in batch["id"].tolist()) == list(range(600))
+    assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), stride=3)
+
+
 def test_a_jsonl_file_without_objects_is_refused_naming_it(tmp_path):
     (tmp_path / "ok.jsonl").write_text('{"a": 1}\n')
     (tmp_path / "array.jsonl").write_text("[1, 2, 3]\n")

@@ -55,7 +55,8 @@ class JsonLinesFormat(TextFormat):
         return JsonParse(groups["read"], groups["parse"])
 
     def scanner(self, parse: JsonParse) -> RecordScanner:
-        return RecordScanner(None, 0, marker=ord("{"))  # a line without an object is blank: pyarrow skips it
+        # a line without an object is blank: pyarrow skips it; a lone carriage return ends a line, as for pyarrow
+        return RecordScanner(None, 0, marker=ord("{"), returns=True)
 
     def infer_schema(self, stream: Any, parse: JsonParse) -> pa.Schema:
         reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=json.ParseOptions(**parse.parse))
