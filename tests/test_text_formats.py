@@ -308,3 +308,12 @@ def test_the_scan_follows_escapes_across_blocks(block):
     scanner = _text_index.RecordScanner(ord('"'), 1, returns=True, escape=ord("\\"))
     index = _text_index.scan_records((data[i : i + block] for i in range(0, len(data), block)), scanner)
     assert index.rows == expected == 5
+
+
+def test_a_csv_header_without_rows_names_its_columns(tmp_path):
+    (tmp_path / "a.csv").write_text("id,s\n")
+    dataset = StructuredDataset(str(tmp_path), format="csv", num_workers=0, columns=["id"])
+    assert len(dataset) == 0 and StructuredDataset(str(tmp_path), format="csv", num_workers=0).schema.names == ["id", "s"]
+    (tmp_path / "b.csv").write_text("id,s\n1,x\n")
+    loader, both = StructuredDataset.create_dataloader(str(tmp_path), format="csv", num_workers=0, batch_size=4)
+    assert both.schema.field("id").type == pa.int64() and [b["s"] for b in loader] == [["x"]]

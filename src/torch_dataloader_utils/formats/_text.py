@@ -193,7 +193,8 @@ class TextFormat:
         found = self._cached(key, url)
         if found is None:
             index = scan_records(_blocks(fs, path, size, compression), self.scanner(parse))
-            schema = self._infer(fs, path, size, compression, self.with_index(parse, index)) if index.rows else pa.schema([])
+            # a header without rows still names the columns (of the null type: other files' types win)
+            schema = self._infer(fs, path, size, compression, self.with_index(parse, index)) if index.rows or index.data_start else pa.schema([])
             if key is not None and self._cache is not None:
                 self._cache.put(key, _entry_bytes(index, schema))
         else:
