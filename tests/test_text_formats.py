@@ -317,3 +317,20 @@ def test_a_csv_header_without_rows_names_its_columns(tmp_path):
     (tmp_path / "b.csv").write_text("id,s\n1,x\n")
     loader, both = StructuredDataset.create_dataloader(str(tmp_path), format="csv", num_workers=0, batch_size=4)
     assert both.schema.field("id").type == pa.int64() and [b["s"] for b in loader] == [["x"]]
+
+
+def test_an_explicit_schema_is_not_extended_by_inference(tmp_path):
+    """A field explicit_schema lacks is refused wherever it first appears, with advice that fits
+    (the first block's fields became extra columns; a later one was told to pass explicit_schema)."""
+    schema = pa.schema([("id", pa.int64())])
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"id": {i}, "extra": 1}}\n' for i in range(3)))
+    with pytest.raises(ValueError, match=r"unexpected field\. The file does not fit json_options' explicit_schema: add the field"):
+        StructuredDataset(str(tmp_path), format="jsonl", num_workers=0, json_options={"explicit_schema": schema})
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"id": {i}}}\n' for i in range(3000)) + '{"id": 3000, "extra": 1}\n')
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format="jsonl", num_workers=0, json_options={"explicit_schema": schema, "block_size": 4096})
+    with pytest.raises(DataReadError, match=r"does not fit json_options' explicit_schema"):
+        list(loader)
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(tmp_path), format="jsonl", num_workers=0, json_options={"explicit_schema": schema, "unexpected_field_behavior": "ignore"}
+    )
+    assert dataset.schema.names == ["id"] and sum(len(b["id"]) for b in loader) == 3001

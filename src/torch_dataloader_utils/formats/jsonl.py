@@ -59,7 +59,11 @@ class JsonLinesFormat(TextFormat):
         return RecordScanner(None, 0, marker=ord("{"), returns=True)
 
     def infer_schema(self, stream: Any, parse: JsonParse) -> pa.Schema:
-        reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=json.ParseOptions(**parse.parse))
+        options = json.ParseOptions(**{"unexpected_field_behavior": "error", **parse.parse})  # pyarrow's default would infer
+        try:
+            reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=options)
+        except pa.ArrowInvalid as error:
+            raise _advice(error, parse) from error
         return reader.schema
 
     def _options(self, footer: TextFooter, use_threads: bool) -> dict[str, Any]:
@@ -71,7 +75,7 @@ class JsonLinesFormat(TextFormat):
         try:
             table = json.read_json(_source(data), **self._options(footer, use_threads))
         except pa.ArrowInvalid as error:
-            raise _advice(error) from error
+            raise _advice(error, footer.parse) from error
         return table if columns is None else table.select(columns)
 
     def parse_blocks(self, data: Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
@@ -80,14 +84,19 @@ class JsonLinesFormat(TextFormat):
                 table = pa.Table.from_batches([batch])
                 yield table if columns is None else table.select(columns)
         except pa.ArrowInvalid as error:
-            raise _advice(error) from error
+            raise _advice(error, footer.parse) from error
 
 
 def _source(data: Any) -> Any:
     return pa.BufferReader(data) if isinstance(data, pa.Buffer) else data
 
 
-def _advice(error: Exception) -> pa.ArrowInvalid:
+def _advice(error: Exception, parse: JsonParse) -> pa.ArrowInvalid:
+    if "explicit_schema" in parse.parse:
+        return pa.ArrowInvalid(
+            f"{error}. The file does not fit json_options' explicit_schema: add the field (with its type) to it, or pass "
+            "{'unexpected_field_behavior': 'ignore'} to leave fields out that it lacks"
+        )
     return pa.ArrowInvalid(
         f"{error}. The fields and types of each file are inferred from its first block (json_options block_size): "
         "pass json_options={'explicit_schema': pyarrow.schema([...])}, or {'unexpected_field_behavior': 'ignore'} "
