@@ -101,3 +101,11 @@ def test_bad_output_arguments_are_named(data):
         StructuredDataset(data, output_format="pandas", num_workers=0)
     loader, _ = StructuredDataset.create_dataloader(data, output_format="numpy", num_workers=0, device=torch.device("cpu"))  # host memory
     assert isinstance(next(iter(loader))["id"], np.ndarray)
+
+
+@pytest.mark.parametrize("output_format", ["numpy", "dict"])
+def test_a_string_that_is_not_utf8_names_the_column_in_every_output_format(tmp_path, output_format):
+    (tmp_path / "a.jsonl").write_bytes(b'{"id": 1, "s": "ok"}\n{"id": 2, "s": "caf\xe9"}\n')
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format="jsonl", num_workers=0, batch_size=4, output_format=output_format)
+    with pytest.raises(ValueError, match=r"column 's' of rows read from \S*a.jsonl .*not valid UTF-8"):
+        list(loader)

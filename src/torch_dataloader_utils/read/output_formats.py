@@ -85,7 +85,13 @@ def prepare_batches(
         batches = [slice_columns(columns, start, stop, where) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
     else:
         form = _FORMS[output.format]
-        batches = [form(table.slice(start, stop - start)) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
+        try:
+            batches = [form(table.slice(start, stop - start)) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
+        except (UnicodeDecodeError, pa.ArrowException) as error:
+            named = _not_utf8(table, where, error)
+            if named is None:
+                raise
+            raise named from error
         if output.format == "arrow" and not copy:
             batches = [_compact(batch) for batch in batches]
     if output.transform is None:
@@ -152,6 +158,20 @@ def _to_dict(table: pa.Table) -> dict[str, list]:
 
 
 _FORMS: dict[str, Callable[[pa.Table], Any]] = {"numpy": to_numpy_columns, "arrow": to_record_batch, "dict": _to_dict}
+
+
+def _not_utf8(table: pa.Table, where: Where, error: Exception) -> ValueError | None:
+    """The error naming the string column that holds bytes that are not UTF-8 (None: no such column)."""
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            try:
+                column.validate(full=True)
+            except pa.ArrowInvalid:
+                return ValueError(
+                    f"column {name!r} of {where()} holds a string that is not valid UTF-8 ({error}); the file's writer stored bytes "
+                    "under a string type. Fix the data, or leave the column out (columns=...)"
+                )
+    return None
 
 
 def table_in_format(table: pa.Table, output_format: str) -> Any:
