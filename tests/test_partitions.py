@@ -179,3 +179,16 @@ def test_digits_other_than_ascii_keep_a_key_a_string():
     parts = parse_partitions(_entries("/r/k=3/f", "/r/k=٣/f", "/r/k=１２/f"), ["/r"])
     assert parts.types == (pa.string(),)
     assert sorted(v for (v,) in parts.values.values()) == sorted(["3", "٣", "１２"])
+
+
+def test_a_null_partition_value_is_found_at_planning_naming_its_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import StructuredDataset
+
+    for key in ("1", "2", "__HIVE_DEFAULT_PARTITION__"):
+        (tmp_path / f"k={key}").mkdir()
+        pq.write_table(pa.table({"id": [0, 1]}), tmp_path / f"k={key}" / "a.parquet")
+    with pytest.raises(ValueError, match=r"column 'k' has 2 null value\(s\) in \S*k=__HIVE_DEFAULT_PARTITION__\S*a.parquet\n"):
+        StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0)
+    assert len(StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, nulls="fill")) == 6

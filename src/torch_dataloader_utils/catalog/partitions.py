@@ -167,7 +167,7 @@ class PartitionedFormat:
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         layout, footer = self.inner.read_footer(fs, path, size, url)
-        return layout, (footer, self.partitions.values[url])
+        return layout, (footer, self.partitions.values[url], sum(layout.unit_rows))
 
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         schema = self.inner.schema(fs, path, footer[0])
@@ -181,6 +181,17 @@ class PartitionedFormat:
         for field in self.partitions.fields:
             schema = schema.append(field)
         return schema
+
+    def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per column among ``names`` where planning knows them: every row of a null partition
+        value (``__HIVE_DEFAULT_PARTITION__``), and the file's own statistics for its columns."""
+        inner_footer, values, rows = footer
+        counts_of = getattr(self.inner, "null_counts", None)
+        stored = [name for name in names if name not in self.partitions.keys]
+        counts = dict(counts_of(inner_footer, stored)) if counts_of is not None and stored else {}
+        nulls = [key for key, value in zip(self.partitions.keys, values) if value is None and key in names]
+        counts.update(dict.fromkeys(nulls, rows))
+        return counts
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _PartitionedReader:
         return _PartitionedReader(self.inner.open(fs, path, footer[0], use_threads), self.partitions, footer[1])
