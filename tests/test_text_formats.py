@@ -111,7 +111,13 @@ def test_csv_options_reach_pyarrow(tmp_path):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"delimeter": ","}, "unknown csv option 'delimeter'"), ({"use_threads": True}, "not accepted"), ({"encoding": "latin-1"}, "UTF-8")],
+    [
+        ({"delimeter": ","}, "unknown csv option 'delimeter'"),
+        ({"use_threads": True}, "not accepted"),
+        ({"encoding": "latin-1"}, "UTF-8"),
+        ({"delimiter": ";;"}, r"csv_options \{'delimiter': ';;'\} are refused by pyarrow's ParseOptions"),
+        ({"column_types": {"id": "nope"}}, "refused by pyarrow's ConvertOptions"),
+    ],
 )
 def test_bad_csv_options_are_named(data, options, message):
     with pytest.raises(ValueError, match=message):

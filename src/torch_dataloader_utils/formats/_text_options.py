@@ -3,7 +3,7 @@ pyarrow's ReadOptions, ParseOptions and ConvertOptions by name."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 #: options the dataset sets itself, with what to do instead
 REFUSED = {
@@ -29,3 +29,13 @@ def sort_options(kind: str, options: dict[str, Any], groups: dict[str, tuple[str
             raise ValueError(f"unknown {kind} option {key!r}; the accepted options are {sorted(accepted)} (see docs/formats.md)")
         sorted_options[group][key] = value
     return sorted_options
+
+
+def check_values(kind: str, grouped: dict[str, dict[str, Any]], builders: dict[str, Callable[..., Any]]) -> None:
+    """A ValueError naming the options pyarrow refuses (``delimiter=';;'``, ``block_size='1MiB'``):
+    each group is built into its pyarrow options object once, here, not first when a file is read."""
+    for group, options in grouped.items():
+        try:
+            builders[group](**options)
+        except (TypeError, ValueError, ArithmeticError) as error:
+            raise ValueError(f"{kind}_options {options!r:.200} are refused by pyarrow's {builders[group].__name__}: {error}") from None

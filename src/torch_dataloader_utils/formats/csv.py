@@ -12,7 +12,7 @@ from pyarrow import csv
 from . import FORMATS
 from ._text import TextFooter, TextFormat
 from ._text_index import RecordScanner, RowIndex
-from ._text_options import sort_options
+from ._text_options import check_values, sort_options
 
 _GROUPS = {
     "read": ("block_size", "skip_rows", "column_names", "autogenerate_column_names"),
@@ -59,7 +59,7 @@ class CsvFormat(TextFormat):
     )
 
     def check_options(self, options: dict) -> dict:
-        sort_options("csv", options, _GROUPS)
+        check_values("csv", sort_options("csv", options, _GROUPS), {"read": csv.ReadOptions, "parse": csv.ParseOptions, "convert": csv.ConvertOptions})
         return options
 
     def file_parse(self, path: str) -> CsvParse:

@@ -12,7 +12,7 @@ from pyarrow import json
 from . import FORMATS
 from ._text import TextFooter, TextFormat
 from ._text_index import RecordScanner
-from ._text_options import sort_options
+from ._text_options import check_values, sort_options
 
 _GROUPS = {"read": ("block_size",), "parse": ("explicit_schema", "unexpected_field_behavior")}
 
@@ -47,7 +47,7 @@ class JsonLinesFormat(TextFormat):
                 "json_options={'explicit_schema': pyarrow.schema([...])} with every field, or 'ignore' to leave such "
                 "fields out ('error', the default here, raises at the first one)"
             )
-        sort_options("json", options, _GROUPS)
+        check_values("json", sort_options("json", options, _GROUPS), {"read": json.ReadOptions, "parse": json.ParseOptions})
         return options
 
     def file_parse(self, path: str) -> JsonParse:
