@@ -326,6 +326,7 @@ def test_inspect_a_state_damaged_past_its_types_is_an_input_error_before_anythin
         ("padding_delivered", -3, state), ("_num_workers", 5, state), ("_num_workers", 10**9, state), ("_rank", 5, state),
         ("_world_size", 0, state), ("scope", "weird", state), ("format_version", "1", state), ("_equalize", "foo", state),
         ("_on_error", "retry", state), ("_batch_size", 0, state), ("completed_shards", [], state), ("worker", 2, worker_state),
+        ("_num_workers", 10**9, worker_state),
     ):
         (tmp_path / "state.json").write_text(json.dumps({**base, key: value}))
         for argv in ([], ["--json"], [data]):

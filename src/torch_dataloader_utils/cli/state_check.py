@@ -9,6 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 
+MAX_WORKERS = 4096  # per rank: more is damage, not a job (a worker state has nothing else to compare it with)
 _ADVICE = "The state was altered or not saved from dataset.state_dict(); use an intact copy of the checkpoint or discard it"
 
 
@@ -46,6 +47,9 @@ def _check_settings(state: dict) -> None:
         settings["chunk_rows"] = state[CHUNK_ROWS]
     # a seed beyond 32 bits is refused with shuffling by today's versions, not damage: such a state is still described
     settings["shuffle_seed"] = min(settings["shuffle_seed"], MAX_SEED_WORD) if isinstance(settings["shuffle_seed"], int) else settings["shuffle_seed"]
+    workers = settings["num_workers"]
+    if isinstance(workers, int) and workers > MAX_WORKERS:  # inspect builds a plan with this many lanes
+        raise StateShapeError("_num_workers", f"{workers} DataLoader workers per rank is past any real job's ({MAX_WORKERS} at most here)")
     try:
         check_options(columns=None, **settings)
     except (TypeError, ValueError) as error:
