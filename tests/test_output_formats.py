@@ -88,6 +88,47 @@ def test_numpy_forms_of_other_types():
     assert columns["pair"].tolist() == [{"a": 1}, {"a": 2}, None]
 
 
+def test_numpy_batches_follow_nulls_fill_and_mask(tmp_path):
+    """nulls='fill'/'mask' and fill_values apply to numpy batches as to tensors (they were ignored:
+    NaN floats, and no '.valid' arrays although dataset.schema listed them); arrow and dict keep
+    their nulls, and their schema lists no masks."""
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(6)),
+            "n": pa.array([1, None, 3, None, 5, 6]),
+            "f": pa.array([0.5, None, 1.5, 2.0, None, 3.0]),
+            "b": pa.array([True, None, False, True, True, None]),
+            "t": pa.array([1, None, 3, 4, 5, 6], pa.timestamp("ms", tz="UTC")),
+            "d": pa.array([1, 2, None, 4, 5, 6], pa.date32()),
+            "v": pa.array([[1.0, 2.0], None, [3.0, None], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]], pa.list_(pa.float32(), 2)),
+            "s": pa.array(["a", None, "c", "d", "e", "f"]),
+        }
+    )
+    pq.write_table(table, tmp_path / "a.parquet")
+    fills = {"n": -1, "v": -2.0}
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=6, num_workers=2, output_format="numpy", nulls="mask", fill_values=fills)
+    (batch,) = list(loader)
+    assert list(batch) == dataset.schema.names
+    assert batch["n"].dtype == np.int64 and batch["n"].tolist() == [1, -1, 3, -1, 5, 6]
+    assert batch["n.valid"].tolist() == [True, False, True, False, True, True]
+    assert np.isnan(batch["f"][[1, 4]]).all() and batch["b"].tolist() == [True, False, False, True, True, False]
+    assert batch["t"].dtype == np.dtype("datetime64[ms]") and batch["t"][1] == np.datetime64(0, "ms")
+    assert batch["d"].dtype == np.dtype("datetime64[D]") and batch["d"][2] == np.datetime64(0, "D")
+    assert batch["v"].dtype == np.float32 and batch["v"].tolist() == [[1, 2], [-2, -2], [3, -2], [4, 5], [6, 7], [8, 9]]
+    assert batch["s"].tolist() == ["a", None, "c", "d", "e", "f"] and "s.valid" not in batch
+    rows = dataset[[1, 0]]
+    assert rows["n"].tolist() == [-1, 1] and rows["n.valid"].tolist() == [False, True]
+    filled = StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy", nulls="fill")
+    assert filled[[1]]["n"].tolist() == [0] and "n.valid" not in filled.schema.names
+    for output_format in ("arrow", "dict"):
+        kept = StructuredDataset(str(tmp_path), num_workers=0, output_format=output_format, nulls="mask")
+        assert kept.schema.names == table.column_names
+        column = kept[[1]]["n"]
+        assert (column.to_pylist() if output_format == "arrow" else column) == [None]
+
+
 def test_a_device_takes_torch_batches_only(data, monkeypatch):
     from torch_dataloader_utils.runtime import device_feed, loader  # noqa: F401 - the loader binds check_device before the patch
 

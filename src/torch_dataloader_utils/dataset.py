@@ -189,7 +189,7 @@ class StructuredDataset(IterableDataset):
         """The batch's columns and their Arrow types (``pyarrow.Schema``), in batch order: a struct's
         leaves as ``parent.child``, a map as ``m.keys`` / ``m.values``, the files' own types (a
         timestamp with its unit and time zone: its tensor counts that unit since 1970-01-01 UTC)."""
-        return nested.batch_schema(self._selected, self.policy.masks)
+        return nested.batch_schema(self._selected, self.policy.masks and self.output_format in ("torch", "numpy"))
 
     @property
     def splits(self) -> list[Split]:

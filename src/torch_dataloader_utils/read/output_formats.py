@@ -4,9 +4,11 @@
 
 - ``"torch"`` (default): a dict of tensors (``convert.py``);
 - ``"numpy"``: a dict of numpy arrays. Numbers, booleans and temporal types as arrays of their
-  numpy dtype (timestamps as ``datetime64``; an integer column with nulls becomes float64 with
-  NaN, pyarrow's rule); fixed-size lists of numbers without nulls as N-D arrays; strings, binary,
-  variable-length lists and structs as object arrays (``None`` for a null);
+  numpy dtype (timestamps as ``datetime64``); fixed-size lists of numbers as N-D arrays; strings,
+  binary, decimals, variable-length lists and structs as object arrays (``None`` for a null). A
+  null number: with ``nulls="fill"`` or ``"mask"`` the fill value (and ``"c.valid"`` arrays with
+  "mask", as for tensors); else, pyarrow's rule (an integer column becomes float64 with NaN, a
+  fixed-size list with a null row an object array);
 - ``"arrow"``: one ``pyarrow.RecordBatch``;
 - ``"dict"``: a dict of Python lists (``RecordBatch.to_pydict()``).
 
@@ -21,14 +23,20 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import TransformError
 from .convert import Where, slice_columns, table_to_columns
-from .nulls import DEFAULT_POLICY, ColumnPolicy
+from .forms import holds_mask
+from .nulls import DEFAULT_POLICY, MASK_SUFFIX, ColumnPolicy, filled, valid_mask
+
+if TYPE_CHECKING:
+    import pyarrow.compute as pc
+else:
+    from ..formats._lazy import compute as pc  # imported when first used
 
 OUTPUT_FORMATS = ("torch", "numpy", "arrow", "dict")
 
@@ -84,7 +92,7 @@ def prepare_batches(
         columns = table_to_columns(table, where, copy=copy, policy=policy)
         batches = [slice_columns(columns, start, stop, where) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
     else:
-        form = _FORMS[output.format]
+        form = _form(output.format, policy, where)
         try:
             batches = [form(table.slice(start, stop - start)) for start, stop in batch_bounds(table.num_rows, output.batch_size)]
         except (UnicodeDecodeError, pa.ArrowException) as error:
@@ -123,11 +131,46 @@ def _compact(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.take(pa.array(np.arange(batch.num_rows)))
 
 
-def to_numpy_columns(table: pa.Table) -> dict[str, np.ndarray]:
-    """``table`` as a dict of numpy arrays (see the module's docstring for each type's form)."""
-    return {name: _numpy(column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)) for name, column in zip(table.column_names, table.columns)}
+def to_numpy_columns(table: pa.Table, policy: ColumnPolicy = DEFAULT_POLICY, where: Where = lambda: "the batch") -> dict[str, np.ndarray]:
+    """``table`` as a dict of numpy arrays (see the module's docstring for each type's form), the
+    null ``policy`` applied to number, bool, temporal and fixed-size list columns."""
+    columns = {}
+    for name, column in zip(table.column_names, table.columns):
+        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+        if pa.types.is_dictionary(array.type):
+            array = array.dictionary_decode()
+        masked = policy.masks and holds_mask(array.type)
+        valid = valid_mask(array) if masked else None
+        if policy.nulls != "raise" and _fillable(array.type):
+            array = _filled_values(array, name, policy, where)
+        columns[name] = _numpy(array)
+        if valid is not None:
+            columns[name + MASK_SUFFIX] = valid
+    return columns
 
 
+def _fillable(kind: pa.DataType) -> bool:
+    while pa.types.is_fixed_size_list(kind):
+        kind = kind.value_type
+    return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind)
+
+
+def _filled_values(array: pa.Array, name: str, policy: ColumnPolicy, where: Where) -> pa.Array:
+    """``array`` with its nulls filled, keeping its type; a null fixed-size list row becomes a row
+    of fill values, as in tensor batches."""
+    kind = array.type
+    if pa.types.is_fixed_size_list(kind):
+        values = array.values.slice(array.offset * kind.list_size, len(array) * kind.list_size)
+        if array.null_count:
+            rows = np.repeat(valid_mask(array), kind.list_size)
+            values = pc.if_else(pa.array(rows), values, pa.nulls(len(values), values.type))
+        return pa.FixedSizeListArray.from_arrays(_filled_values(values, name, policy, where), kind.list_size)
+    if not array.null_count:
+        return array
+    if pa.types.is_temporal(kind):
+        storage = pa.int64() if kind.bit_width == 64 else pa.int32()
+        return filled(array.view(storage), name, policy, where).view(kind)
+    return filled(array, name, policy, where)
 def _numpy(array: pa.Array) -> np.ndarray:
     kind = array.type
     if pa.types.is_dictionary(kind):
@@ -160,6 +203,13 @@ def _to_dict(table: pa.Table) -> dict[str, list]:
 _FORMS: dict[str, Callable[[pa.Table], Any]] = {"numpy": to_numpy_columns, "arrow": to_record_batch, "dict": _to_dict}
 
 
+def _form(output_format: str, policy: ColumnPolicy, where: Where) -> Callable[[pa.Table], Any]:
+    """What turns a table into one batch of ``output_format`` (numpy arrays under the null ``policy``)."""
+    if output_format == "numpy":
+        return lambda table: to_numpy_columns(table, policy, where)
+    return _FORMS[output_format]
+
+
 def _not_utf8(table: pa.Table, where: Where, error: Exception) -> ValueError | None:
     """The error naming the string column that holds bytes that are not UTF-8 (None: no such column)."""
     for name, column in zip(table.column_names, table.columns):
@@ -174,10 +224,10 @@ def _not_utf8(table: pa.Table, where: Where, error: Exception) -> ValueError | N
     return None
 
 
-def table_in_format(table: pa.Table, output_format: str) -> Any:
+def table_in_format(table: pa.Table, output_format: str, policy: ColumnPolicy = DEFAULT_POLICY) -> Any:
     """``table`` as one batch in ``output_format`` other than "torch" (numpy arrays that would be
     read-only views of ``table``'s buffers are copies)."""
-    batch = _FORMS[output_format](table)
+    batch = _form(output_format, policy, lambda: "the rows read")(table)
     if output_format == "numpy":
         batch = {name: array if array.flags.writeable else array.copy() for name, array in batch.items()}
     return batch

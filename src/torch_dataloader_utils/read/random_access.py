@@ -110,7 +110,7 @@ class RowAccess:
         if self.selected is not None:
             table = flatten(table, self.selected)
         if self.output_format != "torch":
-            return table_in_format(table, self.output_format)
+            return table_in_format(table, self.output_format, self.policy)
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
         return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
 
