@@ -68,6 +68,50 @@ def test_size_does_not_grow_with_completed_splits(data):
     assert sum(compact.count_completed(e) for e in last["completed_ranges"]) == 36
 
 
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("small_files")
+    write_files(root, 3, 100, rows=4)  # 300 splits in one shuffle window
+    return root
+
+
+def make_shuffled(path, workers=2):
+    return StructuredDataset.create_dataloader(str(path), batch_size=16, num_workers=workers, shuffle=True)
+
+
+def test_a_shuffle_window_of_many_small_splits_keeps_the_state_small(small_files):
+    """A window holds every split in progress at once: each entry keeps counts and a digest, not
+    hundreds of [position, rows_done] pairs (215 KB at 20,000 files, growing with the files)."""
+    states = states_along_epoch(small_files, shuffle=True)
+    sizes = [len(json.dumps(s)) for s in states]
+    assert max(sizes) - min(sizes) < 2 * compact.LISTED_MAX * 12  # at most LISTED_MAX short pairs per worker
+    digested = [e for state in states for e in state["completed_ranges"] if e["progress_digest"] is not None]
+    assert {e["worker"] for e in digested} == {0, 1} and max(e["in_progress_count"] for e in digested) > 100
+    assert [e["ranges"] for e in states[-1]["completed_ranges"]] == [[[0, 150]], [[0, 150]]]  # all done: listed again
+    assert_resumes_exactly(lambda: make_shuffled(small_files), epochs=1, stride=11, deep_stride=5, save=compact_save)
+
+
+def test_a_digested_entry_is_checked_as_strictly_as_lists(small_files, monkeypatch):
+    state = states_along_epoch(small_files, shuffle=True)[20]  # worker 0 in the middle of its window
+    for key, value in (("progress_digest", "0" * 32), ("completed", 1), ("in_progress_count", 3)):
+        damaged = json.loads(json.dumps(state))
+        damaged["completed_ranges"][0][key] = value
+        assert "do not match the plan at" in refusal(small_files, damaged, shuffle=True)
+    damaged = json.loads(json.dumps(state))
+    damaged["completed_ranges"][0]["progress_digest"] = 5
+    assert "worker 0" in refusal(small_files, damaged, shuffle=True)
+    monkeypatch.setattr(compact, "LISTED_MAX", 10**6)  # an earlier version listed every range and split in progress
+    listed = states_along_epoch(small_files, shuffle=True)[20]
+    monkeypatch.undo()
+    assert len(listed["completed_ranges"][0]["in_progress"]) > compact.LISTED_MAX
+    for key in ("completed", "in_progress_count", "progress_digest"):
+        del listed["completed_ranges"][0][key]
+    _, dataset = make_shuffled(small_files)
+    dataset.load_state_dict(listed)
+    listed["completed_ranges"][0]["in_progress"][0][1] += 1
+    assert "do not match the plan at" in refusal(small_files, listed, shuffle=True)
+
+
 def test_auto_form_is_full_for_small_plans_and_compact_above(data, monkeypatch):
     _, dataset = StructuredDataset.create_dataloader(str(data), batch_size=16, num_workers=2)
     assert "completed_shards" in dataset.state_dict()

@@ -51,11 +51,11 @@ def describe_state(state: dict) -> dict:
     totals = state.get(ROWS_TOTAL)
     workers = []
     for index, done in enumerate(delivered):
-        completed, partial = _worker_content(state, index)
+        completed, partial, partial_count = _worker_content(state, index)
         total = totals[index] if isinstance(totals, list) and index < len(totals) else None
         workers.append({"worker": index, "rows_delivered": done, "rows_total": total,
                         "rows_remaining": None if total is None else total - done,
-                        "splits_completed": completed, "in_progress": partial})
+                        "splits_completed": completed, "in_progress": partial, "in_progress_count": partial_count})
     files = state.get(FILES) or []
     summary = state.get(FILES_SUMMARY)
     info.update(
@@ -78,16 +78,19 @@ def describe_state(state: dict) -> dict:
     return info
 
 
-def _worker_content(state: dict, worker: int) -> tuple[int, list[dict]]:
-    """(splits completed, splits in progress) of a worker, from either form of a rank state; the
-    compact form names a split in progress by its position in the worker's lane order."""
+def _worker_content(state: dict, worker: int) -> tuple[int, list[dict], int]:
+    """(splits completed, splits in progress, how many are in progress) of a worker, from either
+    form of a rank state; the compact form names a split in progress by its position in the
+    worker's lane order, and only counts them where a shuffle window holds many."""
     if COMPLETED_RANGES not in state:
-        return len(_entry_splits(state.get(COMPLETED_SHARDS), worker)), _entry_splits(state.get(IN_PROGRESS), worker)
+        partial = _entry_splits(state.get(IN_PROGRESS), worker)
+        return len(_entry_splits(state.get(COMPLETED_SHARDS), worker)), partial, len(partial)
     from ..state.compact import count_completed
 
     entries = state[COMPLETED_RANGES]
     entry = entries[worker] if worker < len(entries) else {}
-    return count_completed(entry), [{"lane_position": p, "rows_done": d} for p, d in entry.get("in_progress", [])]
+    listed = [{"lane_position": p, "rows_done": d} for p, d in entry.get("in_progress", [])]
+    return count_completed(entry), listed, entry.get("in_progress_count", len(listed))
 
 
 def _entry_splits(entries: Any, worker: int) -> list[dict]:
@@ -133,11 +136,13 @@ def print_state(info: dict, label: str) -> None:
     for w in info["workers"]:
         rest = "" if w["rows_remaining"] is None else f", {w['rows_remaining']:,} remaining"
         print(f"  worker {w['worker']:<3} {w['rows_delivered']:,} rows delivered{rest}; "
-              f"{w['splits_completed']} splits completed, {len(w['in_progress'])} in progress")
+              f"{w['splits_completed']} splits completed, {w['in_progress_count']} in progress")
         for split in w["in_progress"][:3]:
             print(f"               in progress: {_split_text(split)}")
-        if len(w["in_progress"]) > 3:
-            print(f"               ... and {len(w['in_progress']) - 3} more")
+        if w["in_progress"] and w["in_progress_count"] > 3:
+            print(f"               ... and {w['in_progress_count'] - 3} more")
+        elif w["in_progress_count"] > len(w["in_progress"]):
+            print("               (counted, not listed: they share one shuffle window)")
     for split in info["skipped_splits"]:
         print(f"  skipped    {_split_text(split)}: {split.get('error', 'read error')} (on_error='skip')")
 

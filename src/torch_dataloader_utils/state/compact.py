@@ -9,7 +9,11 @@ keeps the same checks in a size that does not grow with completed splits:
   them: without shuffling the order it reads them, so the completed splits are one range),
   the splits in progress as ``[position, rows_done]``, and ``lane_digest``, a digest of the
   lane's splits by content in that order. Equal digests and equal ranges mean the same
-  completed splits by content, as the full form's list would.
+  completed splits by content, as the full form's list would. A shuffle window over many small
+  splits leaves thousands of them in progress at once (and its completed ones in as many
+  ranges): beyond ``LISTED_MAX`` ranges and splits in progress, an entry keeps their counts
+  (always there) and a digest of both lists (``progress_digest``) instead of the lists, which
+  checks them as strictly.
 - ``files_summary``: the file count, a digest of every ``[url, size, tag]`` in plan order,
   and one digest per group of consecutive files (sorted by URL, at most ``MAX_GROUPS``
   groups), so that a change is located to the group of files it happened in; local files'
@@ -45,6 +49,8 @@ MIN_GROUP_FILES = 16
 NAMED_FILES_MAX = 256
 #: ``form="auto"`` writes the full form up to this many splits, the compact form above
 AUTO_FULL_MAX_SPLITS = 1000
+#: a worker entry lists up to this many ranges and splits in progress, else their digest
+LISTED_MAX = 64
 FORMS = ("auto", "full", "compact")
 _CACHED_LANES = 32
 
@@ -165,14 +171,37 @@ def lane_progress(book: StreamBook, lane: Lane, position: int, splits: Sequence[
         starts, ends = order.bounds
         done = bisect.bisect_right(ends, position)
         partial = [[done, position - starts[done]]] if done < len(starts) and starts[done] < position else []
-        return {"lane_digest": order.digest, "ranges": [[0, done]] if done else [], "in_progress": partial}
+        return _entry(order.digest, [[0, done]] if done else [], partial)
     completed, partial = [], []
     for index, (done, total) in book.rows_done(lane, position).items():
         if done >= total:
             completed.append(order.position[index])
         elif done > 0:
             partial.append([order.position[index], done])
-    return {"lane_digest": order.digest, "ranges": _ranges(completed), "in_progress": sorted(partial)}
+    return _entry(order.digest, _ranges(completed), sorted(partial))
+
+
+def _entry(lane_digest: str, ranges: list[list[int]], partial: list[list[int]]) -> dict:
+    entry = {
+        "lane_digest": lane_digest, "ranges": ranges, "in_progress": partial,
+        "completed": sum(stop - start for start, stop in ranges), "in_progress_count": len(partial), "progress_digest": None,
+    }
+    if len(ranges) + len(partial) > LISTED_MAX:  # the same keys either way: a state keeps one shape (docs/testing.md)
+        entry.update(ranges=[], in_progress=[], progress_digest=_digest([ranges, partial]))
+    return entry
+
+
+def same_progress(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    """Whether a saved worker entry holds the progress ``expected`` (``lane_progress``'s entry at
+    the saved position) holds: the same lists, or the same digest, and the same counts. States of
+    earlier versions have no counts, and list everything: their lists are checked."""
+    if any(saved.get(key, expected[key]) != expected[key] for key in ("completed", "in_progress_count")):
+        return False
+    if expected["progress_digest"] is None:
+        return saved.get("ranges") == expected["ranges"] and saved.get("in_progress") == expected["in_progress"] and saved.get("progress_digest") is None
+    if saved.get("progress_digest") is not None:
+        return bool(saved["progress_digest"] == expected["progress_digest"])
+    return _digest([saved.get("ranges"), saved.get("in_progress")]) == expected["progress_digest"]
 
 
 def expand_ranges(entry: Mapping[str, Any], book: StreamBook, lane: Lane, splits: Sequence[Split]) -> tuple[list[dict], list[dict]]:
@@ -184,7 +213,9 @@ def expand_ranges(entry: Mapping[str, Any], book: StreamBook, lane: Lane, splits
 
 
 def count_completed(entry: Any) -> int:
-    """Splits a compact worker entry lists as completed (0 when damaged)."""
+    """Splits a compact worker entry counts as completed (0 when damaged)."""
+    if isinstance(entry, Mapping) and isinstance(entry.get("completed"), int):
+        return entry["completed"]
     ranges = entry.get("ranges") if isinstance(entry, Mapping) else None
     if not isinstance(ranges, list):
         return 0

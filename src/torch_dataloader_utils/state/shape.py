@@ -73,9 +73,16 @@ def _are_pairs(value: Any) -> bool:
 
 
 def _are_range_entries(value: Any) -> bool:
-    """'completed_ranges': per worker, a dict of [start, stop] ranges and [position, rows_done] pairs."""
+    """'completed_ranges': per worker, a dict of [start, stop] ranges and [position, rows_done]
+    pairs (empty where a digest stands for them), their counts and the digest (not in states of
+    earlier versions)."""
     return isinstance(value, list) and all(
-        isinstance(entry, dict) and _are_pairs(entry.get("ranges")) and _are_pairs(entry.get("in_progress")) for entry in value
+        isinstance(entry, dict)
+        and _are_pairs(entry.get("ranges"))
+        and _are_pairs(entry.get("in_progress"))
+        and all(is_count(entry.get(key, 0)) for key in ("completed", "in_progress_count"))
+        and isinstance(entry.get("progress_digest"), (str, type(None)))
+        for entry in value
     )
 
 
@@ -83,6 +90,10 @@ def _optional(check: _Check) -> _Check:
     return lambda value: value is _MISSING or value is None or check(value)
 
 
+_RANGE_ENTRIES = (
+    "a list of {'worker': N, 'ranges': [[start, stop], ...], 'in_progress': [[position, rows_done], ...], "
+    "'completed': N, 'in_progress_count': N, 'progress_digest': null or a digest} entries"
+)
 _COUNTS = "a list of row counts (integers >= 0), one per worker"
 _WORKER_SPLITS = "a list of {'worker': N, 'splits': [...]} entries"
 # configuration values that become dataset arguments and must be integers or booleans
@@ -104,7 +115,7 @@ _RANK_FIELDS: dict[str, _Field] = {
     FILES: (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
     COMPLETED_SHARDS: (_optional(_are_worker_splits), _WORKER_SPLITS),
     IN_PROGRESS: (_optional(_are_worker_splits), _WORKER_SPLITS),
-    COMPLETED_RANGES: (_optional(_are_range_entries), "a list of {'worker': N, 'ranges': [[start, stop], ...], 'in_progress': [[position, rows_done], ...]}"),
+    COMPLETED_RANGES: (_optional(_are_range_entries), _RANGE_ENTRIES),
     FILES_SUMMARY: (_optional(lambda v: isinstance(v, dict) and is_count(v.get("count"))), "a dict with the file count and digests"),
     SKIPPED_SPLITS: (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
     **_TOPOLOGY_FIELDS,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
-from .compact import lane_progress, same_files_in_order, summary_causes
+from .compact import lane_progress, same_files_in_order, same_progress, summary_causes
 from .mixture import mixture_causes
 from .progress import Progress
 from .schema import (
@@ -337,7 +337,7 @@ def _check_compact_entry(saved: Mapping[str, Any], worker: int, expected: Mappin
             f"worker {worker}'s splits are not the ones the checkpoint's plan gave it (key 'lane_digest': checkpoint="
             f"{saved.get('lane_digest')!r:.40}, current={expected['lane_digest']!r}): another split plan or order of the same files"
         )
-    elif saved.get("ranges") != expected["ranges"] or saved.get("in_progress") != expected["in_progress"]:
+    elif not same_progress(saved, expected):
         cause = f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered (the state is damaged)"
     else:
         return
