@@ -100,6 +100,8 @@ def main() -> None:
         shuffle=True,
         shuffle_seed=42,
         columns=["id", "features", "target"],
+        # workers forked once per job, not at every epoch while the process group's threads run
+        persistent_workers=args.num_workers > 0,
     )
     check_same_plan(dataset)  # collective: every rank lists the same files with the same settings
     model = DistributedDataParallel(torch.nn.Linear(NUM_FEATURES, 1))
