@@ -238,3 +238,9 @@ def test_one_writer_never_leaves_more_than_the_limit(tmp_path):
         cache.put(f"k{index}", b"0" * (1000 + index))
         assert cache.usage() <= 50_000
     assert "k299.bin" in _held(tmp_path) and "k0.bin" not in _held(tmp_path)
+
+
+def test_a_cache_dir_that_cannot_be_created_is_named(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"cache_dir .*file/cache' cannot be created .*Not a directory"):
+        RangeCache(str(tmp_path / "file" / "cache"))

@@ -220,3 +220,14 @@ def test_a_null_partition_value_is_found_at_planning(tmp_path):
     with pytest.raises(ValueError, match=r"statistics show nulls.*\n  column 'day' has 10 null value\(s\) in \S*day=__HIVE_DEFAULT_PARTITION__\S*\n"):
         DeltaDataset(table, num_workers=0)
     assert len(DeltaDataset(table, num_workers=0, nulls="fill")) == 30
+
+
+def test_filters_read_a_file_delta_rs_rewrote_with_string_views(tmp_path):
+    """DeltaTable.delete() rewrites a file storing strings as string_view; dropping rows from it
+    failed (pyarrow has no filter kernel for views): every batch raised 'cannot read ...'."""
+    path = str(tmp_path / "t")
+    write_deltalake(path, pa.table({"id": pa.array(range(100), pa.int64()), "s": [f"s{i}" for i in range(100)]}))
+    DeltaTable(path).delete("id >= 50")
+    loader, dataset = DeltaDataset.create_dataloader(path, num_workers=0, batch_size=16, filters=[("id", "<", 10)])
+    batches = list(loader)
+    assert len(dataset) == 10 and [s for b in batches for s in b["s"]] == [f"s{i}" for i in range(10)]

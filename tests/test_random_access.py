@@ -134,7 +134,8 @@ def test_bad_indices_name_the_index_and_the_row_count(tmp_path):
     for key in [ROWS, -ROWS - 1, [0, ROWS + 5], np.array([3, -ROWS - 2]), torch.tensor([10**9])]:
         with pytest.raises(IndexError, match=rf"row index -?\d+ is out of range for a dataset of {ROWS} rows"):
             dataset[key]
-    for key in [1.0, "3", (1, 2), None, True, [1.5], np.array([1.0]), torch.tensor([True]), np.zeros((2, 2), np.int64), {1}]:
+    bools_among_ints = [[True, 2], [5, np.False_]]  # numpy reads them as rows 1 and 0
+    for key in [1.0, "3", (1, 2), None, True, [1.5], np.array([1.0]), torch.tensor([True]), np.zeros((2, 2), np.int64), {1}, *bools_among_ints]:
         with pytest.raises(TypeError, match="indices"):
             dataset[key]
 

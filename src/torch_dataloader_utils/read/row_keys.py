@@ -33,6 +33,8 @@ def parse_key(key: Any, num_rows: int) -> int | np.ndarray:
     if isinstance(key, np.ndarray):
         return _rows_of_array(key, key.dtype.kind not in "iu", num_rows, "an array")
     if isinstance(key, (list, range)):
+        if any(isinstance(item, (bool, np.bool_)) for item in key):  # numpy would read [True, 2] as [1, 2]
+            raise TypeError(f"a list of dataset indices must hold ints only, not bools; got {_describe(key)}")
         array = np.asarray(key) if len(key) else np.zeros(0, np.int64)
         if array.dtype.kind != "i" and all(isinstance(item, (int, np.integer)) and not isinstance(item, bool) for item in key):
             beyond = [int(item) for item in key if not _INT64[0] <= item <= _INT64[1]]  # numpy made them uint64, float or object

@@ -64,7 +64,10 @@ class RangeCache:
             raise ValueError(f"cache_limit_bytes must be positive or None, got {limit_bytes}")
         self.root = os.path.abspath(os.path.expanduser(root))
         self.limit_bytes = limit_bytes
-        os.makedirs(self.root, exist_ok=True)
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"cache_dir {root!r} cannot be created ({error}): pass a directory this process can write, or cache_dir=None") from error
         self._scanned_bytes: int | None = None  # the directory's bytes at this process's last scan
         self._written_since_scan = 0
         self._puts_since_scan = 0

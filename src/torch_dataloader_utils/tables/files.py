@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..catalog.schema import without_views
 from ..formats import FileFormat, UnitReader
 from ..plan.splits import FileLayout
 
@@ -152,7 +153,7 @@ class TableFileReader:
         table = self._reader.read_unit(unit, self._wanted(columns))
         gone = self._unit_dropped(unit)
         if len(gone):
-            table = table.filter(_keep_mask(table.num_rows, gone))
+            table = _without_rows(table, gone)
         return self._finish(table, columns)
 
     def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
@@ -162,7 +163,7 @@ class TableFileReader:
         for table in self._reader.iter_unit(unit, self._wanted(columns), batch_rows, row):  # type: ignore[attr-defined]
             lo, hi = np.searchsorted(gone, [row, row + table.num_rows])
             if hi > lo:
-                table = table.filter(_keep_mask(table.num_rows, gone[lo:hi] - row))
+                table = _without_rows(table, gone[lo:hi] - row)
             row += table.num_rows + int(hi - lo)
             if table.num_rows:
                 yield self._finish(table, columns)
@@ -178,7 +179,13 @@ def physical_row(gone: np.ndarray, kept_row: int) -> int:
         row = candidate
 
 
-def _keep_mask(rows: int, gone: np.ndarray) -> pa.Array:
-    keep = np.ones(rows, dtype=bool)
+def _without_rows(table: pa.Table, gone: np.ndarray) -> pa.Table:
+    """``table`` without its rows ``gone``. View columns (delta-rs writes ``string_view`` when it
+    rewrites a file) become large first, as batches have them: pyarrow cannot filter views."""
+    for index, column in enumerate(table.schema):
+        kind = without_views(column.type)
+        if kind != column.type and not pa.types.is_dictionary(kind):
+            table = table.set_column(index, column.with_type(kind), table.column(index).cast(kind))
+    keep = np.ones(table.num_rows, dtype=bool)
     keep[gone] = False
-    return pa.array(keep)
+    return table.filter(pa.array(keep))
