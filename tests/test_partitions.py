@@ -123,6 +123,12 @@ def test_a_file_outside_the_layout_is_named(paths):
         parse_partitions(_entries(*paths), ["/r"])
 
 
+def test_a_stray_file_that_sorts_first_is_the_one_named():
+    """The first file set the layout: a root file sorting first made the good file the culprit ('has .')."""
+    with pytest.raises(ValueError, match=r"/r/b\.parquet is outside the hive layout .*no key=value directories, but /r/p=1/a\.parquet has p=\.\.\."):
+        parse_partitions(_entries("/r/b.parquet", "/r/p=1/a.parquet"), ["/r"])
+
+
 def test_a_partition_key_that_is_also_a_column_is_refused(tmp_path):
     os.makedirs(tmp_path / "id=1")
     pq.write_table(pa.table({"id": [1]}), tmp_path / "id=1" / "f.parquet")

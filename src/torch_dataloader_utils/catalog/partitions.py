@@ -100,6 +100,12 @@ def parse_partitions(files: Sequence[FileEntry], roots: Sequence[str]) -> Partit
         pairs = [segment.split("=", 1) for segment in segments]
         bad = [s for s, pair in zip(segments, pairs) if len(pair) != 2 or not pair[0]]
         names = tuple(unquote(pair[0]) for pair in pairs)
+        if not bad and keys == () and names:  # the first file sits above the layout: it is the stray one
+            layout = "/".join(f"{k}=..." for k in names)
+            raise ValueError(
+                f"{first} is outside the hive layout (partitioning='hive'): it has no key=value directories, but "
+                f"{entry.url} has {layout}. Move or remove the file, or pass partitioning=None"
+            )
         if bad or (keys is not None and names != keys):
             expected = "/".join(f"{k}=..." for k in keys) if keys is not None else "key=value directories"
             why = f"directory {bad[0]!r} is not key=value" if bad else f"its directories are {'/'.join(segments) or 'none'}"
