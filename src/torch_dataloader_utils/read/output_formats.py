@@ -171,10 +171,10 @@ def _filled_values(array: pa.Array, name: str, policy: ColumnPolicy, where: Wher
         storage = pa.int64() if kind.bit_width == 64 else pa.int32()
         return filled(array.view(storage), name, policy, where).view(kind)
     return filled(array, name, policy, where)
+
+
 def _numpy(array: pa.Array) -> np.ndarray:
     kind = array.type
-    if pa.types.is_dictionary(kind):
-        return _numpy(array.dictionary_decode())
     if pa.types.is_fixed_size_list(kind) and not array.null_count:
         shape = [len(array)]
         values = array
