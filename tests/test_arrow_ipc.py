@@ -96,3 +96,19 @@ def test_polars_categorical_and_enum_columns_are_strings(tmp_path, workers):
     loader, dataset = StructuredDataset.create_dataloader(str(views), format="arrow", num_workers=workers, batch_size=2)
     assert dataset.schema.field("b").type == pa.large_binary()
     assert sorted(b for batch in loader for b in batch["b"]) == [b"q", b"x", b"x", b"y"]
+
+
+def test_nulls_are_found_at_planning_from_batch_metadata(tmp_path):
+    """A nullable number column (as pandas' to_feather and polars' write_ipc make it) is refused
+    before the first batch under nulls="raise", naming the column, its null count and the file;
+    "fill" reads every row."""
+    table = pa.table({"id": np.arange(1000), "x": pa.array([None if i == 990 else float(i) for i in range(1000)])})
+    feather.write_feather(table.slice(0, 500), str(tmp_path / "a.feather"), chunksize=100)
+    feather.write_feather(table.slice(500), str(tmp_path / "b.feather"), chunksize=100)
+    with pytest.raises(ValueError, match=r"(?s)column 'x' has 1 null value\(s\) in .*b\.feather.*nulls='fill'"):
+        StructuredDataset.create_dataloader(str(tmp_path), format=None, num_workers=0, batch_size=64)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format=None, num_workers=0, batch_size=64, columns=["id"])
+    assert sum(len(batch["id"]) for batch in loader) == 1000  # a column without nulls is not refused
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format=None, num_workers=2, batch_size=64, nulls="fill")
+    values = {i: x for batch in loader for i, x in zip(batch["id"].tolist(), batch["x"].tolist())}
+    assert len(values) == 1000 and np.isnan(values[990]) and values[991] == 991.0

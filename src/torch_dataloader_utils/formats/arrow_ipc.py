@@ -3,7 +3,8 @@ from the batches' metadata; local files are memory-mapped (reading a batch copie
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -48,6 +49,14 @@ class _ArrowReader:
         return pa.Table.from_batches([batch if columns is None else batch.select(columns)])
 
 
+class ArrowFooter(NamedTuple):
+    """What planning keeps of an Arrow IPC file: its schema and the nulls of each top-level
+    column, summed from the record batches' metadata (no data is read for them)."""
+
+    schema: pa.Schema
+    null_counts: dict[str, int]
+
+
 class ArrowIpcFormat:
     """Arrow IPC files: record batches are the units (``FileFormat``)."""
 
@@ -55,15 +64,25 @@ class ArrowIpcFormat:
     suffixes = FORMATS["arrow"].suffixes
     streams_units = False
 
-    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
-        """Rows and bytes of every record batch (a remote file's batches are read for them), and the schema."""
+    def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, ArrowFooter]:
+        """Rows and bytes of every record batch (a remote file's batches are read for them), the
+        schema and the nulls per column."""
         reader = _open(fs, path)
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
-        return layout, reader.schema
+        nulls = {name: sum(b.column(i).null_count for b in batches) for i, name in enumerate(reader.schema.names)}
+        return layout, ArrowFooter(reader.schema, nulls)
 
-    def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
-        return footer
+    def schema(self, fs: Any, path: str, footer: ArrowFooter) -> pa.Schema:
+        return footer.schema
+
+    def null_counts(self, footer: ArrowFooter, names: Sequence[str]) -> dict[str, int]:
+        """Nulls per top-level column among ``names``, from the record batches' metadata."""
+        return {name: footer.null_counts[name] for name in names if name in footer.null_counts}
+
+    def nulls_by_column(self, footer: ArrowFooter) -> dict[str, int]:
+        """``null_counts`` of every top-level column."""
+        return dict(footer.null_counts)
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ArrowReader:
         return _ArrowReader(_open(fs, path))
