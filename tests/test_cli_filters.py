@@ -24,6 +24,7 @@ def data(tmp_path):
     ("text", "dnf"),
     [
         ("label < 3", [("label", "<", 3)]),
+        ("band = 1 and name = android", [("band", "=", 1), ("name", "=", "android")]),
         ("label in [1, 2] and text != row-5", [("label", "in", [1, 2]), ("text", "!=", "row-5")]),
         ('name not in ["a"] and x >= 0.5', [("name", "not in", ["a"]), ("x", ">=", 0.5)]),
         ('[["label", "=", 1]]', [("label", "=", 1)]),
@@ -34,7 +35,7 @@ def test_filters_syntax(text, dnf):
     assert parse_filters(text) == dnf
 
 
-@pytest.mark.parametrize("text", ["label", "label <3", "[1, 2]", '[["a", "="]]', "[oops"])
+@pytest.mark.parametrize("text", ["label", "label <3", "[1, 2]", '[["a", "="]]', "[oops", "label < 3 and", "and label < 3", "a = 1 and  and b = 2"])
 def test_bad_filters_say_what_is_expected(text):
     with pytest.raises(argparse.ArgumentTypeError, match="--filters"):
         parse_filters(text)

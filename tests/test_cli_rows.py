@@ -48,6 +48,14 @@ def test_rows_json_of_a_list_with_negative_indices(capsys, data):
     assert result["rows"][0]["values"] == {"id": 3, "label": 3, "x": 1.5, "vec": [3.0, 3.0, 3.0], "text": "row-3"}
 
 
+@pytest.mark.parametrize("rows, expected", [("-5:-3", [ROWS - 5, ROWS - 4]), ("-2:", [ROWS - 2, ROWS - 1]), ("-1,-3", [ROWS - 1, ROWS - 3])])
+def test_rows_starting_with_a_negative_row_are_not_taken_for_options(capsys, data, rows, expected):
+    for argv in (["rows", data, rows, "--json"], ["rows", "--json", data, rows], ["-v", "rows", "--json", data, "--", rows]):
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        assert [r["row"] for r in json.loads(out)["rows"]] == expected
+
+
 def test_rows_out_of_range_and_too_many_are_usage_errors(capsys, data):
     code, _, err = run(capsys, "rows", data, str(ROWS))
     assert code == 2 and f"row index {ROWS} is out of range for a dataset of {ROWS} rows" in err

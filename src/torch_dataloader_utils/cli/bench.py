@@ -55,7 +55,9 @@ def run_bench(args: argparse.Namespace) -> dict:
         "bytes_per_s": _scanned_bytes(dataset, stats.rows) / stats.elapsed_s if stats.elapsed_s > 0 else None,
     }
     middle = states.middle()
-    if middle is not None and not args.no_resume:
+    if middle is not None and not args.no_resume and middle[0] >= total_batches:
+        result["resume"] = {"at_batch": middle[0], "got_batch": False}  # the state ends the epoch: nothing to time
+    elif middle is not None and not args.no_resume:
         result["resume"] = _measure_resume(list(args.path), config, middle[1], middle[0])
     return result
 

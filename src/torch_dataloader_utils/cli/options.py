@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +77,9 @@ def parse_filters(text: str) -> list:
         except json.JSONDecodeError as error:
             raise argparse.ArgumentTypeError(f"--filters is not valid JSON: {error} (example: '[[\"label\", \"<\", 10]]')") from None
         return _dnf(value, text)
-    conditions = [part.strip() for part in stripped.split(" and ")]
+    conditions = [part.strip() for part in re.split(r"(?<!\S)and(?!\S)", stripped)]
+    if not all(conditions):
+        raise argparse.ArgumentTypeError(f"--filters {text!r}: a condition is missing before or after 'and' (example: 'label < 10 and name = abc')")
     return [_condition(part, text) for part in conditions]
 
 

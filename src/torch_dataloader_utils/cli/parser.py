@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 from collections.abc import Sequence
 
 from ..formats import ALIASES, FORMATS
@@ -120,18 +122,36 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--checkpoint-at", type=float, default=0.45, metavar="F",
                       help="checkpoint after this fraction of the epoch (default 0.45)")
     demo.set_defaults(run=cmd_demo)
+    for command in commands.choices.values():
+        command.set_defaults(command_parser=command)  # its errors show its own usage line
     return parser
+
+
+# a range or list of rows that starts with a negative row ("-5:-3", "-3:", "-1,-2")
+_NEGATIVE_ROWS = re.compile(r"-\d*:[-\d:]*|-\d+(,-?\d+)+,?")
+
+
+def _rows_kept_positional(argv: Sequence[str]) -> list[str]:
+    """``tdu rows PATH -5:-3``: argparse reads a token that starts with '-' as an option unless it
+    is a plain negative number or holds a space, so such a row range is given a leading space
+    (which ``parse_rows`` ignores)."""
+    argv = list(argv)
+    if "rows" not in argv or any(token != "rows" and not token.startswith("-") for token in argv[: argv.index("rows")]):
+        return argv
+    end = argv.index("--") if "--" in argv else len(argv)
+    return [f" {token}" if index < end and _NEGATIVE_ROWS.fullmatch(token) else token for index, token in enumerate(argv)]
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """``parser.parse_args(argv)``, where inspect's PATH may also follow its options; exits 2 on a bad value."""
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_rows_kept_positional(sys.argv[1:] if argv is None else argv))
+    command_parser = getattr(args, "command_parser", parser)
     if extra and args.command == "inspect" and not any(e.startswith("-") for e in extra):
         args.path += extra  # PATH given after options: argparse leaves it over
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "demo" and not 0 < args.checkpoint_at < 1:
-        parser.error("demo --checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
+        command_parser.error("--checkpoint-at must be a fraction strictly between 0 and 1 (e.g. 0.4)")
     if args.command == "bench" and not (math.isfinite(args.seconds) and args.seconds > 0):
-        parser.error(f"bench --seconds must be a positive number of seconds, got {args.seconds}")
+        command_parser.error(f"--seconds must be a positive number of seconds, got {args.seconds}")
     return args

@@ -25,7 +25,7 @@ def parse_rows(text: str) -> int | slice | list[int]:
         return slice(*parts)
     if re.fullmatch(rf"{_INT}(,{_INT})+,?", text):
         return [int(p) for p in text.split(",") if p.strip()]
-    raise argparse.ArgumentTypeError(f"not rows: {text!r} (examples: 1000, -1, 1000:1010, ::100, 3,17,42)")
+    raise argparse.ArgumentTypeError(f"not rows: {text.strip()!r} (examples: 1000, -1, 1000:1010, ::100, 3,17,42)")
 
 
 def _plain(value: Any, width: int) -> Any:

@@ -90,6 +90,11 @@ def _optional(check: _Check) -> _Check:
     return lambda value: value is _MISSING or value is None or check(value)
 
 
+def _absent_or(check: _Check) -> _Check:
+    """A key a state of some form leaves out, but never saves as null."""
+    return lambda value: value is _MISSING or check(value)
+
+
 _RANGE_ENTRIES = (
     "a list of {'worker': N, 'ranges': [[start, stop], ...], 'in_progress': [[position, rows_done], ...], "
     "'completed': N, 'in_progress_count': N, 'progress_digest': null or a digest} entries"
@@ -112,12 +117,12 @@ _RANK_FIELDS: dict[str, _Field] = {
     PADDING_DELIVERED: (_optional(is_count), "a row count (an integer >= 0)"),
     ROWS_TOTAL: (_optional(_are_counts), _COUNTS),
     BATCHES_DELIVERED: (_optional(is_count), "a batch count (an integer >= 0)"),
-    FILES: (_optional(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
-    COMPLETED_SHARDS: (_optional(_are_worker_splits), _WORKER_SPLITS),
-    IN_PROGRESS: (_optional(_are_worker_splits), _WORKER_SPLITS),
-    COMPLETED_RANGES: (_optional(_are_range_entries), _RANGE_ENTRIES),
-    FILES_SUMMARY: (_optional(lambda v: isinstance(v, dict) and is_count(v.get("count"))), "a dict with the file count and digests"),
-    SKIPPED_SPLITS: (_optional(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
+    FILES: (_absent_or(lambda v: isinstance(v, list)), "a list of [path, size, tag] entries"),
+    COMPLETED_SHARDS: (_absent_or(_are_worker_splits), _WORKER_SPLITS),
+    IN_PROGRESS: (_absent_or(_are_worker_splits), _WORKER_SPLITS),
+    COMPLETED_RANGES: (_absent_or(_are_range_entries), _RANGE_ENTRIES),
+    FILES_SUMMARY: (_absent_or(lambda v: isinstance(v, dict) and is_count(v.get("count"))), "a dict with the file count and digests"),
+    SKIPPED_SPLITS: (_absent_or(lambda v: isinstance(v, list) and all(map(_is_split, v))), "a list of splits"),
     **_TOPOLOGY_FIELDS,
 }
 _WORKER_FIELDS: dict[str, _Field] = {
@@ -150,8 +155,13 @@ def check_state_shape(state: Mapping[str, Any]) -> None:
     if isinstance(next_worker, int) and next_worker >= max(1, len(delivered)):
         raise StateShapeError(NEXT_WORKER, f"there are {len(delivered)} workers, found {next_worker}")
     totals = state.get(ROWS_TOTAL)
-    if isinstance(totals, list) and (len(totals) != len(delivered) or any(d > t for d, t in zip(delivered, totals))):
-        raise StateShapeError(ROWS_TOTAL, f"one total per worker, each at least its rows_delivered ({delivered}), found {totals!r:.80}")
+    if isinstance(totals, list) and len(totals) != len(delivered):
+        raise StateShapeError(ROWS_TOTAL, f"expected one total per worker ({len(delivered)}), found {totals!r:.80}")
+    if isinstance(totals, list) and any(d > t for d, t in zip(delivered, totals)):
+        raise StateShapeError(ROWS_DELIVERED, f"expected at most each worker's rows_total ({totals!r:.80}), found {delivered!r:.80}")
+    listed = len(state[FILES]) if FILES in state else state[FILES_SUMMARY]["count"] if FILES_SUMMARY in state else None
+    if listed == 0 and (any(delivered) or isinstance(totals, list) and any(totals)):
+        raise StateShapeError(FILES_SUMMARY if FILES not in state else FILES, "the state counts rows but lists no file they came from")
 
 
 def _check_topology(state: Mapping[str, Any]) -> None:
