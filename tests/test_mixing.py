@@ -142,6 +142,10 @@ def test_arguments_that_cannot_make_a_mixture_are_refused(data, tmp_path):
         Source(data["a"], weight=0)
     with pytest.raises(ValueError, match="epoch_rows= applies to a mixture"):
         StructuredDataset(data["a"], num_workers=0, epoch_rows=5)
+    with pytest.raises(ValueError, match="no source has a weight: give the sources weights"):
+        StructuredDataset([Source(data["a"]), Source(data["b"])], num_workers=0, epoch_rows=5)
+    with pytest.raises(ValueError, match="rows_per_epoch= gives each source's rows"):
+        StructuredDataset([Source(data["a"], rows_per_epoch=3), Source(data["b"])], num_workers=0, epoch_rows=5)
     with pytest.raises(TypeError, match="not both"):
         StructuredDataset([Source(data["a"]), data["b"]], num_workers=0)
     with pytest.raises(ValueError, match="canonical_lanes=3 does not fit"):  # the plain dataset's rule (test_mixing_canonical.py)
@@ -260,3 +264,17 @@ def test_a_source_on_an_object_store_mixes_with_a_local_one(data, s3):  # noqa: 
 
     reference = assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"].tolist()), points=[(0, 4)])
     _check_multiplicities(collections.Counter(i for batch in reference.batches[0] for i in batch), 60, 70)
+
+
+def test_schema_errors_count_sources_not_files(tmp_path):
+    """A column that sources lack, or types that do not unify, are reported by source."""
+    for name, table in {
+        "a": pa.table({"id": [1, 2], "x": [1.0, 2.0]}), "b": pa.table({"id": [3]}), "c": pa.table({"id": [4]}),
+        "d": pa.table({"id": [5], "x": ["five"]}), "e": pa.table({"id": [6], "x": ["six"]}),
+    }.items():
+        (tmp_path / name).mkdir()
+        pq.write_table(table, tmp_path / name / "part.parquet")
+    with pytest.raises(ValueError, match=r"'x' \(double\) is missing from source 1 \(.*b\) \(and 1 more source\): .*nulls='fill'"):
+        StructuredDataset([Source(str(tmp_path / n)) for n in "abc"], num_workers=0)
+    with pytest.raises(ValueError, match=r"^the mixture's sources have incompatible schemas: column 'x' is double in source 0 .* but string in source 1 \(.*d\) \(and 1 more source\)"):
+        StructuredDataset([Source(str(tmp_path / n)) for n in "ade"], num_workers=0)

@@ -178,9 +178,9 @@ def build_mixture_catalog(
     projected = [_check_source_columns(i, s, c, read_columns) for i, (s, c) in enumerate(zip(sources, catalogs))]
     known = [(schema, label) for schema, label in zip(projected, labels) if schema is not None]
     try:
-        unified = unify([s for s, _ in known], [label for _, label in known]) if known else None
+        unified = unify([s for s, _ in known], [label for _, label in known], noun="source") if known else None
     except ValueError as error:
-        raise ValueError(str(error).replace("files have incompatible schemas", "the mixture's sources have incompatible schemas", 1)) from None
+        raise ValueError(f"the mixture's {error}") from None
     stored = catalogs
     if filters is not None:
         assert count_filtered is not None, "filters need the counting pass"

@@ -150,15 +150,16 @@ def _is_list(kind: pa.DataType) -> bool:
     return pa.types.is_list(kind) or pa.types.is_large_list(kind)
 
 
-def _files_text(names: Sequence[str]) -> str:
-    more = f" (and {len(names) - 1} more file{'s' if len(names) > 2 else ''})" if len(names) > 1 else ""
+def _files_text(names: Sequence[str], noun: str = "file") -> str:
+    more = f" (and {len(names) - 1} more {noun}{'s' if len(names) > 2 else ''})" if len(names) > 1 else ""
     return f"{names[0]}{more}"
 
 
-def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[str, str] | None = None) -> pa.Schema:
+def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[str, str] | None = None, noun: str = "file") -> pa.Schema:
     """The unified schema of files ``names`` with ``schemas``; ValueError naming the files that
     disagree, or with ``conflicts`` given, each such column's message put there (the column
-    keeps the type it had first) for the caller to raise if the column is selected."""
+    keeps the type it had first) for the caller to raise if the column is selected. ``noun``:
+    what ``names`` are ("source" for a mixture's sources)."""
     if not schemas:
         return pa.schema([])
     if all(s is schemas[0] for s in schemas):  # one shared object (the plan cache's, or equal footers')
@@ -178,8 +179,8 @@ def unify(schemas: Sequence[pa.Schema], names: Sequence[str], conflicts: dict[st
             merged = kind if current is None else merge_types(current, kind)
             if merged is None:
                 if conflicts is None:
-                    raise ValueError(_conflict(field.name, current, kind, seen_in[field.name]))
-                conflicts.setdefault(field.name, _conflict(field.name, current, kind, seen_in[field.name]))
+                    raise ValueError(_conflict(field.name, current, kind, seen_in[field.name], noun))
+                conflicts.setdefault(field.name, _conflict(field.name, current, kind, seen_in[field.name], noun))
                 continue
             fields[field.name] = merged
     return _wide_dictionaries(pa.schema([pa.field(name, kind, nullable=True) for name, kind in fields.items()], metadata=schemas[0].metadata))
@@ -239,14 +240,14 @@ def _wide_dictionaries(schema: pa.Schema) -> pa.Schema:
 
 
 
-def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]]) -> str:
+def _conflict(column: str, current: pa.DataType, new: pa.DataType, seen: dict[pa.DataType, list[str]], noun: str) -> str:
     incompatible = [kind for kind in seen if kind != new and merge_types(kind, new) is None]
     if not incompatible:  # each type fits the new one alone, but not what they unified to
         incompatible = [kind for kind in seen if kind != new]
     old_files = sorted({f for kind in incompatible for f in seen[kind]})
     return (
-        f"files have incompatible schemas: column {column!r} is {incompatible[0]} in {_files_text(old_files)} "
-        f"but {new} in {_files_text(sorted(seen[new]))}. Only missing columns and widening (numbers, strings, "
+        f"{noun}s have incompatible schemas: column {column!r} is {incompatible[0]} in {_files_text(old_files, noun)} "
+        f"but {new} in {_files_text(sorted(seen[new]), noun)}. Only missing columns and widening (numbers, strings, "
         "decimals, timestamp units, lists, structs, maps) are unified; rewrite the odd files with one type for the column, or pass a path without them."
     )
 
@@ -282,15 +283,16 @@ def check_repeated_columns(unified: pa.Schema, columns: Sequence[str] | None, re
             )
 
 
-def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, missing: Sequence[tuple[str, ...]], files: Sequence[tuple[str, int]]) -> None:
-    """ValueError for a selected column that some non-empty files (``files``: (name, rows)) lack
-    when its nulls have no batch form: everything but strings and binary becomes a tensor."""
+def check_missing_columns(unified: pa.Schema, columns: Sequence[str] | None, missing: Sequence[tuple[str, ...]], sources: Sequence[tuple[str, int]]) -> None:
+    """ValueError for a selected column that some non-empty sources of a mixture (``sources``:
+    (name, rows)) lack when its nulls have no batch form: everything but strings and binary
+    becomes a tensor."""
     for name in unified.names if columns is None else columns:
         kind = unified.field(name).type
         kind = kind.value_type if pa.types.is_dictionary(kind) else kind
-        lacking = [file for (file, rows), lacks in zip(files, missing) if rows and name in lacks]
+        lacking = [source for (source, rows), lacks in zip(sources, missing) if rows and name in lacks]
         if lacking and kind not in _NULLS_HAVE_BATCH_FORM:
             raise ValueError(
-                f"column {name!r} ({kind}) is missing from {_files_text(lacking)}: it would be read as nulls "
-                "there, which a tensor cannot hold. Leave the column out with columns=[...], or add it to those files."
+                f"column {name!r} ({kind}) is missing from {_files_text(lacking, 'source')}: it would be read as nulls "
+                "there, which a tensor cannot hold. Pass nulls='fill' (or 'mask'), leave the column out with columns=[...], or add it to those sources."
             )

@@ -93,7 +93,8 @@ def allocate_rows(sizes: Sequence[int], rows_per_epoch: Sequence[int | None], we
         )
     if not any(w is not None for w in weights):
         if epoch_rows is not None:
-            raise ValueError("epoch_rows= applies to sources with weight=; with rows_per_epoch= each source's rows are given")
+            given = "rows_per_epoch= gives each source's rows" if any(n is not None for n in rows_per_epoch) else "no source has a weight"
+            raise ValueError(f"epoch_rows= is shared out by the sources' weight=, and {given}: give the sources weights, or leave epoch_rows out")
         return [size if n is None else n for size, n in zip(sizes, rows_per_epoch)]
     total = sum(sizes) if epoch_rows is None else epoch_rows
     fixed = sum(size for size, w in zip(sizes, weights) if w is None)
