@@ -87,6 +87,7 @@ def test_an_error_in_the_transform_names_the_batch(data, workers):
     message = str(error.value)
     assert "fail_on_row_50 raised KeyError" in message and "no token for row 50" in message
     assert "batch 6 of lane 0 (its rows [48, 56), epoch 0)" in message and "part-00000.parquet  full file" in message
+    assert "part-00001" not in message  # the chunk of rows [48, 72) reaches into it with one worker, the batch does not
 
 
 def with_a_lock(batch: dict) -> dict:

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from ..catalog.build import Catalog
-from ..plan.lanes import StreamBook
+from ..plan.lanes import Lane, StreamBook
 from ..plan.schedule import ChunkTask
 from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .nested import BatchColumn, flatten
@@ -169,7 +169,8 @@ class ChunkReader:
         size = self.output.batch_size if self.output is not None else 1
         lane = "padding rows" if task.lane < 0 else f"lane {task.lane}"
         table = self.catalog.splits_at(task.segments[0].key.epoch)
-        splits = [table[s].describe() for s in self.book.splits_of(task.segments)]
+        held = Lane(task.segments).slice(first - task.start, last - task.start) or task.segments  # the batch's rows alone
+        splits = [table[s].describe() for s in self.book.splits_of(held)]
         shown = "; ".join(splits[:3]) + (f" and {len(splits) - 3} more" if len(splits) > 3 else "")
         return f"batch {first // size} of {lane} (its rows [{first}, {last}), epoch {task.segments[0].key.epoch}), from split(s) {shown}"
 
