@@ -196,6 +196,24 @@ def test_rewritten_file_fails_resume_naming_it(object_store, tmp_path, rewrite):
     assert ("tag checkpoint=" if rewrite == "same-size" else "size checkpoint=") in str(caught.value)
 
 
+def test_a_cache_that_cannot_be_written_warns_once_and_loses_nothing(s3, uploaded, tmp_path, monkeypatch, caplog):
+    """A full disk under cache_dir: every write fails, every row is still read, and the log gets one warning."""
+    import errno
+
+    from torch_dataloader_utils.storage.cache import RangeCache
+
+    def disk_full(self, key, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RangeCache, "put", disk_full)
+    loader, dataset = make(uploaded(s3), **_config(s3, True, num_workers=0, cache_dir=str(tmp_path / "cache")))
+    with caplog.at_level("DEBUG", logger="torch_dataloader_utils.storage.remote"):
+        assert_exactly_once(run_epoch(loader, dataset), ROWS)
+    failures = [r for r in caplog.records if "cannot write cache entry" in r.getMessage()]
+    assert len(failures) > 3 and [r.levelname for r in failures].count("WARNING") == 1
+    assert "No space left on device" in failures[0].getMessage() and "debug level" in failures[0].getMessage()
+
+
 def test_file_rewritten_after_planning_is_refused_and_never_cached(object_store, tmp_path):
     """The planned footer must not be applied to a new version, nor its bytes cached under the old one."""
     write_dataset(tmp_path / "a", [[60]])
