@@ -315,6 +315,14 @@ def test_planning_against_a_store_that_does_not_answer_times_out(s3, uploaded, n
     assert time.monotonic() - started < 15
 
 
+def test_a_refused_read_names_the_file_and_the_credentials(s3, uploaded):
+    """Anonymous reads of a bucket that needs credentials: the store says only 'Forbidden'."""
+    url = uploaded(s3)
+    options = {k: v for k, v in s3.options.items() if k not in ("key", "secret")}
+    with pytest.raises(OSError, match=r"part-00000.parquet .*Forbidden. The store refused access: check the credentials in storage_options \(anon=True sends none\)"):
+        StructuredDataset(url, storage_options={**options, "anon": True}, download_retry=0, num_workers=0)
+
+
 def test_an_unreachable_endpoint_is_named_at_planning(monkeypatch):
     import socket
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from ..errors import FileChangedError, RemoteReadError
 from .cache import RangeCache, entry_key
 from .pinned_reads import PinnedRead, pinned_read_for
-from .retry import ShortReadError, error_chain, http_status, is_transient, retry_call
+from .retry import ShortReadError, error_chain, http_status, is_transient, refusal_advice, retry_call
 from .tail_fetch import TailFetcher, fetch_retrying
 from .versions import check_version
 
@@ -288,7 +288,7 @@ class RemoteStore:
             detail = str(error) or (f"not complete within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
             raise RemoteReadError(
                 f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {attempts} attempt(s): "
-                f"{type(error).__name__}: {detail}"
+                f"{type(error).__name__}: {detail}{refusal_advice(error, self.storage_options)}"
             ) from error
         return results  # type: ignore[return-value]
 

@@ -74,6 +74,14 @@ def error_chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
+def refusal_advice(error: BaseException, storage_options: dict) -> str:
+    """What to check when the store refused access (a permission error, HTTP 401 or 403); "" otherwise."""
+    if not any(isinstance(e, PermissionError) or http_status(e) in (401, 403) for e in error_chain(error)):
+        return ""
+    anonymous = " (anon=True sends none)" if storage_options.get("anon") else ""
+    return f". The store refused access: check the credentials in storage_options{anonymous}"
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether retrying may help: timeouts, resets and cut-off responses, HTTP 5xx, 408 and 429."""
     chain = error_chain(error)
