@@ -68,7 +68,7 @@ def test_resume_after_an_append_reads_the_checkpoint_snapshot(table):
     states: list = []
     full = run_epoch(loader, dataset, states)
     old = dataset.snapshot
-    assert states[5]["table"] == {"format": "iceberg", "name": "db.t", "snapshot": old, "uuid": str(ice.metadata.table_uuid)}
+    assert states[5]["table"] == {"format": "iceberg", "name": "db.t", "snapshot": old, "uuid": str(ice.metadata.table_uuid), "schema_id": 0}
     ice.append(rows(1000, 1200))
     loader, dataset = _make(config)()
     assert dataset.snapshot != old and len(dataset) == 1200
@@ -120,6 +120,46 @@ def test_schema_evolution_follows_field_ids(table):
     loader, old = IcebergDataset.create_dataloader("db.t", config, batch_size=100, num_workers=0, snapshot_id=before)
     batch = next(iter(loader))
     assert set(batch) == {"id", "x"}
+
+
+def test_a_schema_change_without_a_new_snapshot_is_read_and_checkpoints_keep_theirs(table):
+    """A rename, a drop and an add committed after the last data commit: read with the table's
+    current schema (as pyiceberg scans it), the added column as nulls; a state saved before the
+    change resumes with the schema it was read with, and the next epoch reads the new one."""
+    from pyiceberg.types import LongType, StringType
+
+    config, ice = table
+    loader, dataset = _make(config)()
+    states: list = []
+    full = run_epoch(loader, dataset, states)
+    with ice.update_schema() as update:
+        update.rename_column("x", "half")
+        update.add_column("note", StringType())
+    expected = ice.scan().to_arrow()
+    assert expected.column_names == ["id", "half", "note"]
+    loader, dataset = IcebergDataset.create_dataloader("db.t", config, batch_size=1000, num_workers=0, shuffle=False)
+    batch = next(iter(loader))
+    assert list(batch) == ["id", "half", "note"] and dataset.table["schema_id"] == 1
+    assert batch["half"].tolist() == [i * 0.5 for i in batch["id"].tolist()] and batch["note"] == [None] * 1000
+    loader, dataset = _make(config, filters=pc.field("half") < 10, columns=["id", "half"])()
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(20))
+    loader, dataset = _make(config)()
+    dataset.load_state_dict(states[5])  # read with schema 0: "x", not "half"
+    assert run_epoch(loader, dataset) == full[6:]
+    dataset.set_epoch(1)
+    assert set(next(iter(loader))) == {"id", "half", "note"}
+    old_form = {**states[5], "table": {k: v for k, v in states[5]["table"].items() if k != "schema_id"}}  # saved by earlier versions
+    loader, dataset = _make(config)()
+    dataset.load_state_dict(old_form)  # the snapshot's schema, which those versions read with
+    assert run_epoch(loader, dataset) == full[6:]
+    with ice.update_schema() as update:
+        update.delete_column("half")
+        update.add_column("count", LongType())
+    with pytest.raises(ValueError, match="column 'count'"):  # in no data file: nulls a tensor cannot hold
+        IcebergDataset("db.t", config, num_workers=0)
+    loader, dataset = IcebergDataset.create_dataloader("db.t", config, batch_size=1000, num_workers=0, nulls="fill")
+    batch = next(iter(loader))
+    assert list(batch) == ["id", "note", "count"] and batch["count"].tolist() == [0] * 1000
 
 
 def test_position_deletes_shape_the_plan(table):

@@ -207,11 +207,11 @@ def test_a_cache_that_cannot_be_written_warns_once_and_loses_nothing(s3, uploade
 
     monkeypatch.setattr(RangeCache, "put", disk_full)
     loader, dataset = make(uploaded(s3), **_config(s3, True, num_workers=0, cache_dir=str(tmp_path / "cache")))
-    with caplog.at_level("DEBUG", logger="torch_dataloader_utils.storage.remote"):
+    with caplog.at_level("DEBUG", logger="torch_dataloader_utils.storage.cache"):
         assert_exactly_once(run_epoch(loader, dataset), ROWS)
     failures = [r for r in caplog.records if "cannot write cache entry" in r.getMessage()]
     assert len(failures) > 3 and [r.levelname for r in failures].count("WARNING") == 1
-    assert "No space left on device" in failures[0].getMessage() and "debug level" in failures[0].getMessage()
+    assert "No space left on device" in failures[0].getMessage() and "reads go on" in failures[0].getMessage()
 
 
 def test_file_rewritten_after_planning_is_refused_and_never_cached(object_store, tmp_path):

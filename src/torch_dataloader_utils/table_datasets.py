@@ -38,11 +38,14 @@ class _TableDataset(StructuredDataset):
 
     _rows_source: Catalog | Callable[[], Catalog]  # what random access numbers: the snapshot without filters
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
-        """The snapshot's plan as read (deletes and filters applied) and as numbered (deletes only)."""
+    def _plan_table(self, snapshot: int | None, from_state: bool = False, schema_id: int | None = None) -> tuple[TablePlan, TablePlan]:
+        """The snapshot's plan as read (deletes and filters applied) and as numbered (deletes only);
+        ``snapshot`` None: the current one, with the table's current schema; ``schema_id``: the
+        schema to read with (None: the snapshot's)."""
         raise NotImplementedError
 
-    def _current_snapshot(self) -> int:
+    def _current_version(self) -> tuple[int, int | None]:
+        """The table's current snapshot and schema (``TableRef.version``)."""
         raise NotImplementedError
 
     def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
@@ -85,9 +88,10 @@ class _TableDataset(StructuredDataset):
         """Select the epoch to read. Another epoch than the current one reads the table's current
         snapshot, unless the snapshot is pinned (``snapshot_id``/``version`` given, or ``pin_snapshot=True``)."""
         if not self._pinned and integer("epoch", epoch) != self.epoch:
-            current = self._current_snapshot()
-            if current != self._ref.snapshot:
-                log.info("epoch %d reads %s (the epoch before read %s)", epoch, current, self._ref.snapshot)
+            version = self._current_version()
+            current = version[0]
+            if version != self._ref.version:
+                log.info("epoch %d reads %s (the epoch before read %s)", epoch, version, self._ref.version)
                 if self.world_size > 1:
                     log.warning(
                         "rank %d: epoch %d reads the table's new snapshot %d; every rank must read the same one (a commit "
@@ -95,7 +99,7 @@ class _TableDataset(StructuredDataset):
                         "pin_version=True or version=)",
                         self.rank, epoch, current,
                     )  # fmt: skip
-                self._switch(self._plan_table(current))
+                self._switch(self._plan_table(current, schema_id=version[1]))
         super().set_epoch(epoch)
 
     def _config(self, **topology: int) -> dict:
@@ -119,7 +123,7 @@ class _TableDataset(StructuredDataset):
 
     def _with_state_snapshot(self, state: Mapping[str, Any], action: Any, keep: bool) -> None:
         entry = table_entry(state) if isinstance(state, Mapping) else None
-        if entry is None or entry["snapshot"] == self._ref.snapshot:
+        if entry is None or (entry["snapshot"], entry.get("schema_id")) == self._ref.version:
             if entry is not None:
                 self._check_table(entry)
             action()
@@ -127,7 +131,7 @@ class _TableDataset(StructuredDataset):
         self._check_table(entry)
         before = (self._catalog, self._ref, self._rows_source)
         try:
-            self._switch(self._plan_table(entry["snapshot"], from_state=True))
+            self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
         except FileNotFoundError as error:  # the snapshot's log is there, but not all of its data files
             raise CheckpointMismatchError(
                 f"Checkpoint state was taken on a snapshot whose data files are gone: {error}.\n\n  Start the epoch again "
@@ -205,17 +209,19 @@ class IcebergDataset(_TableDataset):
     def _load(self) -> Any:
         return iceberg.load_table(self._name, self._catalog_config)
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
+    def _plan_table(self, snapshot: int | None, from_state: bool = False, schema_id: int | None = None) -> tuple[TablePlan, TablePlan]:
         table = self._load()
         found = iceberg.snapshot_of(table, self._name, snapshot, from_state)
+        schema = iceberg.schema_of(table, self._name, found, table.schema().schema_id if snapshot is None else schema_id)
         options = self._storage_options if self._storage_options is not None else iceberg.storage_options_of(self._catalog_config, table)
-        read = iceberg.plan_iceberg(table, self._name, found, self._scan_filter, self._filters, self._columns, options)
+        read = iceberg.plan_iceberg(table, self._name, found, schema, self._scan_filter, self._filters, self._columns, options)
         if self._scan_filter is None and self._filters is None:
             return read, read
-        return read, iceberg.plan_iceberg(table, self._name, found, None, None, self._columns, options)
+        return read, iceberg.plan_iceberg(table, self._name, found, schema, None, None, self._columns, options)
 
-    def _current_snapshot(self) -> int:
-        return iceberg.snapshot_of(self._load(), self._name, None).snapshot_id
+    def _current_version(self) -> tuple[int, int | None]:
+        table = self._load()
+        return iceberg.snapshot_of(table, self._name, None).snapshot_id, table.schema().schema_id
 
 
 class DeltaDataset(_TableDataset):
@@ -252,10 +258,10 @@ class DeltaDataset(_TableDataset):
         StructuredDataset.create_dataloader's)."""
         return super().create_dataloader(path, version, **kwargs)  # type: ignore[arg-type]
 
-    def _plan_table(self, snapshot: int | None, from_state: bool = False) -> tuple[TablePlan, TablePlan]:
-        table = delta.open_delta(self._uri, snapshot, self._storage_options, from_state)
+    def _plan_table(self, snapshot: int | None, from_state: bool = False, schema_id: int | None = None) -> tuple[TablePlan, TablePlan]:
+        table = delta.open_delta(self._uri, snapshot, self._storage_options, from_state)  # a version has one schema
         numbered = delta.plan_delta(table, self._uri, self._storage_options)
         return with_row_filter(numbered, self._filters), numbered
 
-    def _current_snapshot(self) -> int:
-        return int(delta.open_delta(self._uri, None, self._storage_options).version())
+    def _current_version(self) -> tuple[int, int | None]:
+        return int(delta.open_delta(self._uri, None, self._storage_options).version()), None

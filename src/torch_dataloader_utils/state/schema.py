@@ -58,6 +58,7 @@ RANKS = "ranks"
 # ----------------------------------------------------------------- table datasets (Iceberg, Delta Lake)
 TABLE = "table"  # {"format", "name", "snapshot", "uuid"}: the table and the snapshot (Iceberg) or version (Delta) the plan read
 TABLE_KEYS = ("format", "name", "snapshot", "uuid")
+TABLE_OPTIONAL_KEYS = ("schema_id",)  # Iceberg's schema read with (states of earlier versions lack it: the snapshot's)
 
 SCOPES = ("rank", "worker", "global")
 

@@ -43,6 +43,7 @@ from .schema import (
     SPLITS,
     TABLE,
     TABLE_KEYS,
+    TABLE_OPTIONAL_KEYS,
     VERSION,
     WORKER,
     progress_content,
@@ -380,7 +381,13 @@ def table_entry(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
     first = entries[0]
     if any(entry != first for entry in entries):
         raise mismatch("Checkpoint state's ranks were planned on different table snapshots.", [], [f"{TABLE!r} entries: {entries[:4]}"])
-    if not isinstance(first, Mapping) or set(first) != set(TABLE_KEYS) or not isinstance(first["name"], str) or not is_count(first["snapshot"]):
+    if (
+        not isinstance(first, Mapping)
+        or not set(TABLE_KEYS) <= set(first) <= {*TABLE_KEYS, *TABLE_OPTIONAL_KEYS}
+        or not isinstance(first["name"], str)
+        or not is_count(first["snapshot"])
+        or not is_count(first.get("schema_id", 0))
+    ):
         raise mismatch(
             f"Checkpoint state key {TABLE!r} is damaged.", [], [f"expected {{{', '.join(TABLE_KEYS)}}} with a snapshot number, found {first!r:.120}"]
         )

@@ -71,7 +71,7 @@ class RangeCache:
         self._scanned_bytes: int | None = None  # the directory's bytes at this process's last scan
         self._written_since_scan = 0
         self._puts_since_scan = 0
-        self._warned = False
+        self._warned: set[str] = set()  # the warnings given (each once)
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key + _ENTRY_SUFFIX)
@@ -87,7 +87,7 @@ class RangeCache:
         except FileNotFoundError:
             return None
         except OSError as error:
-            self._warn_once("cannot read cache entry %s (reading from the store instead): %s", path, error)
+            self._warn_once("read", "cannot read cache entry %s (reading from the store instead): %s", path, error)
             return None
         if (length is not None and len(data) != length) or checksum != _checksum(data):
             self._remove(path)
@@ -129,9 +129,19 @@ class RangeCache:
         if self._scan_due():
             self.evict()
 
-    def _warn_once(self, message: str, *args: object) -> None:
-        if not self._warned:
-            self._warned = True
+    def put_or_log(self, key: str, data: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
+        """``put``, where a failure (a full or read-only disk) does not fail the read: logged, as a
+        warning the first time."""
+        try:
+            self.put(key, data)
+        except OSError as error:
+            if "write" in self._warned:
+                log.debug("cannot write cache entry in %s: %s", self.root, error)
+            self._warn_once("write", "cannot write cache entry in %s: %s; reads go on without caching what cannot be written", self.root, error)
+
+    def _warn_once(self, kind: str, message: str, *args: object) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
             log.warning(message, *args)
 
     def _scan_due(self) -> bool:

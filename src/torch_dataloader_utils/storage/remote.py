@@ -217,7 +217,7 @@ class RemoteStore:
             results[i] = data
             self.stats["bytes"] += len(data)
             if cache:
-                self._cache_put(cache, keys[i], data)
+                cache.put_or_log(keys[i], data)
         return results  # type: ignore[return-value]
 
     def _fetch_with(
@@ -310,17 +310,6 @@ class RemoteStore:
     def _info(self, path: str, url: str) -> dict:
         """``info(path)``, transient faults retried."""
         return self.call(lambda fs: self.info(path), f"info of {url}")
-
-    def _cache_put(self, cache: RangeCache, key: str, data: bytes) -> None:
-        try:
-            cache.put(key, data)
-        except OSError as error:  # a full or unwritable cache must not fail the read
-            self.stats["cache_write_errors"] = self.stats.get("cache_write_errors", 0) + 1
-            first = self.stats["cache_write_errors"] == 1
-            log.log(
-                logging.WARNING if first else logging.DEBUG, "cannot write cache entry in %s: %s%s", cache.root, error,
-                "; reads go on without caching what cannot be written (further failures are logged at debug level)" if first else "",
-            )
 
     def _fetch(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None, in_flight: int | None = None) -> list:
         fs = self.fs

@@ -136,20 +136,37 @@ def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
         ) from error
 
 
+def schema_of(table: Any, table_name: str, snapshot: Any, schema_id: int | None) -> Any:
+    """The schema ``schema_id`` names (None: the one ``snapshot`` was written with), as pyiceberg
+    reads the current snapshot with the table's current schema and an older one with its own."""
+    if schema_id is None:
+        schema_id = snapshot.schema_id
+    if schema_id is None:
+        return table.schema()
+    schema = table.schemas().get(schema_id)
+    if schema is None:
+        raise CheckpointMismatchError(
+            f"Checkpoint state was read with schema {schema_id} of Iceberg table {table_name!r}, which the table's metadata no longer "
+            f"has (its schemas: {sorted(table.schemas())}).\n\n  Start the epoch again from its beginning (set_epoch)."
+        )
+    return schema
+
+
 def plan_iceberg(
     table: Any,
     table_name: str,
     snapshot: Any,
+    schema: Any,
     scan_filter: Any,
     filters: Any,
     columns: Sequence[str] | None,
     storage_options: dict | None,
 ) -> TablePlan:
-    """The snapshot's data files with their position deletes (and the rows the filters drop)."""
+    """The snapshot's data files with their position deletes (and the rows the filters drop), read
+    with ``schema`` (``schema_of``)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.manifest import DataFileContent, FileFormat
 
-    schema = table.schemas().get(snapshot.schema_id, table.schema()) if snapshot.schema_id is not None else table.schema()
     row_filter, arrow_filter = _row_filter(scan_filter, schema)
     scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",))
     try:
@@ -159,7 +176,7 @@ def plan_iceberg(
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id)) from error
         raise
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
-    ref = TableRef("iceberg", table_name, snapshot.snapshot_id, str(table.metadata.table_uuid))
+    ref = TableRef("iceberg", table_name, snapshot.snapshot_id, str(table.metadata.table_uuid), schema.schema_id)
     example = tasks[0].file.file_path if tasks else table.location()
     fs = table_filesystem(example, storage_options)
     deletes = PositionDeletes(fs)

@@ -30,9 +30,16 @@ class TableRef:
     name: str  # Iceberg: the table identifier; Delta: the table's URI
     snapshot: int  # Iceberg: the snapshot id; Delta: the table version
     uuid: str | None = None  # Iceberg's table uuid (a table dropped and created again has another)
+    schema_id: int | None = None  # Iceberg: the schema read with (a schema change needs no new snapshot)
 
     def to_dict(self) -> dict:
-        return {"format": self.format, "name": self.name, "snapshot": self.snapshot, "uuid": self.uuid}
+        entry = {"format": self.format, "name": self.name, "snapshot": self.snapshot, "uuid": self.uuid}
+        return entry if self.schema_id is None else {**entry, "schema_id": self.schema_id}
+
+    @property
+    def version(self) -> tuple[int, int | None]:
+        """What a re-plan compares: the snapshot, and the schema it is read with."""
+        return self.snapshot, self.schema_id
 
     def describe(self) -> str:
         kind = "snapshot" if self.format == "iceberg" else "version"
@@ -108,5 +115,10 @@ def table_catalog(plan: TablePlan, split_bytes: int, io: IOOptions | None) -> Ca
         return replace(catalog, schema=plan.schema)
     if catalog.schema is None:
         return catalog
-    order = [name for name in plan.schema.names if name in catalog.schema.names]
-    return replace(catalog, schema=pa.schema([catalog.schema.field(name) for name in order]))
+    # the table's order; a column no data file holds yet (added since) is read as nulls, as the table's own readers do
+    fields = [catalog.schema.field(name) if name in catalog.schema.names else plan.schema.field(name) for name in plan.schema.names]
+    absent = tuple(name for name in plan.schema.names if name not in catalog.schema.names)
+    if not absent:
+        return replace(catalog, schema=pa.schema(fields))
+    missing = [(*lacks, *absent) for lacks in (catalog.missing_columns or [()] * len(catalog.files))]
+    return replace(catalog, schema=pa.schema(fields), missing_columns=missing)
