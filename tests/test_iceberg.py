@@ -440,3 +440,49 @@ def test_a_field_added_to_a_struct_is_null_in_older_files(tmp_path):
     (batch,) = list(loader)
     valid = dict(zip(batch["id"].tolist(), batch["st.b.valid"].tolist()))
     assert valid == {0: False, 1: False, 2: True}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_field_renamed_inside_a_struct_is_followed_by_id(tmp_path, workers):
+    """Older files store the struct field under its old name: their values come under the new one,
+    as pyiceberg reads them, in a struct, a list of structs and a map's values; a filter on the
+    renamed leaf reads those files too, and dataset[i] agrees."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
+
+    config = iceberg_config(str(tmp_path))
+    schema = Schema(
+        NestedField(1, "id", LongType()),
+        NestedField(2, "st", StructType(NestedField(3, "a", LongType()), NestedField(4, "inner", StructType(NestedField(5, "c", LongType()))))),
+        NestedField(6, "ls", ListType(7, StructType(NestedField(8, "p", LongType())))),
+        NestedField(9, "m", MapType(10, StringType(), 11, StructType(NestedField(12, "q", LongType())))),
+    )
+    table = _catalog(config).create_table("db.t", schema=schema)
+
+    def rows_from(start: int, a: str, c: str, p: str, q: str) -> pa.Table:
+        ids = range(start, start + 3)
+        data = {
+            "id": list(ids), "st": [{a: 10 + i, "inner": {c: 20 + i}} for i in ids],
+            "ls": [[{p: 30 + i}, {p: 40 + i}] for i in ids], "m": [[("k", {q: 50 + i})] for i in ids],
+        }  # fmt: skip
+        return pa.Table.from_pydict(data, schema=table.schema().as_arrow())
+
+    table.append(rows_from(0, "a", "c", "p", "q"))
+    with table.update_schema() as update:
+        update.rename_column("st.a", "aa")
+        update.rename_column("st.inner.c", "cc")
+        update.rename_column("ls.element.p", "pp")
+        update.rename_column("m.value.q", "qq")
+    table.append(rows_from(3, "aa", "cc", "pp", "qq"))
+    reference = table.scan().to_arrow().sort_by("id")
+    loader, dataset = IcebergDataset.create_dataloader(table="db.t", catalog_config=config, batch_size=64, num_workers=workers, output_format="arrow")
+    got = pa.Table.from_batches(list(loader)).sort_by("id")  # structs as their leaves, a map as keys and values
+    assert got.column("st.aa").to_pylist() == [row["aa"] for row in reference.column("st").to_pylist()] == [10 + i for i in range(6)]
+    assert got.column("st.inner.cc").to_pylist() == [20 + i for i in range(6)]
+    assert got.column("ls").to_pylist() == reference.column("ls").to_pylist() == [[{"pp": 30 + i}, {"pp": 40 + i}] for i in range(6)]
+    assert got.column("m.values").to_pylist() == [[value for _, value in row] for row in reference.column("m").to_pylist()]
+    assert got.column("m.values").to_pylist() == [[{"qq": 50 + i}] for i in range(6)]
+    rows_read = [dataset[i] for i in range(6)]
+    assert sorted((r["id"].as_py(), r["st.aa"].as_py(), r["st.inner.cc"].as_py()) for r in rows_read) == [(i, 10 + i, 20 + i) for i in range(6)]
+    args = dict(table="db.t", catalog_config=config, filters=pc.field("st", "aa") >= 11)
+    assert _ids_and(args, "st.aa") == [(i, 10 + i) for i in range(1, 6)]

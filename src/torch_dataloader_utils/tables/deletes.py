@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .files import TableFile, column_names
+from .files import TableFile, column_names, named_by_ids, viewed_as
 
 #: Iceberg's reserved field ids of a position delete file's columns
 DELETE_FILE_PATH_ID = 2147483546
@@ -86,7 +86,10 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
     for name in columns:
         kind = table_schema.field(name).type
         if name in physical:
-            arrays[name] = read.column(physical[name]).cast(kind)
+            column = read.column(physical[name])
+            if file.nested_names is not None:  # struct fields renamed since the file was written
+                column = viewed_as(column, named_by_ids(column.type, file.nested_names))
+            arrays[name] = column.cast(kind)
         elif name in file.constants or name in file.partition_values:
             arrays[name] = pa.repeat(file.constants.get(name, file.partition_values.get(name)), rows).cast(kind)
         else:

@@ -36,6 +36,32 @@ class TableFile:
     mapped_ids: Mapping[str, int] | None = None
     # Iceberg: identity partition values, for a file that does not store its partition columns (imported files)
     partition_values: dict[str, pa.Scalar] = field(default_factory=dict)
+    # Iceberg: field id -> name of every field, struct fields included (renames inside structs are followed by id)
+    nested_names: Mapping[int, str] | None = None
+
+
+def named_by_ids(kind: pa.DataType, names: Mapping[int, str]) -> pa.DataType:
+    """``kind`` with every struct field that has a field id named as ``names`` names that id
+    (names do not change the memory layout, so arrays of ``kind`` can be viewed as the result)."""
+    def child(item: pa.Field, rename: bool) -> pa.Field:
+        raw = (item.metadata or {}).get(FIELD_ID)
+        name = names.get(int(raw), item.name) if rename and raw is not None else item.name
+        return pa.field(name, named_by_ids(item.type, names), item.nullable, item.metadata)
+
+    if pa.types.is_struct(kind):
+        return pa.struct([child(kind.field(i), True) for i in range(kind.num_fields)])
+    if pa.types.is_map(kind):
+        return pa.map_(child(kind.key_field, False), child(kind.item_field, False), kind.keys_sorted)
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(child(kind.value_field, False), kind.list_size)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, False))
+    return kind
+
+
+def viewed_as(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """``column`` as ``kind``, a type of the same layout (``named_by_ids``), without a copy."""
+    return pa.chunked_array([chunk.view(kind) for chunk in column.chunks], kind)
 
 
 def column_names(schema: pa.Schema, file: TableFile, table_names: set[str]) -> dict[str, str]:
@@ -65,6 +91,7 @@ class TableFooter:
     unit_starts: np.ndarray  # first row of each unit in the file (and the file's row count last)
     schema: pa.Schema  # the file's schema as the table names it (constants included)
     constants: dict[str, pa.Scalar]  # columns added with one value: the file's constants, and partition values it does not store
+    renamed_inside: dict[str, pa.DataType] = field(default_factory=dict)  # table column -> its type with struct fields renamed
 
 
 class TableFileFormat:
@@ -91,10 +118,16 @@ class TableFileFormat:
         base_schema = self.base.schema(fs, path, footer)
         names = column_names(base_schema, file, set(self.table_schema.names))
         columns = [pa.field(names[c.name], c.type) for c in base_schema if c.name in names]
+        renamed_inside = {}
+        if file.nested_names is not None:
+            for index, column in enumerate(columns):
+                kind = named_by_ids(column.type, file.nested_names)
+                if kind != column.type:
+                    columns[index] = renamed_inside[column.name] = column.with_type(kind)
         stored = set(names.values())
         constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
         columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
-        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants)
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, {k: v.type for k, v in renamed_inside.items()})
         return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
@@ -142,6 +175,10 @@ class TableFileReader:
 
     def _finish(self, table: pa.Table, columns: list[str] | None) -> pa.Table:
         table = table.rename_columns([self._footer.names[name] for name in table.column_names])
+        for name, kind in self._footer.renamed_inside.items():
+            index = table.schema.get_field_index(name)
+            if index >= 0:
+                table = table.set_column(index, pa.field(name, kind), viewed_as(table.column(index), kind))
         for name, value in self._footer.constants.items():
             if columns is None or name in columns:
                 column = self._footer.schema.field(name)

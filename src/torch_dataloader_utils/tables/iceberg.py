@@ -166,6 +166,7 @@ def plan_iceberg(
     with ``schema`` (``schema_of``)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.manifest import DataFileContent, FileFormat
+    from pyiceberg.schema import index_by_id
 
     row_filter, arrow_filter = _row_filter(scan_filter, schema)
     scan = table.scan(snapshot_id=snapshot.snapshot_id, row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",))
@@ -181,6 +182,7 @@ def plan_iceberg(
     fs = table_filesystem(example, storage_options)
     deletes = PositionDeletes(fs)
     names = _field_names(schema)
+    nested = {field_id: nested_field.name for field_id, nested_field in index_by_id(schema).items()}
     mapping = _name_mapping(table)
     identity = {spec_id: _identity_fields(spec, names) for spec_id, spec in table.specs().items()}
     files = []
@@ -198,7 +200,7 @@ def plan_iceberg(
                 "the table's files were removed (orphan file clean-up) or the storage options point elsewhere"
             ) from error
         partition = _partition_values(data, identity.get(data.spec_id, []), arrow_schema)
-        files.append(TableFile(data.file_path, dropped, names, mapped_ids=mapping, partition_values=partition))
+        files.append(TableFile(data.file_path, dropped, names, mapped_ids=mapping, partition_values=partition, nested_names=nested))
     return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
 
 
