@@ -67,9 +67,13 @@ def test_resume_after_an_append_reads_the_checkpoint_version(table):
 
 def test_time_travel_by_version(table):
     loader, dataset = _make(table, version=0)()
-    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(500))
+    states: list = []
+    assert sorted(ids_of(run_epoch(loader, dataset, states))) == list(range(500))
     dataset.set_epoch(1)
     assert dataset.snapshot == 0
+    later = DeltaDataset(table, version=1, **CONFIG)
+    with pytest.raises(CheckpointMismatchError, match="taken on delta table .* version 0, but this dataset reads version=1"):
+        later.load_state_dict(states[3])
 
 
 def test_row_filter_is_exact(table):

@@ -93,6 +93,16 @@ def test_time_travel_by_snapshot_id(table):
     ice.append(rows(1000, 1100))
     dataset.set_epoch(1)  # a given snapshot is pinned
     assert dataset.snapshot == first and len(dataset) == 400
+    states: list = []
+    run_epoch(loader, dataset, states)
+    second = ice.snapshots()[1].snapshot_id
+    other = IcebergDataset("db.t", config, snapshot_id=second, num_workers=0)
+    with pytest.raises(CheckpointMismatchError, match=rf"(?s)taken on iceberg table 'db.t' snapshot {first}, but this dataset reads snapshot_id={second}.*Resume with snapshot_id={first}"):
+        other.load_state_dict(states[2])  # it would read the state's snapshot in every epoch
+    assert other.snapshot == second
+    same = IcebergDataset("db.t", config, snapshot_id=first, **CONFIG)
+    same.load_state_dict(states[2])
+    assert same.snapshot == first
 
 
 def test_schema_evolution_follows_field_ids(table):

@@ -129,6 +129,16 @@ class _TableDataset(StructuredDataset):
             action()
             return
         self._check_table(entry)
+        if self._requested is not None and entry["snapshot"] != self._requested:  # the state's would replace it for every epoch
+            saved = TableRef(entry["format"], entry["name"], entry["snapshot"], entry["uuid"])
+            kind = "snapshot_id" if saved.format == "iceberg" else "version"
+            raise mismatch(
+                f"Checkpoint state was taken on {saved.describe()}, but this dataset reads {kind}={self._requested}.",
+                [],
+                [f"{kind} changed since the checkpoint"],
+                f"Resume with {kind}={saved.snapshot} (or without {kind}, to go on to the table's current snapshot after "
+                "the resumed epoch), or start the epoch again (set_epoch).",
+            )
         before = (self._catalog, self._ref, self._rows_source)
         try:
             self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
