@@ -104,10 +104,11 @@ def test_numpy_batches_follow_nulls_fill_and_mask(tmp_path):
             "d": pa.array([1, 2, None, 4, 5, 6], pa.date32()),
             "v": pa.array([[1.0, 2.0], None, [3.0, None], [4.0, 5.0], [6.0, 7.0], [8.0, 9.0]], pa.list_(pa.float32(), 2)),
             "s": pa.array(["a", None, "c", "d", "e", "f"]),
+            "l": pa.array([[1, None], None, [2**53 + 1], [], [4], [5, 6]], pa.list_(pa.int64())),
         }
     )
     pq.write_table(table, tmp_path / "a.parquet")
-    fills = {"n": -1, "v": -2.0}
+    fills = {"n": -1, "v": -2.0, "l": 9}
     loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), batch_size=6, num_workers=2, output_format="numpy", nulls="mask", fill_values=fills)
     (batch,) = list(loader)
     assert list(batch) == dataset.schema.names
@@ -118,6 +119,10 @@ def test_numpy_batches_follow_nulls_fill_and_mask(tmp_path):
     assert batch["d"].dtype == np.dtype("datetime64[D]") and batch["d"][2] == np.datetime64(0, "D")
     assert batch["v"].dtype == np.float32 and batch["v"].tolist() == [[1, 2], [-2, -2], [3, -2], [4, 5], [6, 7], [8, 9]]
     assert batch["s"].tolist() == ["a", None, "c", "d", "e", "f"] and "s.valid" not in batch
+    # a variable-length list as a tensor batch's Ragged: null elements filled, a null row empty, no float rounding
+    assert [row.dtype for row in batch["l"]] == [np.int64] * 6
+    assert [row.tolist() for row in batch["l"]] == [[1, 9], [], [2**53 + 1], [], [4], [5, 6]]
+    assert batch["l.valid"].tolist() == [True, False, True, True, True, True]
     rows = dataset[[1, 0]]
     assert rows["n"].tolist() == [-1, 1] and rows["n.valid"].tolist() == [False, True]
     filled = StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy", nulls="fill")

@@ -150,6 +150,8 @@ def to_numpy_columns(table: pa.Table, policy: ColumnPolicy = DEFAULT_POLICY, whe
 
 
 def _fillable(kind: pa.DataType) -> bool:
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):  # one level, as tensor batches' Ragged columns
+        kind = kind.value_type
     while pa.types.is_fixed_size_list(kind):
         kind = kind.value_type
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or pa.types.is_temporal(kind)
@@ -157,8 +159,14 @@ def _fillable(kind: pa.DataType) -> bool:
 
 def _filled_values(array: pa.Array, name: str, policy: ColumnPolicy, where: Where) -> pa.Array:
     """``array`` with its nulls filled, keeping its type; a null fixed-size list row becomes a row
-    of fill values, as in tensor batches."""
+    of fill values and a null variable-length list row an empty one, as in tensor batches."""
     kind = array.type
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        if not array.null_count and not array.flatten().null_count:
+            return array
+        lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32 if pa.types.is_list(kind) else np.int64)
+        return type(array).from_arrays(pa.array(offsets), _filled_values(array.flatten(), name, policy, where), type=kind)
     if pa.types.is_fixed_size_list(kind):
         values = array.values.slice(array.offset * kind.list_size, len(array) * kind.list_size)
         if array.null_count:
