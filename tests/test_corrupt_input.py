@@ -218,6 +218,24 @@ def test_small_dictionary_indices_of_different_files_mix_in_a_shuffle_window(tmp
     assert all(city == f"city{i // 1000}-{i % 100}" for i, city in rows.items())
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_file_without_rows_types_no_column(tmp_path, workers):
+    """pandas writes an empty frame's columns as float64 (its object columns too): beside int64 and
+    string files it neither widens ids to double (which rounds ids past 2**53) nor clashes with a
+    string column; a dataset of empty files alone keeps their types."""
+    import pandas as pd
+
+    pd.DataFrame({"id": [], "name": []}).astype("float64").to_parquet(tmp_path / "a_empty.parquet")
+    big = [2**53 + 1, 2**53 + 3]
+    pq.write_table(pa.table({"id": pa.array(big, pa.int64()), "name": ["x", "y"]}), tmp_path / "b.parquet")
+    loader, dataset = make(str(tmp_path), num_workers=workers, batch_size=4)
+    assert dataset.schema.field("id").type == pa.int64() and dataset.schema.field("name").type == pa.string()
+    (batch,) = list(loader)
+    assert batch["id"].dtype == torch.int64 and batch["id"].tolist() == big and batch["name"] == ["x", "y"]
+    empty = StructuredDataset(str(tmp_path / "a_empty.parquet"), num_workers=0)
+    assert len(empty) == 0 and empty.schema.field("id").type == pa.float64()
+
+
 def test_incompatible_schemas_name_the_files_at_planning(tmp_path):
     root = str(tmp_path / "clash")
     os.makedirs(root)

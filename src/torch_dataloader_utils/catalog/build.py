@@ -309,7 +309,10 @@ def catalog_of_files(
         cache.store(files, list(zip(layouts, schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
     conflicts: dict[str, str] = {}
-    schema = unify(schemas, [f.url for f in files], conflicts)
+    # a file without rows holds no value that needs a wider type (pandas writes an empty frame's
+    # columns as float64): it types no column, unless every file is empty
+    typed = [i for i, layout in enumerate(layouts) if layout.num_rows] or range(len(files))
+    schema = unify([schemas[i] for i in typed], [files[i].url for i in typed], conflicts)
     advice = getattr(fmt, "schema_advice", None)  # a text format's inferred types: its options can fix them
     if advice:
         conflicts = {name: f"{why} {advice}" for name, why in conflicts.items()}
