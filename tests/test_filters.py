@@ -275,6 +275,14 @@ def test_bad_filters_name_the_problem(data):
         StructuredDataset(data["parquet"], filters=pc.field(0) < 3, num_workers=0)
 
 
+def test_a_struct_leaf_named_as_columns_names_it_is_pointed_to_its_path(tmp_path):
+    pq.write_table(pa.table({"id": [1, 2, 3], "st": [{"a": 1}, {"a": 2}, {"a": 3}]}), tmp_path / "s.parquet")
+    for filters in ([("st.a", ">", 1)], pc.field("st.a") > 1):
+        with pytest.raises(ValueError, match=r"do not have; their columns are \['id', 'st'\]; a struct's leaf is named by its path: pc.field\('st', 'a'\)"):
+            StructuredDataset(str(tmp_path), filters=filters, num_workers=0)
+    assert len(StructuredDataset(str(tmp_path), filters=pc.field("st", "a") > 1, num_workers=0)) == 2
+
+
 def test_a_naive_datetime_against_a_zoned_column_names_the_filter(tmp_path):
     import datetime
 

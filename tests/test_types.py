@@ -77,6 +77,9 @@ def test_nulls_are_found_at_planning_from_statistics_naming_every_column_and_fil
         assert f"column {name} has 1 null value(s) in " in message and "a.parquet" in message
     assert "b.parquet" not in message and "nulls='fill'" in message
     StructuredDataset(str(tmp_path), num_workers=0, columns=["s"])  # strings hold None
+    pq.write_table(pa.concat_tables([NULLABLE] * 3), tmp_path / "c.parquet")
+    with pytest.raises(ValueError, match=r"column 'i' has 4 null value\(s\) in 2 files, 1 in .*a\.parquet \(and 1 more file\)"):
+        StructuredDataset(str(tmp_path), num_workers=0)
 
 
 def test_fill_values_are_checked():

@@ -119,7 +119,9 @@ def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str])
         schema.empty_table().filter(expression)
     except pa.ArrowInvalid as error:
         if "No match for FieldRef" in str(error):
-            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}") from error
+            leaves = [name for name in re.findall(r"FieldRef\.Name\(([^)]*)\)", str(error)) if name.split(".")[0] in names and "." in name]
+            hint = f"; a struct's leaf is named by its path: pc.field({', '.join(map(repr, leaves[0].split('.')))})" if leaves else ""
+            raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}{hint}") from error
         raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
         raise ValueError(f"filters={expression} does not fit the columns' types ({schema.remove_metadata()}): {error}") from error
