@@ -115,7 +115,7 @@ def check_statistics_nulls(catalog: Any, selected: Sequence[BatchColumn], policy
         return
     lines = [
         f"column {name!r} has {sum(c for _, c in files):,} null value(s) in "
-        + (f"{files[0][0]}" if len(files) == 1 else f"{len(files):,} files, {files[0][1]:,} in {files[0][0]} (and {len(files) - 1} more file{'s' if len(files) > 2 else ''})")
+        + (files[0][0] if len(files) == 1 else f"{len(files):,} files, {files[0][1]:,} in {_files_text([url for url, _ in files])}")
         for name, files in sorted(found.items(), key=lambda item: names.index(item[0]))
     ]
     raise ValueError(
