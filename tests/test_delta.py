@@ -177,6 +177,23 @@ def test_table_on_s3(s3, tmp_path):
     assert make()[1].snapshot == 1
 
 
+def test_table_on_azure(store_registry, tmp_path):
+    """A Delta table on an Azure server (Azurite): adlfs's connection string is passed on to deltalake
+    (account, key and endpoint); deltalake's own option names are refused, as fsspec cannot take them."""
+    from servers import AZURE_KEY, get_store
+
+    azure = get_store("azure", store_registry)
+    uri = f"az://{BUCKET}/delta-{tmp_path.name}"
+    writer = {"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1", "AZURE_STORAGE_ACCOUNT_KEY": AZURE_KEY,
+              "AZURE_ENDPOINT": azure.server.endpoint, "AZURE_ALLOW_HTTP": "true"}  # fmt: skip
+    write_deltalake(uri, _part(0, 300), partition_by=["part"], storage_options=writer)
+    make = _make(uri, storage_options=azure.options, num_workers=2)
+    reference = assert_resumes_exactly(make, epochs=1, points=[(0, 3)], batch_key=batch_key)
+    assert sorted(ids_of(reference.batches[0])) == list(range(300))
+    with pytest.raises(ValueError, match=r"names \['AZURE_ALLOW_HTTP', 'AZURE_ENDPOINT', .*deltalake's option names. Pass fsspec's options"):
+        DeltaDataset(uri, storage_options=writer, num_workers=0)
+
+
 @pytest.mark.parametrize("root, value", [("my table #1", "a b"), ("t", "日本/x=1%")])
 def test_percent_encoded_paths_are_read_with_their_deletion_vectors(tmp_path, root, value):
     """Delta writes a table root and partition values with spaces, '/', '%' or non-ASCII

@@ -14,9 +14,16 @@ from .deletes import merge_dropped
 from .files import TableFile
 from .plan import TablePlan, TableRef, table_filesystem
 
-#: s3fs storage options -> the deltalake (object_store) option they set
-_S3_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN"}
+#: fsspec storage options (s3fs, adlfs) -> the deltalake (object_store) option they set
+_S3_KEYS = {"key": "AWS_ACCESS_KEY_ID", "secret": "AWS_SECRET_ACCESS_KEY", "token": "AWS_SESSION_TOKEN", "profile": "AWS_PROFILE"}
 _S3_CLIENT_KEYS = {"endpoint_url": "AWS_ENDPOINT_URL", "region_name": "AWS_REGION"}
+_AZURE_KEYS = {
+    "account_name": "AZURE_STORAGE_ACCOUNT_NAME", "account_key": "AZURE_STORAGE_ACCOUNT_KEY", "sas_token": "AZURE_STORAGE_SAS_TOKEN",
+    "client_id": "AZURE_CLIENT_ID", "client_secret": "AZURE_CLIENT_SECRET", "tenant_id": "AZURE_TENANT_ID",
+}  # fmt: skip
+#: an Azure connection string's parts -> the deltalake option they set
+_CONNECTION_KEYS = {"AccountName": "AZURE_STORAGE_ACCOUNT_NAME", "AccountKey": "AZURE_STORAGE_ACCOUNT_KEY", "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_ENDPOINT"}
+_NATIVE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
 
 
 def _deltalake() -> Any:
@@ -27,24 +34,51 @@ def _deltalake() -> Any:
     return deltalake
 
 
-def delta_storage_options(storage_options: dict | None) -> dict[str, str] | None:
-    """deltalake's options for the s3fs ones (key, secret, token, client_kwargs' endpoint and region)."""
+def delta_storage_options(storage_options: dict | None, path: str = "") -> dict[str, str] | None:
+    """deltalake's options for fsspec's, by the table's store: s3fs's (key, secret, token, profile,
+    anon, client_kwargs' endpoint and region), adlfs's (account name and key, SAS token, service
+    principal, connection string) or gcsfs's (a service account file as ``token``); ValueError for
+    deltalake's own names, which fsspec, reading the data files, cannot take."""
     if not storage_options:
         return None
-    options = {_S3_KEYS[k]: str(v) for k, v in storage_options.items() if k in _S3_KEYS}
-    for key, value in (storage_options.get("client_kwargs") or {}).items():
-        if key in _S3_CLIENT_KEYS:
-            options[_S3_CLIENT_KEYS[key]] = str(value)
-    if str(options.get("AWS_ENDPOINT_URL", "")).startswith("http://"):
-        options["AWS_ALLOW_HTTP"] = "true"
+    native = sorted(k for k in storage_options if isinstance(k, str) and k.upper().startswith(_NATIVE_PREFIXES))
+    if native:
+        raise ValueError(
+            f"storage_options for Delta table {path!r} names {native}: deltalake's option names. Pass fsspec's options instead "
+            "(s3fs: key, secret, token, client_kwargs={'endpoint_url': ..., 'region_name': ...}; adlfs: account_name, account_key, "
+            "sas_token or connection_string; gcsfs: token): the data files are read through fsspec with them, and deltalake gets "
+            "them under its names"
+        )
+    scheme = path.split("://", 1)[0].lower() if "://" in path else ""
+    if scheme in ("az", "abfs", "abfss", "adl", "azure"):
+        options = {_AZURE_KEYS[k]: str(v) for k, v in storage_options.items() if k in _AZURE_KEYS}
+        for part in str(storage_options.get("connection_string") or "").split(";"):
+            name, _, value = part.partition("=")
+            if name.strip() in _CONNECTION_KEYS and value:
+                options[_CONNECTION_KEYS[name.strip()]] = value.strip()
+        endpoint, allow_http = "AZURE_ENDPOINT", "AZURE_ALLOW_HTTP"
+    elif scheme in ("gs", "gcs"):
+        token = storage_options.get("token")
+        return {"GOOGLE_SERVICE_ACCOUNT": token} if isinstance(token, str) and token.endswith(".json") else {}
+    else:
+        options = {_S3_KEYS[k]: str(v) for k, v in storage_options.items() if k in _S3_KEYS}
+        if storage_options.get("anon") is True:
+            options["AWS_SKIP_SIGNATURE"] = "true"
+        for key, value in (storage_options.get("client_kwargs") or {}).items():
+            if key in _S3_CLIENT_KEYS:
+                options[_S3_CLIENT_KEYS[key]] = str(value)
+        endpoint, allow_http = "AWS_ENDPOINT_URL", "AWS_ALLOW_HTTP"
+    if str(options.get(endpoint, "")).startswith("http://"):
+        options[allow_http] = "true"
     return options
 
 
 def open_delta(path: str, version: int | None, storage_options: dict | None, from_state: bool = False) -> Any:
     """The ``DeltaTable`` at ``version`` (None: the latest)."""
     deltalake = _deltalake()
+    options = delta_storage_options(storage_options, path)
     try:
-        return deltalake.DeltaTable(path, version=version, storage_options=delta_storage_options(storage_options))
+        return deltalake.DeltaTable(path, version=version, storage_options=options)
     except Exception as error:
         if version is None or (type(error).__name__ == "TableNotFoundError" and not (from_state and _exists(path, storage_options))):
             raise
@@ -60,7 +94,7 @@ def open_delta(path: str, version: int | None, storage_options: dict | None, fro
 def _exists(path: str, storage_options: dict | None) -> bool:
     """Whether the latest version of the Delta table at ``path`` loads."""
     try:
-        _deltalake().DeltaTable(path, storage_options=delta_storage_options(storage_options))
+        _deltalake().DeltaTable(path, storage_options=delta_storage_options(storage_options, path))
     except Exception:  # noqa: BLE001 - any failure means the same here
         return False
     return True
