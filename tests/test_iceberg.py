@@ -247,14 +247,16 @@ def test_missing_extra_names_it(monkeypatch, table):
         _make(config)()
 
 
-def test_warehouse_on_s3(s3, tmp_path):
+@pytest.mark.parametrize("prefix", ["s3", "client"])
+def test_warehouse_on_s3(s3, tmp_path, prefix):
     """The warehouse on an S3 server (moto): data and delete files read through s3fs with the
-    catalog's S3 properties; the resume is exact (workers reading from S3: test_object_stores.py)."""
+    catalog's S3 properties, or the credentials pyiceberg's clients share (``client.*``); the
+    resume is exact (workers reading from S3: test_object_stores.py)."""
     endpoint = s3.options["client_kwargs"]["endpoint_url"]
     config = iceberg_config(
         f"s3://{BUCKET}/warehouse-{tmp_path.name}", db_dir=str(tmp_path), **{
-            "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO", "s3.endpoint": endpoint, "s3.access-key-id": "testing",
-            "s3.secret-access-key": "testing", "s3.region": "us-west-2",
+            "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO", "s3.endpoint": endpoint, f"{prefix}.access-key-id": "testing",
+            f"{prefix}.secret-access-key": "testing", f"{prefix}.region": "us-west-2",
         },
     )  # fmt: skip
     ice = iceberg_table(config)

@@ -18,6 +18,11 @@ _S3_OPTIONS = {
     "s3.endpoint": ("client_kwargs", "endpoint_url"),
     "s3.region": ("client_kwargs", "region_name"),
 }
+#: pyiceberg's credentials shared by its clients -> the S3 property they stand in for
+_CLIENT_OPTIONS = {
+    "client.access-key-id": "s3.access-key-id", "client.secret-access-key": "s3.secret-access-key",
+    "client.session-token": "s3.session-token", "client.region": "s3.region",
+}  # fmt: skip
 
 
 def _pyiceberg() -> Any:
@@ -48,8 +53,12 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
 
 
 def storage_options_of(catalog_config: Mapping[str, Any] | None, table: Any) -> dict:
-    """s3fs options from the catalog's S3 properties (pyiceberg's names), for reading the data files."""
+    """s3fs options from the catalog's S3 properties (pyiceberg's names; its shared ``client.*``
+    credentials where no ``s3.*`` one is given), for reading the data files."""
     properties = {**(catalog_config or {}), **getattr(table, "properties", {}), **dict(getattr(table.io, "properties", {}) or {})}
+    for shared, key in _CLIENT_OPTIONS.items():
+        if shared in properties and key not in properties:
+            properties[key] = properties[shared]
     options: dict = {}
     for key, target in _S3_OPTIONS.items():
         if key in properties:
