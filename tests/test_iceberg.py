@@ -268,6 +268,24 @@ def test_warehouse_on_s3(s3, tmp_path, prefix):
     assert len(ids) == len(set(ids)) == 497 and set(ids) <= set(range(500))
 
 
+def test_a_data_file_the_store_does_not_answer_for_is_named(s3, tmp_path):
+    """storage_options pointing nowhere for a warehouse on S3: the error names the data file, the
+    table and what to check (it was a bare TimeoutError)."""
+    from servers import free_port, s3_options
+
+    endpoint = s3.options["client_kwargs"]["endpoint_url"]
+    config = iceberg_config(
+        f"s3://{BUCKET}/warehouse-{tmp_path.name}", db_dir=str(tmp_path), **{
+            "py-io-impl": "pyiceberg.io.fsspec.FsspecFileIO", "s3.endpoint": endpoint, "s3.access-key-id": "testing",
+            "s3.secret-access-key": "testing", "s3.region": "us-west-2",
+        },
+    )  # fmt: skip
+    iceberg_table(config).append(rows(0, 10))
+    nowhere = s3_options(f"http://127.0.0.1:{free_port()}", client_retries=False)
+    with pytest.raises(OSError, match=rf"asking the store for s3://{BUCKET}/warehouse-.*\.parquet, a data file of iceberg table 'db.t' snapshot \d+, failed .*check the endpoint"):
+        IcebergDataset("db.t", config, storage_options=nowhere, num_workers=0, download_timeout=2, download_retry=0)
+
+
 @pytest.mark.parametrize("options", [dict(persistent_workers=True), dict(worker_mode="thread")])
 def test_a_live_loader_follows_a_new_snapshot(table, options):
     """Persistent workers and reader threads hold a copy of the plan: after set_epoch took a new

@@ -22,7 +22,10 @@ _AZURE_KEYS = {
     "client_id": "AZURE_CLIENT_ID", "client_secret": "AZURE_CLIENT_SECRET", "tenant_id": "AZURE_TENANT_ID",
 }  # fmt: skip
 #: an Azure connection string's parts -> the deltalake option they set
-_CONNECTION_KEYS = {"AccountName": "AZURE_STORAGE_ACCOUNT_NAME", "AccountKey": "AZURE_STORAGE_ACCOUNT_KEY", "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_ENDPOINT"}
+_CONNECTION_KEYS = {
+    "AccountName": "AZURE_STORAGE_ACCOUNT_NAME", "AccountKey": "AZURE_STORAGE_ACCOUNT_KEY",
+    "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_ENDPOINT",
+}  # fmt: skip
 _NATIVE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
 
 

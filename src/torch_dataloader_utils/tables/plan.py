@@ -81,6 +81,11 @@ def with_row_filter(plan: TablePlan, expression: pc.Expression | None) -> TableP
 _INFO_THREADS = 32
 
 
+def _shown(fs: Any, path: str) -> str:
+    """A data file's path as messages name it (with its store's scheme)."""
+    return fs.unstrip_protocol(path) if is_remote(fs) else path
+
+
 def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
     """The snapshot's files with their sizes and content tags (object stores: asked concurrently,
     one request per file; a table lists its files, so no directory is listed)."""
@@ -90,9 +95,17 @@ def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
             info = fs.info(path)
         except FileNotFoundError:
             raise FileNotFoundError(
-                f"{path}, a data file of {ref.describe()}, does not exist: the table's files were removed (orphan file "
+                f"{_shown(fs, path)}, a data file of {ref.describe()}, does not exist: the table's files were removed (orphan file "
                 "clean-up, VACUUM) or the storage options point elsewhere"
             ) from None
+        except (ValueError, TypeError):
+            raise
+        except Exception as error:  # a store's own error type: re-raised naming the file
+            kind = PermissionError if isinstance(error, PermissionError) else OSError
+            raise kind(
+                f"asking the store for {_shown(fs, path)}, a data file of {ref.describe()}, failed ({type(error).__name__}: {error}); check the endpoint, "
+                "region and credentials in storage_options, and that the store is reachable from here"
+            ) from error
         url = posixpath.normpath(path) if is_local(fs) else fs.unstrip_protocol(path)
         return FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
 
