@@ -268,7 +268,9 @@ class RemoteStore:
             for i, outcome in zip(pending, outcomes):
                 path, start, end, tag = requests[i]
                 if pinned and isinstance(outcome, BaseException) and any(http_status(e) == 412 for e in error_chain(outcome)):
-                    raise FileChangedError(f"the file changed after planning (the ETag of {path} is no longer {tag}, or it was deleted); create the loader again")
+                    raise FileChangedError(
+                        f"the file changed after planning (the ETag of {path} is no longer {tag}, or it was deleted); create the loader again"
+                    )
                 if not isinstance(outcome, BaseException) and len(outcome) != end - start:
                     outcome = ShortReadError(f"got {len(outcome)} of {end - start} bytes")
                 if isinstance(outcome, BaseException):
