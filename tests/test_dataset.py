@@ -38,6 +38,9 @@ from torch_dataloader_utils.read.convert import Ragged, replace_leaves
         ("split_bytes", 2**62 + 1),
         ("shuffle", "yes"),  # saved in the state: a resume compares it
         ("drop_last", 2),
+        ("download_retry", 1.5),  # (it failed at the first remote read)
+        ("download_retry", True),
+        ("download_timeout", "5"),
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):

@@ -1,4 +1,5 @@
-"""torch_dataloader_utils: exactly-once, resumable PyTorch loading of Parquet and ORC files.
+"""torch_dataloader_utils: exactly-once, resumable PyTorch loading of structured data: Parquet,
+ORC, Arrow IPC, CSV and JSON Lines files, and Iceberg and Delta tables.
 
 Names are imported lazily, so that ``tdu --help`` and ``python -m torch_dataloader_utils``
 start without importing torch.
@@ -19,6 +20,7 @@ _EXPORTS = {
     "RemoteReadError": "errors",
     "WideningError": "errors",
     "TransformError": "errors",
+    "UnsupportedFileError": "errors",
     "FileLayout": "plan.splits",
     "IcebergDataset": "table_datasets",
     "Ragged": "read.convert",
@@ -36,7 +38,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .catalog.mixture import Source
     from .dataset import StructuredDataset
-    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, WideningError
+    from .errors import CheckpointMismatchError, DataReadError, FileChangedError, RemoteReadError, TransformError, UnsupportedFileError, WideningError
     from .plan.splits import FileLayout, Split, assign_splits, epoch_order, plan_splits
     from .read.convert import Ragged
     from .runtime.loader import StructuredDataLoader

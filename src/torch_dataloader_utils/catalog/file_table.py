@@ -33,7 +33,3 @@ class FileTable(Column[FileEntry]):
         """(url, size, tag) of every file, without making each entry."""
         return [[url, size, tag] for url, size, tag in zip(self.urls, self._sizes.tolist(), self._tags)]
 
-
-def as_file_table(files: Sequence[FileEntry]) -> FileTable:
-    """``files`` as a FileTable (itself if it is one)."""
-    return files if isinstance(files, FileTable) else FileTable(files)

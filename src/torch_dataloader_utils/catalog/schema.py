@@ -273,7 +273,7 @@ def repeated_columns(schemas: Sequence[pa.Schema], names: Sequence[str]) -> dict
 
 def check_repeated_columns(unified: pa.Schema, columns: Sequence[str] | None, repeated: dict[str, tuple[str, int]]) -> None:
     """ValueError for a selected column that a file holds more than once: a batch maps each name to
-    one column (next to other schemas, such a column was read as nulls)."""
+    one column, and the file's value for it would be ambiguous."""
     for name in unified.names if columns is None else columns:
         if name in repeated:
             file, count = repeated[name]

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._thrift_compact import Struct, ThriftError, ThriftList, decode_struct
+from ._varint import write_varint
 
 MAGIC = b"PAR1"
 # Parquet INT96 timestamps (Spark's, Hive's and Impala's legacy default) are decoded in
@@ -120,8 +121,5 @@ def _sets_encryption_after(rest: bytes) -> bool | None:
 
 def _varint(n: int) -> bytes:
     out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+    write_varint(out, n)
+    return bytes(out)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct as _struct
 from typing import Any
 
-from ._varint import read_varint
+from ._varint import read_varint, write_varint
 
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 _INTEGERS = (BYTE, I16, I32, I64)
@@ -241,17 +241,8 @@ class _Reader:
         return ThriftList(element, values)
 
 
-def _varint(out: bytearray, n: int) -> None:
-    while True:
-        if n < 0x80:
-            out.append(n)
-            return
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-
-
 def _zigzag(out: bytearray, n: int) -> None:
-    _varint(out, (n << 1) ^ (n >> 63))
+    write_varint(out, (n << 1) ^ (n >> 63))
 
 
 def _write_value(out: bytearray, kind: int, value: Any) -> None:
@@ -266,7 +257,7 @@ def _write_value(out: bytearray, kind: int, value: Any) -> None:
     elif kind == DOUBLE:
         out += _struct.pack("<d", value)
     elif kind == BINARY:
-        _varint(out, len(value))
+        write_varint(out, len(value))
         out += value
     elif kind in (LIST, SET):
         size, element = len(value.values), value.element
@@ -274,7 +265,7 @@ def _write_value(out: bytearray, kind: int, value: Any) -> None:
             out.append(size << 4 | element)
         else:
             out.append(0xF0 | element)
-            _varint(out, size)
+            write_varint(out, size)
         for item in value.values:
             if element in (TRUE, FALSE):
                 out.append(TRUE if item else FALSE)

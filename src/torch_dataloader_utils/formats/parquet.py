@@ -63,8 +63,8 @@ class _ParquetReader:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._threads(unit))
 
     def _threads(self, unit: int) -> bool:
-        """pyarrow's threads for a row group worth them: for a small one, starting them costs
-        more than the decoding (tiny files: 230 us per file with threads, 120 without)."""
+        """pyarrow's threads for a row group worth them: for a small one, handing its columns to
+        threads costs more than decoding them in this one."""
         return self._use_threads and self._footer.row_group(unit).total_byte_size >= THREADS_MIN_BYTES
 
     def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:

@@ -294,7 +294,3 @@ def flat_unit_rows(layouts: Sequence[FileLayout]) -> tuple[np.ndarray, np.ndarra
     return counts, np.fromiter((n for layout in layouts for n in layout.unit_rows), dtype=np.int64, count=int(counts.sum()))
 
 
-def as_layout_table(layouts: Sequence[FileLayout], paths: Strings | None = None) -> LayoutTable:
-    """``layouts`` as a LayoutTable (itself if it is one)."""
-    return layouts if isinstance(layouts, LayoutTable) else LayoutTable(layouts, paths)
-

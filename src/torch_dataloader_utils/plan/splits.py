@@ -25,9 +25,11 @@ class Split:
     row_length: int | None = None
 
     def to_dict(self) -> dict:
+        """The split as states store it: path, row_offset, row_length."""
         return {"path": self.path, "row_offset": self.row_offset, "row_length": self.row_length}
 
     def describe(self) -> str:
+        """The split for messages: its path and "full file" or its row range."""
         if self.row_offset is None:
             return f"{self.path}  full file"
         end = self.row_offset + (self.row_length or 0)

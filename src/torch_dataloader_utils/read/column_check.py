@@ -77,7 +77,11 @@ def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnP
         if lacking:
             lines.append(f"column {column.name!r} ({column.type}) is missing from {_files_text(lacking)}")
     if lines:
-        fix = "which a tensor cannot hold. Pass nulls='fill' (or 'mask'), leave the column out with columns=[...], or add it to those files."
+        fix = (
+            "which a tensor cannot hold (a column a file stores with only nulls, as CSV files with an empty column "
+            "are read, counts as missing). Pass nulls='fill' (or 'mask'), leave the column out with columns=[...], or add "
+            "its values to those files."
+        )
         if len(lines) == 1:
             raise ValueError(f"{lines[0]}: it would be read as nulls there, {fix}")
         raise ValueError(f"{len(lines)} columns are missing from some files:" + _listed(lines) + f"\nThey would be read as nulls there, {fix}")

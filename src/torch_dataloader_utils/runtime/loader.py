@@ -204,10 +204,12 @@ class StructuredDataLoader:
 
     @property
     def batch_size(self) -> int:
+        """Rows per batch (the dataset's ``batch_size``)."""
         return self.dataset.batch_size
 
     @property
     def num_workers(self) -> int:
+        """Reader workers (the dataset's ``num_workers``)."""
         return self.dataset.num_workers
 
     def __len__(self) -> int:
@@ -215,6 +217,8 @@ class StructuredDataLoader:
         return self.dataset.num_batches()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """One pass over the current epoch from where the dataset's progress stands (a fresh
+        epoch, or the point a loaded state restored); a batch counts as delivered when yielded."""
         if self._board is not None and not self._loader_kwargs["persistent_workers"]:
             self._board.forget_mappings()  # this pass starts new workers with new buffers
         delivery = self.dataset.delivery

@@ -155,7 +155,7 @@ class LoaderStats(StatsSnapshot):
     def _totals(self) -> StatsSnapshot:
         return StatsSnapshot(self.batches, self.rows, self.startup_s, self.wait_s, self.loop_s)
 
-    # --- called by the dataset as it hands batches to the loop (dataset._delivered)
+    # --- called as batches are handed to the loop (runtime/delivery.py: RankDelivery._delivered)
     def start_pass(self) -> None:
         """A pass begins: the loop asks for its first batch now."""
         if not self.enabled:

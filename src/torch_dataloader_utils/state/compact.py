@@ -22,7 +22,7 @@ keeps the same checks in a size that does not grow with completed splits:
   that every added, removed or rewritten file is named, as the full form names them.
 
 Both are pure functions of the plan and a lane's position; the full list is recovered on
-demand from the plan (``dataset.state_dict(form="full")``, ``expand_state``).
+demand from the plan (``dataset.state_dict(form="full")``).
 """
 
 from __future__ import annotations
