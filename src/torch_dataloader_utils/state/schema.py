@@ -56,7 +56,7 @@ WORLD_SIZE = "world_size"
 RANKS = "ranks"
 
 # ----------------------------------------------------------------- table datasets (Iceberg, Delta Lake)
-TABLE = "table"  # {"format", "name", "snapshot", "uuid"}: the table and the snapshot (Iceberg) or version (Delta) the plan read
+TABLE = "table"  # {"format", "name", "snapshot", "uuid", "schema_id"}: the table, the snapshot (Iceberg) or version (Delta) and the Iceberg schema the plan read
 TABLE_KEYS = ("format", "name", "snapshot", "uuid")
 TABLE_OPTIONAL_KEYS = ("schema_id",)  # Iceberg's schema read with (states of earlier versions lack it: the snapshot's)
 
@@ -99,7 +99,10 @@ class WorkerSplits(TypedDict):
 
 
 class RankState(TypedDict, total=False):
-    """``dataset.state_dict()`` in the main process (plus the CONFIG_KEYS settings)."""
+    """``dataset.state_dict()`` in the main process (plus the CONFIG_KEYS settings; a compact
+    state holds ``completed_ranges`` and ``files_summary`` where a full one holds ``files``,
+    ``completed_shards`` and ``in_progress``; a table dataset's adds ``table``, a mixture's
+    ``_mixture``). The shape ``state/shape.py`` checks."""
 
     format_version: int
     scope: str
@@ -116,6 +119,9 @@ class RankState(TypedDict, total=False):
     batches_delivered: int | None
     chunk_rows: int
     batch_target: int | None
+    completed_ranges: list[dict[str, Any]]
+    files_summary: dict[str, Any]
+    table: dict[str, Any]
 
 
 class WorkerState(TypedDict, total=False):
