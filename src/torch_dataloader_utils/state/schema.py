@@ -56,7 +56,8 @@ WORLD_SIZE = "world_size"
 RANKS = "ranks"
 
 # ----------------------------------------------------------------- table datasets (Iceberg, Delta Lake)
-TABLE = "table"  # {"format", "name", "snapshot", "uuid", "schema_id"}: the table, the snapshot (Iceberg) or version (Delta) and the Iceberg schema the plan read
+# {"format", "name", "snapshot", "uuid", "schema_id"}: the table, the snapshot (Iceberg) or version (Delta) and the Iceberg schema read
+TABLE = "table"
 TABLE_KEYS = ("format", "name", "snapshot", "uuid")
 TABLE_OPTIONAL_KEYS = ("schema_id",)  # Iceberg's schema read with (states of earlier versions lack it: the snapshot's)
 
