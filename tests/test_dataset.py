@@ -49,6 +49,12 @@ def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_pa
         StructuredDataset(str(tmp_path / "missing"), **{argument: value})
 
 
+def test_storage_options_that_are_not_a_dict_are_named(tmp_path):
+    write_dataset(tmp_path / "d", [[5]])
+    with pytest.raises(TypeError, match=r"storage_options must be a dict of fsspec options .*got str 'anon=true'"):
+        StructuredDataset(str(tmp_path / "d"), num_workers=0, storage_options="anon=true")
+
+
 def test_shuffle_and_drop_last_take_0_and_1_as_older_code_passed_them(tmp_path):
     write_dataset(tmp_path / "d", [[12]])
     dataset = StructuredDataset(str(tmp_path / "d"), num_workers=0, shuffle=1, drop_last=0)

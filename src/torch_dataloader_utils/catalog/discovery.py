@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import fsspec
@@ -54,6 +54,9 @@ def _filesystem_kind(path: str) -> str:
 
 def filesystem_for(paths: list[str], storage_options: dict | None) -> Any:
     """The one filesystem of all ``paths``; a ValueError if they are on different ones."""
+    if storage_options is not None and not isinstance(storage_options, Mapping):
+        found = f"{type(storage_options).__name__} {storage_options!r:.60}"
+        raise TypeError(f"storage_options must be a dict of fsspec options (e.g. {{'anon': True}}) or None, got {found}")
     first = _filesystem_kind(paths[0])
     for path in paths[1:]:
         if _filesystem_kind(path) != first:
