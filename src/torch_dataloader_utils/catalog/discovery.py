@@ -13,7 +13,7 @@ from fsspec.utils import get_protocol
 
 from ..formats import FORMATS, canonical_name, format_for_path
 from ..storage.paths import is_local, is_remote
-from ..storage.retry import refusal_advice
+from ..storage.retry import store_error
 from ..storage.versions import FileEntry, content_tag
 
 _GLOB_CHARS = ("*", "?", "[")
@@ -181,17 +181,10 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
                 found[url] = FileEntry(path, url, sizes.setdefault(size, size), content_tag(info))
         except FileNotFoundError:
             raise FileNotFoundError(f"no such file or directory: {user_path!r}; check the path and storage_options") from None
-        except PermissionError as error:
-            if not is_remote(fs):
-                raise
-            raise PermissionError(f"listing {user_path!r} failed ({error}){refusal_advice(error, fs.storage_options)}") from error
         except Exception as error:  # a store's own error type: re-raised naming the path
             if not is_remote(fs) or isinstance(error, (ValueError, TypeError)):
                 raise
-            raise OSError(
-                f"listing {user_path!r} failed ({type(error).__name__}: {error}); check the endpoint, region and "
-                "credentials in storage_options, and that the store is reachable from here"
-            ) from error
+            raise store_error(f"listing {user_path!r}", error, fs.storage_options) from error
     if not found:
         raise FileNotFoundError(_nothing_found(paths, format, _other_format_found(paths, fs, format)))
     entries = [found[url] for url in sorted(found)]

@@ -162,11 +162,12 @@ def _filled_values(array: pa.Array, name: str, policy: ColumnPolicy, where: Wher
     of fill values and a null variable-length list row an empty one, as in tensor batches."""
     kind = array.type
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        if not array.null_count and not array.flatten().null_count:
+        values = array.flatten()  # the values of the rows that are not null
+        if not array.null_count and not values.null_count:
             return array
         lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32 if pa.types.is_list(kind) else np.int64)
-        return type(array).from_arrays(pa.array(offsets), _filled_values(array.flatten(), name, policy, where), type=kind)
+        return type(array).from_arrays(pa.array(offsets), _filled_values(values, name, policy, where), type=kind)
     if pa.types.is_fixed_size_list(kind):
         values = array.values.slice(array.offset * kind.list_size, len(array) * kind.list_size)
         if array.null_count:

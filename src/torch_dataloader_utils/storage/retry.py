@@ -74,6 +74,17 @@ def error_chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
+def store_error(what: str, error: BaseException, storage_options: dict) -> OSError:
+    """The error to raise when ``what`` (a listing, a file's metadata) failed at the store with
+    one of the store's own error types: it names ``what`` and says what to check (a
+    PermissionError stays one)."""
+    advice = refusal_advice(error, storage_options) or (
+        "; check the endpoint, region and credentials in storage_options, and that the store is reachable from here"
+    )
+    kind = PermissionError if isinstance(error, PermissionError) else OSError
+    return kind(f"{what} failed ({type(error).__name__}: {error}){advice}")
+
+
 def refusal_advice(error: BaseException, storage_options: dict) -> str:
     """What to check when the store refused access (a permission error, HTTP 401 or 403); "" otherwise."""
     if not any(isinstance(e, PermissionError) or http_status(e) in (401, 403) for e in error_chain(error)):

@@ -87,8 +87,8 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
         kind = table_schema.field(name).type
         if name in physical:
             column = read.column(physical[name])
-            if file.nested_names is not None:  # struct fields renamed since the file was written
-                column = viewed_as(column, named_by_ids(column.type, file.nested_names))
+            if file.field_names is not None:  # struct fields renamed since the file was written
+                column = viewed_as(column, named_by_ids(column.type, file.field_names))
             arrays[name] = column.cast(kind)
         elif name in file.constants or name in file.partition_values:
             arrays[name] = pa.repeat(file.constants.get(name, file.partition_values.get(name)), rows).cast(kind)

@@ -30,14 +30,14 @@ class TableFile:
 
     path: str  # as the table names it (delete files and messages use this)
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    field_names: Mapping[int, str] | None = None  # Iceberg: field id -> the column's name in the snapshot's schema
+    # Iceberg: field id -> the field's name in the schema read with, for every field (a top-level
+    # column's, a struct field's: renames inside structs are followed by id too)
+    field_names: Mapping[int, str] | None = None
     constants: dict[str, pa.Scalar] = field(default_factory=dict)
     # Iceberg: the table's name mapping (a stored name -> field id) for columns written without field ids
     mapped_ids: Mapping[str, int] | None = None
     # Iceberg: identity partition values, for a file that does not store its partition columns (imported files)
     partition_values: dict[str, pa.Scalar] = field(default_factory=dict)
-    # Iceberg: field id -> name of every field, struct fields included (renames inside structs are followed by id)
-    nested_names: Mapping[int, str] | None = None
 
 
 def named_by_ids(kind: pa.DataType, names: Mapping[int, str]) -> pa.DataType:
@@ -118,16 +118,17 @@ class TableFileFormat:
         base_schema = self.base.schema(fs, path, footer)
         names = column_names(base_schema, file, set(self.table_schema.names))
         columns = [pa.field(names[c.name], c.type) for c in base_schema if c.name in names]
-        renamed_inside = {}
-        if file.nested_names is not None:
+        renamed_inside: dict[str, pa.DataType] = {}
+        if file.field_names is not None:
             for index, column in enumerate(columns):
-                kind = named_by_ids(column.type, file.nested_names)
+                kind = named_by_ids(column.type, file.field_names)
                 if kind != column.type:
-                    columns[index] = renamed_inside[column.name] = column.with_type(kind)
+                    renamed_inside[column.name] = kind
+                    columns[index] = column.with_type(kind)
         stored = set(names.values())
         constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
         columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
-        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, {k: v.type for k, v in renamed_inside.items()})
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, renamed_inside)
         return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:

@@ -191,7 +191,7 @@ def plan_iceberg(
     fs = table_filesystem(example, storage_options)
     deletes = PositionDeletes(fs)
     names = _field_names(schema)
-    nested = {field_id: nested_field.name for field_id, nested_field in index_by_id(schema).items()}
+    every_name = {field_id: nested_field.name for field_id, nested_field in index_by_id(schema).items()}
     mapping = _name_mapping(table)
     identity = {spec_id: _identity_fields(spec, names) for spec_id, spec in table.specs().items()}
     files = []
@@ -209,7 +209,7 @@ def plan_iceberg(
                 "the table's files were removed (orphan file clean-up) or the storage options point elsewhere"
             ) from error
         partition = _partition_values(data, identity.get(data.spec_id, []), arrow_schema)
-        files.append(TableFile(data.file_path, dropped, names, mapped_ids=mapping, partition_values=partition, nested_names=nested))
+        files.append(TableFile(data.file_path, dropped, every_name, mapped_ids=mapping, partition_values=partition))
     return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
 
 

@@ -17,6 +17,7 @@ from ..catalog.progress_bar import progress
 from ..formats import get_format
 from ..storage.paths import is_local, is_remote
 from ..storage.remote import IOOptions, open_store
+from ..storage.retry import store_error
 from ..storage.versions import FileEntry, content_tag
 from .deletes import merge_dropped, unmatched_rows
 from .files import TableFile, TableFileFormat
@@ -98,14 +99,10 @@ def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
                 f"{_shown(fs, path)}, a data file of {ref.describe()}, does not exist: the table's files were removed (orphan file "
                 "clean-up, VACUUM) or the storage options point elsewhere"
             ) from None
-        except (ValueError, TypeError):
-            raise
         except Exception as error:  # a store's own error type: re-raised naming the file
-            kind = PermissionError if isinstance(error, PermissionError) else OSError
-            raise kind(
-                f"asking the store for {_shown(fs, path)}, a data file of {ref.describe()}, failed ({type(error).__name__}: {error}); check the endpoint, "
-                "region and credentials in storage_options, and that the store is reachable from here"
-            ) from error
+            if not is_remote(fs) or isinstance(error, (ValueError, TypeError)):
+                raise
+            raise store_error(f"asking the store for {_shown(fs, path)}, a data file of {ref.describe()},", error, fs.storage_options) from error
         url = posixpath.normpath(path) if is_local(fs) else fs.unstrip_protocol(path)
         return FileEntry(path, url, int(info.get("size") or 0), content_tag(info))
 
