@@ -175,3 +175,25 @@ def add_deletion_vector(table_path: str, file_path: str, positions: list[int]) -
         handle.write("\n".join(json.dumps(a) for a in actions) + "\n")
     ids = pq.read_table(os.path.join(table_path, unquote(file_path))).column("id").to_pylist()
     return [ids[p] for p in positions]
+
+
+def commit_delta_metadata(table_path: str, schema: dict | None = None, configuration: dict | None = None, protocol: dict | None = None) -> None:
+    """Commit a new version of a Delta table's metadata (its schema, as ``schemaString``'s JSON, its
+    configuration) and protocol, as Spark's ALTER TABLE does (deltalake cannot rename or drop columns)."""
+    import glob
+    import json
+
+    from deltalake import DeltaTable
+
+    table = DeltaTable(table_path)
+    metadata = table.metadata()
+    log = os.path.join(table_path, "_delta_log")
+    version = len(glob.glob(os.path.join(log, "*.json")))
+    action = {
+        "id": metadata.id, "format": {"provider": "parquet", "options": {}}, "partitionColumns": list(metadata.partition_columns),
+        "schemaString": json.dumps(schema if schema is not None else json.loads(table.schema().to_json())),
+        "configuration": {**metadata.configuration, **(configuration or {})}, "createdTime": metadata.created_time,
+    }  # fmt: skip
+    actions = [{"metaData": action}] + ([{"protocol": protocol}] if protocol else [])
+    with open(os.path.join(log, f"{version:020d}.json"), "w") as handle:
+        handle.write("\n".join(json.dumps(a) for a in actions) + "\n")

@@ -136,9 +136,7 @@ class StructuredDataset(IterableDataset):
         else:
             catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
         book = self._use_catalog(catalog)
-        flat = nested.is_flat(self._selected)  # no struct or map to take apart: the columns as read
-        read_columns = self.columns if flat else nested.top_columns(self._selected)
-        selected = None if flat else self._selected
+        read_columns, selected = nested.read_selection(self._selected, self.columns)
         reader = ChunkReader(self._catalog, book, read_columns, self.on_error == "skip", self.chunk_rows, self._output, selected, self.policy)
         self._delivery = RankDelivery(self._plan_for, reader, self.num_workers, self.shuffle, self.on_error == "skip")
         self._worker = WorkerStream(self._delivery, torch.zeros(1, dtype=torch.int64).share_memory_())
@@ -357,9 +355,10 @@ class StructuredDataset(IterableDataset):
             Batching(self.batch_size, self.chunk_rows, self.drop_last, self.equalize),
         )
         self._plan = self._base_plan  # the plan of the progress delivered last (rebuilt when that changes)
-        if hasattr(self, "_delivery"):
-            self._delivery.reader.replan(catalog, book)
-            self._rows = self._rows.replanned(self._rows_catalog(catalog))
+        if hasattr(self, "_delivery"):  # (another snapshot's columns may be named or nested otherwise)
+            read_columns, selected = nested.read_selection(self._selected, self.columns)
+            self._delivery.reader.replan(catalog, book, read_columns, selected)
+            self._rows = self._rows.replanned(self._rows_catalog(catalog), read_columns, selected)
         return book
 
     def _restore(self, state: Mapping[str, Any], scope: str, elastic: bool) -> Progress:

@@ -113,9 +113,10 @@ class ChunkReader:
         self._reader: StreamReader | None = None
         self.generation = 0  # counts replan(): copies of an older generation (workers, threads) read another plan
 
-    def replan(self, catalog: Catalog, book: StreamBook) -> None:
-        """Read another plan from now on (a table dataset's other snapshot)."""
+    def replan(self, catalog: Catalog, book: StreamBook, columns: list[str] | None, selected: list[BatchColumn] | None) -> None:
+        """Read another plan from now on (a table dataset's other snapshot, with its columns)."""
         self.catalog, self.book, self._reader = catalog, book, None
+        self.columns, self.selected = columns, selected
         self.generation += 1
 
     def reset(self) -> None:

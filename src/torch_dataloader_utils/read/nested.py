@@ -84,6 +84,14 @@ def is_flat(selected: Sequence[BatchColumn]) -> bool:
     return all(not c.path and c.name == c.top for c in selected)
 
 
+def read_selection(selected: list[BatchColumn], columns: list[str] | None) -> tuple[list[str] | None, list[BatchColumn] | None]:
+    """The columns to read (``columns`` as given, None: all) and, when structs or maps are taken
+    apart, the batch columns ``selected`` (else None)."""
+    if is_flat(selected):
+        return columns, None
+    return top_columns(selected), selected
+
+
 def _map_part(array: pa.Array, part: str) -> pa.Array:
     items = array.keys if part == KEYS else array.items
     offsets = pa.array(array.offsets.to_numpy())  # (from_arrays takes no validity with sliced offsets)

@@ -114,9 +114,9 @@ class RowAccess:
         where = lambda: self._describe(rows)  # noqa: E731 - asked only for an error message
         return slice_columns(table_to_columns(table, where, policy=self.policy), 0, table.num_rows, where)
 
-    def replanned(self, catalog: Catalog | Callable[[], Catalog]) -> RowAccess:
-        """The same access over another catalog (a table dataset's other snapshot)."""
-        return RowAccess(catalog, self.columns, self.cache_bytes, self.selected, self.policy, self.output_format)
+    def replanned(self, catalog: Catalog | Callable[[], Catalog], columns: list[str] | None, selected: list[BatchColumn] | None) -> RowAccess:
+        """The same access over another catalog (a table dataset's other snapshot, with its columns)."""
+        return RowAccess(catalog, columns, self.cache_bytes, selected, self.policy, self.output_format)
 
     def table(self, rows: np.ndarray) -> pa.Table:
         """Rows (global, in range) as one Arrow table conformed to the dataset's schema, in order."""

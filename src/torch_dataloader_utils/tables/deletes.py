@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .files import TableFile, column_names, named_by_ids, viewed_as
+from .files import TableFile, column_names, named_as_table, viewed_as
 
 #: Iceberg's reserved field ids of a position delete file's columns
 DELETE_FILE_PATH_ID = 2147483546
@@ -88,7 +88,7 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
         if name in physical:
             column = read.column(physical[name])
             if file.field_names is not None:  # struct fields renamed since the file was written
-                column = viewed_as(column, named_by_ids(column.type, file.field_names))
+                column = viewed_as(column, named_as_table(column.type, file, (physical[name],)))
             arrays[name] = column.cast(kind)
         elif name in file.constants or name in file.partition_values:
             arrays[name] = pa.repeat(file.constants.get(name, file.partition_values.get(name)), rows).cast(kind)

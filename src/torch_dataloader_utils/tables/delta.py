@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ..errors import CheckpointMismatchError
 from .deletes import merge_dropped
-from .files import TableFile
+from .files import TableFile, stored_path
 from .plan import TablePlan, TableRef, table_filesystem
 
 #: fsspec storage options (s3fs, adlfs) -> the deltalake (object_store) option they set
@@ -27,6 +27,8 @@ _CONNECTION_KEYS = {
     "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_ENDPOINT",
 }  # fmt: skip
 _NATIVE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
+_MAPPING_ID = b"delta.columnMapping.id"
+_MAPPING_NAME = b"delta.columnMapping.physicalName"
 
 
 def _deltalake() -> Any:
@@ -115,9 +117,11 @@ def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
 def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
     """The version's data files, with partition values as constant columns and deletion vectors applied."""
     mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mode != "none":
-        raise ValueError(f"Delta table {uri!r} uses column mapping (mode {mode!r}), which this loader does not read yet")
-    schema = pa.schema(table.schema().to_arrow())
+    if mode not in ("none", "name", "id"):
+        raise ValueError(f"Delta table {uri!r} has delta.columnMapping.mode {mode!r}; this loader reads the modes 'none', 'name' and 'id'")
+    logged = pa.schema(table.schema().to_arrow())
+    schema = pa.schema([without_field_metadata(column) for column in logged])
+    field_names, physical_ids = column_mapping(logged) if mode != "none" else (None, None)
     actions = pa.table(table.get_add_actions(flatten=True))
     relative = actions.column("path").to_pylist()
     full_paths = [_full_path(table.table_uri, path) for path in relative]
@@ -133,9 +137,56 @@ def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
             name = column[len("partition.") :]
             constants[name] = pa.scalar(values[column][row], schema.field(name).type)
         dropped = vectors.get(fs._strip_protocol(full), np.zeros(0, dtype=np.int64))
-        files.append(TableFile(full, merge_dropped(dropped), None, constants))
+        by_name = physical_ids if mode == "name" else None
+        files.append(TableFile(full, merge_dropped(dropped), field_names, constants, physical_ids=by_name))
     return TablePlan(TableRef("delta", table.table_uri, int(table.version())), files, schema, fs)
 
+
+
+def column_mapping(schema: pa.Schema) -> tuple[dict[int, str], dict[tuple[str, ...], int]]:
+    """A column-mapped table's fields (``delta.columnMapping.*`` metadata on the logged schema, nested
+    fields included): field id -> the field's name, and its path of physical names (``stored_path``)
+    -> its field id."""
+    names: dict[int, str] = {}
+    paths: dict[tuple[str, ...], int] = {}
+
+    def visit(item: pa.Field, path: tuple[str, ...]) -> None:
+        metadata = item.metadata or {}
+        if _MAPPING_ID in metadata:
+            names[int(metadata[_MAPPING_ID])] = item.name
+            paths[path] = int(metadata[_MAPPING_ID])
+        kind = item.type
+        if pa.types.is_struct(kind):
+            for i in range(kind.num_fields):
+                visit(kind.field(i), (*path, _physical(kind.field(i))))
+        elif pa.types.is_map(kind):
+            visit(kind.key_field, stored_path(path, kind, 0))
+            visit(kind.item_field, stored_path(path, kind, 1))
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            visit(kind.value_field, stored_path(path, kind, 0))
+
+    for column in schema:
+        visit(column, (_physical(column),))
+    return names, paths
+
+
+def _physical(item: pa.Field) -> str:
+    """The name a column-mapped table's files store ``item`` under."""
+    return (item.metadata or {}).get(_MAPPING_NAME, item.name.encode()).decode()
+
+
+def without_field_metadata(item: pa.Field) -> pa.Field:
+    """``item`` without the log's field metadata (column mapping's ids and names), nested fields too."""
+    kind = item.type
+    if pa.types.is_struct(kind):
+        kind = pa.struct([without_field_metadata(kind.field(i)) for i in range(kind.num_fields)])
+    elif pa.types.is_map(kind):
+        kind = pa.map_(without_field_metadata(kind.key_field), without_field_metadata(kind.item_field), kind.keys_sorted)
+    elif pa.types.is_fixed_size_list(kind):
+        kind = pa.list_(without_field_metadata(kind.value_field), kind.list_size)
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        kind = (pa.list_ if pa.types.is_list(kind) else pa.large_list)(without_field_metadata(kind.value_field))
+    return pa.field(item.name, kind, item.nullable)
 
 
 def _decoded(uri: str) -> str:

@@ -26,55 +26,83 @@ FIELD_ID = b"PARQUET:field_id"
 @dataclass
 class TableFile:
     """What a table adds to one data file: the rows it drops (sorted positions in the file), how its
-    columns are named (by Iceberg field id; None: by name) and constant columns (Delta partitions)."""
+    stored fields are matched to the table's (by field id; None: by name) and constant columns
+    (Delta partitions)."""
 
     path: str  # as the table names it (delete files and messages use this)
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    # Iceberg: field id -> the field's name in the schema read with, for every field (a top-level
-    # column's, a struct field's: renames inside structs are followed by id too)
+    # field id -> the field's name in the schema read with, for every field (a top-level column's, a
+    # struct field's: renames inside structs are followed too). Iceberg's ids; Delta column mapping's
     field_names: Mapping[int, str] | None = None
     constants: dict[str, pa.Scalar] = field(default_factory=dict)
     # Iceberg: the table's name mapping (a stored name -> field id) for columns written without field ids
     mapped_ids: Mapping[str, int] | None = None
     # Iceberg: identity partition values, for a file that does not store its partition columns (imported files)
     partition_values: dict[str, pa.Scalar] = field(default_factory=dict)
+    # Delta column mapping mode "name": a stored field's path (``stored_path``) of physical names ->
+    # its field id; fields are matched by these names, the files' own field ids are not used
+    physical_ids: Mapping[tuple[str, ...], int] | None = None
 
-
-def named_by_ids(kind: pa.DataType, names: Mapping[int, str]) -> pa.DataType:
-    """``kind`` with every struct field that has a field id named as ``names`` names that id
-    (names do not change the memory layout, so arrays of ``kind`` can be viewed as the result)."""
-    def child(item: pa.Field, rename: bool) -> pa.Field:
+    def stored_id(self, item: pa.Field, path: tuple[str, ...]) -> int | None:
+        """The field id of the stored field ``item`` at ``path`` (``stored_path``), None if unknown."""
+        if self.physical_ids is not None:
+            return self.physical_ids.get(path)
         raw = (item.metadata or {}).get(FIELD_ID)
-        name = names.get(int(raw), item.name) if rename and raw is not None else item.name
-        return pa.field(name, named_by_ids(item.type, names), item.nullable, item.metadata)
+        if raw is not None:
+            return int(raw)
+        return self.mapped_ids.get(item.name) if self.mapped_ids is not None and len(path) == 1 else None
+
+
+def stored_path(path: tuple[str, ...], kind: pa.DataType, child: int) -> tuple[str, ...]:
+    """The path of a nested field: the names of the structs' fields leading to it, with ``[]`` for
+    a list's element and ``{key}`` / ``{value}`` for a map's (their own names differ by writer)."""
+    if pa.types.is_struct(kind):
+        return (*path, kind.field(child).name)
+    if pa.types.is_map(kind):
+        return (*path, "{key}" if child == 0 else "{value}")
+    return (*path, "[]")
+
+
+def named_as_table(kind: pa.DataType, file: TableFile, path: tuple[str, ...]) -> pa.DataType:
+    """``kind``, the stored type of the field at ``path``, with every struct field whose id the table
+    knows named as the table names it (names do not change the memory layout, so arrays of ``kind``
+    can be viewed as the result)."""
+    names = file.field_names or {}
+
+    def child(item: pa.Field, index: int, rename: bool) -> pa.Field:
+        inner = stored_path(path, kind, index)
+        ident = file.stored_id(item, inner) if rename else None
+        name = names.get(ident, item.name) if ident is not None else item.name
+        return pa.field(name, named_as_table(item.type, file, inner), item.nullable, item.metadata)
 
     if pa.types.is_struct(kind):
-        return pa.struct([child(kind.field(i), True) for i in range(kind.num_fields)])
+        return pa.struct([child(kind.field(i), i, True) for i in range(kind.num_fields)])
     if pa.types.is_map(kind):
-        return pa.map_(child(kind.key_field, False), child(kind.item_field, False), kind.keys_sorted)
+        return pa.map_(child(kind.key_field, 0, False), child(kind.item_field, 1, False), kind.keys_sorted)
     if pa.types.is_fixed_size_list(kind):
-        return pa.list_(child(kind.value_field, False), kind.list_size)
+        return pa.list_(child(kind.value_field, 0, False), kind.list_size)
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, False))
+        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, 0, False))
     return kind
 
 
 def viewed_as(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
-    """``column`` as ``kind``, a type of the same layout (``named_by_ids``), without a copy."""
+    """``column`` as ``kind``, a type of the same layout (``named_as_table``), without a copy."""
     return pa.chunked_array([chunk.view(kind) for chunk in column.chunks], kind)
 
 
 def column_names(schema: pa.Schema, file: TableFile, table_names: set[str]) -> dict[str, str]:
     """The file's column -> the table's name for it; columns the table does not have are left out."""
+    ids = file.field_names
+    by_id = ids is not None and (file.physical_ids is not None or file.mapped_ids is not None)
     names = {}
     for column in schema:
-        raw = (column.metadata or {}).get(FIELD_ID)
-        if file.field_names is not None and raw is not None:
-            name = file.field_names.get(int(raw))
-        elif file.field_names is not None and file.mapped_ids is not None:  # no field ids: by the table's name mapping
-            mapped = file.mapped_ids.get(column.name)
-            name = None if mapped is None else file.field_names.get(mapped)
-        else:  # a file written without field ids and no name mapping (Iceberg: added files; Delta): by name
+        ident = None if ids is None else file.stored_id(column, (column.name,))
+        if ids is not None and ident is not None:
+            name = ids.get(ident)
+        elif by_id:
+            name = None
+        else:  # a file written without field ids and no name mapping (Iceberg: added files; Delta without column mapping): by name
             name = column.name if column.name in table_names else None
         if name is not None and name not in file.constants:
             names[column.name] = name
@@ -117,14 +145,13 @@ class TableFileFormat:
         kept = tuple(int(rows - gone) for rows, gone in zip(layout.unit_rows, dropped))
         base_schema = self.base.schema(fs, path, footer)
         names = column_names(base_schema, file, set(self.table_schema.names))
-        columns = [pa.field(names[c.name], c.type) for c in base_schema if c.name in names]
+        columns = []
         renamed_inside: dict[str, pa.DataType] = {}
-        if file.field_names is not None:
-            for index, column in enumerate(columns):
-                kind = named_by_ids(column.type, file.field_names)
-                if kind != column.type:
-                    renamed_inside[column.name] = kind
-                    columns[index] = column.with_type(kind)
+        for stored in (c for c in base_schema if c.name in names):
+            kind = stored.type if file.field_names is None else named_as_table(stored.type, file, (stored.name,))
+            if kind != stored.type:
+                renamed_inside[names[stored.name]] = kind
+            columns.append(pa.field(names[stored.name], kind))
         stored = set(names.values())
         constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
         columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
