@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..lru import Lru
 from ._parquet_footer import CHUNK_INDEXES, CHUNK_META, META_COMPRESSED, META_DATA_OFFSET, META_DICT_OFFSET
 from ._parquet_pages import Page, page_locations
 from ._thrift_compact import Struct, ThriftError
@@ -48,7 +49,7 @@ class PageIndexes:
     pages, the ``KEPT_DICTIONARY_BYTES`` used last."""
 
     def __init__(self) -> None:
-        self._chunks: OrderedDict[Key, ChunkPages] = OrderedDict()
+        self._chunks: Lru[Key, ChunkPages] = Lru(KEPT_CHUNKS)
         # -> the chunk's dictionary page with its values stored, or None: read as it is (a page
         # of few values, or one used less than STORED_FROM_USE times so far)
         self._dictionaries: OrderedDict[Key, bytes | None] = OrderedDict()
@@ -56,24 +57,15 @@ class PageIndexes:
         self._uses: dict[Key, int] = {}  # of the dictionaries not stored (yet)
 
     def get(self, key: Key) -> ChunkPages | None:
-        chunk = self._chunks.get(key)
-        if chunk is not None:
-            self._chunks.move_to_end(key)
-        return chunk
+        return self._chunks.find(key)
 
     def put(self, key: Key, chunk: ChunkPages) -> None:
-        self._chunks[key] = chunk
-        while len(self._chunks) > KEPT_CHUNKS:
-            self._chunks.popitem(last=False)
+        self._chunks.put(key, chunk)
 
     def load(self, source: Any, key: Key, chunk: Struct, group_rows: int, name: str) -> ChunkPages:
         """Column chunk ``chunk``'s (of column ``name``) offset index, decoded from ``source``
         and kept when not kept yet; ThriftError when it does not cover the chunk's pages."""
-        found = self.get(key)
-        if found is None:
-            found = ChunkPages(_checked(source, chunk, group_rows, name))
-            self.put(key, found)
-        return found
+        return self._chunks.get(key, lambda: ChunkPages(_checked(source, chunk, group_rows, name)))
 
     def dictionary(self, key: Key, make: Callable[[], bytes | None]) -> bytes | None:
         """The chunk's dictionary page with its values stored: None before its

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..lru import Lru
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
@@ -48,7 +48,7 @@ class _ParquetReader:
         self._source = source
         # unit -> the footer decoded with that row group, for parquet_seek: the last few units
         # (random access seeks in several row groups of a file in turn)
-        self._thrift: OrderedDict[int, Struct] = OrderedDict()
+        self._thrift: Lru[int, Struct] = Lru(DECODED_FOOTERS)
         # pre_buffer (on by default) keeps the last row group's raw column chunks cached in every
         # open file (megabytes per file); a local read gains nothing from it.
         # buffer_size reads each column chunk's pages as decoding reaches them, not the whole chunk first.
@@ -136,18 +136,17 @@ class _ParquetReader:
             return None
 
     def _footer_thrift(self, unit: int) -> Struct:
-        thrift = self._thrift.get(unit)
-        if thrift is None and self._thrift and self._footer.num_row_groups <= DECODED_FOOTERS:
+        thrift = self._thrift.find(unit)
+        if thrift is not None:
+            return thrift
+        if len(self._thrift) and self._footer.num_row_groups <= DECODED_FOOTERS:
             # a second row group: all of them decoded at once, cheaper than each one with the
             # others skipped (a single seek decodes only its own)
             thrift = footer_struct(self._footer, None, self._footer_bytes())
             self._thrift.update((group, thrift) for group in range(self._footer.num_row_groups))
             return thrift  # (row_group says so when it has no row group ``unit``)
-        elif thrift is None:
-            thrift = self._thrift[unit] = footer_struct(self._footer, unit, self._footer_bytes())
-            while len(self._thrift) > DECODED_FOOTERS:
-                self._thrift.popitem(last=False)
-        self._thrift.move_to_end(unit)
+        thrift = footer_struct(self._footer, unit, self._footer_bytes())
+        self._thrift.put(unit, thrift)
         return thrift
 
     def _footer_bytes(self) -> bytes | None:

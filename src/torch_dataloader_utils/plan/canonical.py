@@ -17,13 +17,13 @@ positions to stream segments.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Sequence
 
 import numpy as np
 
+from ..lru import Lru
 from .lanes import Segment, StreamBook, StreamKey
 from .splits import MAX_SEED_WORD
 from .streams import Piece, SplitRows, Stream, split_pieces, stream_of_pieces
@@ -113,18 +113,15 @@ class CanonicalBook(StreamBook):
     def __init__(self, *args: Any, lanes: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.lanes = lanes
-        self._layouts: OrderedDict[int, list[Stream]] = OrderedDict()
+        self._layouts: Lru[int, list[Stream]] = Lru(2)
 
     def lane_streams(self, epoch: int) -> list[Stream]:
-        found = self._layouts.get(epoch)
-        if found is None:
-            found = lane_streams(
+        return self._layouts.get(
+            epoch,
+            lambda: lane_streams(
                 self._split_rows, self._file_offsets, self.epoch_order(epoch), self.lanes, self._shuffle, self._seed, epoch, self._buffer_rows
-            )
-            self._layouts[epoch] = found
-            while len(self._layouts) > 2:
-                self._layouts.popitem(last=False)
-        return found
+            ),
+        )
 
     def lane_key(self, epoch: int, lane: int) -> StreamKey:
         return StreamKey(epoch, lane, self.lanes, CANONICAL_STREAM, 0)

@@ -8,11 +8,11 @@ lane's progress is one integer, and every stream is a pure function of its key.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from ..lru import Lru
 from .columns import split_lengths
 from .splits import assign_splits, epoch_order
 from .streams import Piece, SplitRows, Stream, build_stream, split_rows_between
@@ -80,30 +80,18 @@ class StreamBook:
         self._shuffle = shuffle
         self._seed = seed
         self._buffer_rows = buffer_rows
-        self._assignments: OrderedDict[tuple, list[list[int]]] = OrderedDict()
-        self._orders: OrderedDict[int, np.ndarray] = OrderedDict()  # epoch -> order of the split list
-        self._streams: OrderedDict[StreamKey, Stream] = OrderedDict()
+        self._assignments: Lru[tuple, list[list[int]]] = Lru(4 * _CACHED_STREAMS)
+        self._orders: Lru[int, np.ndarray] = Lru(2)  # epoch -> order of the split list
+        self._streams: Lru[StreamKey, Stream] = Lru(_CACHED_STREAMS)
 
     def assignment(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[list[int]]:
         """Split indices per worker of ``rank`` under this topology."""
         key = (epoch, rank, world_size, num_workers)
-        found = self._assignments.get(key)
-        if found is None:
-            found = assign_splits(self.epoch_order(epoch), rank, world_size, num_workers)
-            self._assignments[key] = found
-            while len(self._assignments) > 4 * _CACHED_STREAMS:
-                self._assignments.popitem(last=False)
-        return found
+        return self._assignments.get(key, lambda: assign_splits(self.epoch_order(epoch), rank, world_size, num_workers))
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """The split list's order in ``epoch`` (one permutation per epoch, shared by every rank's assignment)."""
-        found = self._orders.get(epoch)
-        if found is None:
-            found = epoch_order(len(self._split_rows), self._shuffle, self._seed, epoch)
-            self._orders[epoch] = found
-            while len(self._orders) > 2:
-                self._orders.popitem(last=False)
-        return found
+        return self._orders.get(epoch, lambda: epoch_order(len(self._split_rows), self._shuffle, self._seed, epoch))
 
     @property
     def shuffled(self) -> bool:
@@ -120,17 +108,12 @@ class StreamBook:
         return int(split_lengths(self._split_rows, splits).sum())
 
     def stream(self, key: StreamKey) -> Stream:
-        found = self._streams.get(key)
-        if found is not None:
-            self._streams.move_to_end(key)
-            return found
+        return self._streams.get(key, lambda: self._build_stream(key))
+
+    def _build_stream(self, key: StreamKey) -> Stream:
         splits = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
         seed_key = (self._seed, key.epoch, key.rank, key.worker)
-        found = build_stream(seed_key, splits, self._split_rows, self._file_offsets, self._shuffle, self._buffer_rows)
-        self._streams[key] = found
-        while len(self._streams) > _CACHED_STREAMS:
-            self._streams.popitem(last=False)
-        return found
+        return build_stream(seed_key, splits, self._split_rows, self._file_offsets, self._shuffle, self._buffer_rows)
 
     def canonical_lanes(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[Lane]:
         """One whole stream per worker: the lanes of an epoch that was not resized."""

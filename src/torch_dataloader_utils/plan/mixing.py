@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
 
+from ..lru import Lru
 from .lanes import StreamBook, StreamKey
 from .splits import Split, stable_permutation
 from .streams import Piece, SplitRows, Stream, split_pieces
@@ -204,7 +204,7 @@ class MixturePlan:
         self.seed = seed
         self.buffer_rows = buffer_rows
         self.lanes = lanes  # canonical lanes (plan/mixing_canonical.py): C lanes of whole blocks, windows of buffer_rows / C
-        self._epochs: OrderedDict[int, EpochMix] = OrderedDict()
+        self._epochs: Lru[int, EpochMix] = Lru(_CACHED_EPOCHS)
 
     @property
     def epoch_rows(self) -> int:
@@ -227,13 +227,7 @@ class MixturePlan:
         return self.buffer_rows if self.lanes is None else max(1, self.buffer_rows // self.lanes)
 
     def epoch(self, epoch: int) -> EpochMix:
-        found = self._epochs.get(epoch)
-        if found is None:
-            found = self._plan_epoch(epoch)
-            self._epochs[epoch] = found
-            while len(self._epochs) > _CACHED_EPOCHS:
-                self._epochs.popitem(last=False)
-        return found
+        return self._epochs.get(epoch, lambda: self._plan_epoch(epoch))
 
     def source_ranges(self, index: int, epoch: int) -> list[tuple[int, int, int, int]]:
         """Source ``index``'s epoch sequence as (base split, first row, end row, copy) ranges."""
@@ -356,7 +350,7 @@ class MixtureBook(StreamBook):
     def __init__(self, plan: MixturePlan):
         super().__init__([], plan.file_offsets, plan.shuffle, plan.seed, plan.buffer_rows)
         self.mix = plan
-        self._mixed: OrderedDict[StreamKey, Stream] = OrderedDict()
+        self._mixed: Lru[StreamKey, Stream] = Lru(_CACHED_STREAMS)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         return self.mix.epoch(epoch).order
@@ -366,13 +360,8 @@ class MixtureBook(StreamBook):
         return sum(mix.block_rows(b) for b in self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker])
 
     def stream(self, key: StreamKey) -> Stream:
-        found = self._mixed.get(key)
-        if found is not None:
-            self._mixed.move_to_end(key)
-            return found
+        return self._mixed.get(key, lambda: self._build_mixed(key))
+
+    def _build_mixed(self, key: StreamKey) -> Stream:
         blocks = self.assignment(key.epoch, key.rank, key.world_size, key.num_workers)[key.worker]
-        found = self.mix.build_stream((self.mix.seed, key.epoch, key.rank, key.worker), key.epoch, blocks)
-        self._mixed[key] = found
-        while len(self._mixed) > _CACHED_STREAMS:
-            self._mixed.popitem(last=False)
-        return found
+        return self.mix.build_stream((self.mix.seed, key.epoch, key.rank, key.worker), key.epoch, blocks)

@@ -42,14 +42,11 @@ class CanonicalMixtureBook(CanonicalBook, MixtureBook):
         super().__init__(plan, lanes=lanes)
 
     def lane_streams(self, epoch: int) -> list[Stream]:
-        found = self._layouts.get(epoch)
-        if found is None:
-            plan = self.mix
-            found = [
+        plan = self.mix
+        return self._layouts.get(
+            epoch,
+            lambda: [
                 plan.build_stream((plan.seed, epoch, self.lanes, lane, _SEED_MARK), epoch, blocks, lane_phase(lane, self.lanes, len(plan.sources)))
                 for lane, blocks in enumerate(lane_blocks(plan.epoch(epoch).order, self.lanes))
-            ]
-            self._layouts[epoch] = found
-            while len(self._layouts) > 2:
-                self._layouts.popitem(last=False)
-        return found
+            ],
+        )

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -25,11 +24,11 @@ else:
 
 from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, classify, column_term
 from ..formats._parquet_page_index import PageBounds
+from ..lru import Lru
 
 log = logging.getLogger(__name__)
 Range = tuple[int, int, int]  # rows [start, stop) of a unit, and SOME or ALL
-_MEMO: OrderedDict[tuple, tuple[Range, ...] | None] = OrderedDict()
-_MEMO_SIZE = 1024
+_MEMO: Lru[tuple, tuple[Range, ...] | None] = Lru(1024)
 
 
 def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int, read: list[str] | None) -> tuple[Range, ...] | None:
@@ -43,9 +42,8 @@ def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int, read: list
         return None
     entry = catalog.files[file]
     key = (entry.url, entry.size, entry.tag, unit, rows_filter.digest, rows_filter.text)
-    if key in _MEMO:
-        _MEMO.move_to_end(key)
-        return _MEMO[key]
+    if key in _MEMO:  # (None too: the page index rules nothing in or out)
+        return _MEMO.find(key)
     layouts = catalog.source_layouts if catalog.source_layouts is not None else catalog.layouts
     rows = layouts[file].unit_rows[unit]
     lacking = set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns)
@@ -57,9 +55,7 @@ def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int, read: list
     if not pages:
         return None  # (not kept: whether the index is worth reading depends on ``read``)
     ranges = _ranges(pages, sorted(lacking), rows, rows_filter, catalog.schema)
-    _MEMO[key] = ranges
-    while len(_MEMO) > _MEMO_SIZE:
-        _MEMO.popitem(last=False)
+    _MEMO.put(key, ranges)
     return ranges
 
 

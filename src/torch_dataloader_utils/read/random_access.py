@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -21,6 +20,7 @@ from torch.utils.data import get_worker_info
 
 from ..catalog.build import Catalog
 from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningError
+from ..lru import Lru
 from ..plan.columns import flat_unit_rows
 from ..plan.row_index import RowIndex, normalize_rows, unit_groups
 from ..storage.paths import is_local
@@ -66,7 +66,7 @@ class RowAccess:
         self.policy = policy
         self.cache_bytes = cache_bytes
         self.cache = UnitCache(cache_bytes)
-        self._readers: OrderedDict[int, Any] = OrderedDict()
+        self._readers: Lru[int, Any] = Lru(_OPEN_FILES)
         self._lock = threading.Lock()
 
     @functools.cached_property
@@ -162,7 +162,7 @@ class RowAccess:
             else:
                 cached = CachedRows(0, read_conformed(reader, unit, self.columns, self.catalog, file))
         except Exception as error:  # noqa: BLE001 - re-raised naming the file and unit
-            self._readers.pop(file, None)
+            self._readers.pop(file)
             raise self._read_error(file, unit, error) from error
         self.cache.put(key, cached)
         return cached
@@ -198,20 +198,16 @@ class RowAccess:
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def _open(self, file: int) -> Any:
-        reader = self._readers.get(file)
-        if reader is not None:
-            self._readers.move_to_end(file)
-            return reader
+        return self._readers.get(file, lambda: self._opened(file))
+
+    def _opened(self, file: int) -> Any:
+        """A new reader of ``file`` (a local file checked against the planned version first)."""
         catalog = self.catalog
         entry = catalog.files[file]
         fs = catalog.fs_of(file)
         if is_local(fs):  # a remote file's ranges are read from the planned version (storage/remote.py)
             check_version(fs.info(entry.fs_path), entry.size, entry.tag)
-        reader = catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None)
-        self._readers[file] = reader
-        while len(self._readers) > _OPEN_FILES:
-            self._readers.popitem(last=False)
-        return reader
+        return catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None)
 
     def _read_error(self, file: int, unit: int, error: Exception) -> Exception:
         url = self.catalog.files[file].url
@@ -238,7 +234,7 @@ class RowAccess:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state.pop("index", None)
-        state["_readers"] = OrderedDict()
+        state["_readers"] = Lru(_OPEN_FILES)
         state["cache"] = UnitCache(self.cache.limit_bytes)
         del state["_lock"]
         return state

@@ -1,0 +1,59 @@
+"""A bounded memo: values by key, the least recently used forgotten first."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, Iterable, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class Lru(Generic[K, V]):
+    """At most ``capacity`` values by key; using one (``get``, ``find``) makes it the most recent."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[K, V] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: K) -> bool:
+        return key in self._entries
+
+    def get(self, key: K, make: Callable[[], V]) -> V:
+        """The value of ``key``, made (and kept) when there is none yet."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        value = make()
+        self.put(key, value)
+        return value
+
+    def find(self, key: K) -> V | None:
+        """The value of ``key``, None when there is none."""
+        if key not in self._entries:
+            return None
+        self._entries.move_to_end(key)
+        return self._entries[key]
+
+    def put(self, key: K, value: V) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def update(self, items: Iterable[tuple[K, V]]) -> None:
+        for key, value in items:
+            self.put(key, value)
+
+    def values(self) -> list[V]:
+        """The values kept, least recently used first."""
+        return list(self._entries.values())
+
+    def pop(self, key: K) -> None:
+        self._entries.pop(key, None)
+
+    def clear(self) -> None:
+        self._entries.clear()
