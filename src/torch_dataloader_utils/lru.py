@@ -48,6 +48,10 @@ class Lru(Generic[K, V]):
         for key, value in items:
             self.put(key, value)
 
+    def keys(self) -> list[K]:
+        """The keys kept, least recently used first."""
+        return list(self._entries)
+
     def values(self) -> list[V]:
         """The values kept, least recently used first."""
         return list(self._entries.values())

@@ -8,7 +8,6 @@ splits that lost rows with the error, so that progress and reports stay exact.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -17,6 +16,7 @@ import pyarrow as pa
 
 from ..catalog.build import Catalog
 from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningError
+from ..lru import Lru
 from ..plan.columns import unit_rows_at
 from ..plan.lanes import Segment, StreamBook
 from ..plan.streams import Piece, Stream
@@ -70,11 +70,9 @@ class StreamReader:
         self._use_threads = use_threads
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
-        self._cached_windows = windows  # decoded windows kept (at most one per stream)
-        self._files: OrderedDict[int, Any] = OrderedDict()
-        self._windows: OrderedDict[tuple, _Window | _StreamedPiece] = OrderedDict()
-        self._units: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()  # decoded units read only in part
-        self._unit_limit = _CACHED_UNITS
+        self._files: Lru[int, Any] = Lru(_OPEN_FILES)
+        self._windows: Lru[tuple, _Window | _StreamedPiece] = Lru(windows)  # at most one per stream
+        self._units: Lru[tuple[int, int], pa.Table] = Lru(_CACHED_UNITS)  # decoded units read only in part
         self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
@@ -135,18 +133,17 @@ class StreamReader:
 
     def _window(self, stream: Stream, index: int) -> _Window | _StreamedPiece:
         key = (self._stream_id(stream), index)
-        window = self._windows.get(key)
+        window = self._windows.find(key)
         if window is not None:
-            self._windows.move_to_end(key)
             return window
-        for old in [k for k in self._windows if k[0] == key[0]]:
-            del self._windows[old]  # a stream is read in order: free its previous window before decoding this one
+        for old in [k for k in self._windows.keys() if k[0] == key[0]]:
+            self._windows.pop(old)  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
             streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first, stream.key[1]), pieces[0].num_rows)
-            self._remember(key, streamed)
+            self._windows.put(key, streamed)
             return streamed
-        self._unit_limit = max(_CACHED_UNITS, len({(p.file, p.unit) for p in pieces if p.num_rows}))
+        self._units.capacity = max(_CACHED_UNITS, len({(p.file, p.unit) for p in pieces if p.num_rows}))
         tables, skipped = [], {}
         for piece in pieces:
             try:
@@ -157,7 +154,7 @@ class StreamReader:
                 tables.append(None)
                 skipped[piece.split] = str(error)
         window = self._assemble(stream, index, pieces, tables, skipped)
-        self._remember(key, window)
+        self._windows.put(key, window)
         return window
 
     def _stream_id(self, stream: Stream) -> _StreamId:
@@ -167,11 +164,6 @@ class StreamReader:
                 self._stream_ids.clear()
             found = self._stream_ids[id(stream)] = (stream, _StreamId(stream))  # the stream is held: its id stays its own
         return found[1]
-
-    def _remember(self, key: tuple, window: _Window | _StreamedPiece) -> None:
-        self._windows[key] = window
-        while len(self._windows) > self._cached_windows:
-            self._windows.popitem(last=False)
 
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
         """Whether a window is read batch by batch: one piece, rows in file order, errors raised
@@ -215,7 +207,7 @@ class StreamReader:
 
     def _piece(self, piece: Piece, epoch: int) -> pa.Table:
         key = (piece.file, piece.unit)
-        table = self._units.get(key)
+        table = self._units.find(key)
         if table is None:
             try:
                 read = read_conformed if self._catalog.row_filter is None else read_filtered
@@ -223,18 +215,14 @@ class StreamReader:
             except Exception as error:  # noqa: BLE001 - re-raised naming file and split
                 raise self._read_error(piece, error, epoch) from error
             if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part
-                self._units[key] = table
-                while len(self._units) > self._unit_limit:
-                    self._units.popitem(last=False)
-        else:
-            self._units.move_to_end(key)
+                self._units.put(key, table)
         return table.slice(piece.start, piece.stop - piece.start)
 
     def _read_error(self, piece: Piece, error: Exception, epoch: int) -> Exception:
         """The error to raise for ``error`` while reading ``piece``: a DataReadError naming the file
         and split (``on_error="skip"`` leaves such rows out), or, for a readable value that does
         not fit the unified schema, a WideningError naming the file (never skipped)."""
-        self._files.pop(piece.file, None)
+        self._files.pop(piece.file)
         entry = self._catalog.files[piece.file]
         if isinstance(error, WideningError):
             return WideningError(f"{entry.url}: {error}")
@@ -252,18 +240,14 @@ class StreamReader:
         return DataReadError(message)
 
     def _open(self, file: int) -> Any:
-        reader = self._files.get(file)
-        if reader is None:
-            entry = self._catalog.files[file]
-            fs = self._catalog.fs_of(file)
-            _check_unchanged(fs, entry)
-            reader = self._catalog.format_of(file).open(fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
-            self._files[file] = reader
-            while len(self._files) > _OPEN_FILES:
-                self._files.popitem(last=False)
-        else:
-            self._files.move_to_end(file)
-        return reader
+        return self._files.get(file, lambda: self._opened(file))
+
+    def _opened(self, file: int) -> Any:
+        """A new reader of ``file`` (checked against the planned version first)."""
+        entry = self._catalog.files[file]
+        fs = self._catalog.fs_of(file)
+        _check_unchanged(fs, entry)
+        return self._catalog.format_of(file).open(fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
 
     def _concat(self, tables: list[pa.Table], stream: Stream | None) -> pa.Table:
         try:
