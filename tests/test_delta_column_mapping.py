@@ -125,3 +125,19 @@ def test_an_unknown_column_mapping_mode_is_refused(tmp_path):
     commit_delta_metadata(path, configuration={"delta.columnMapping.mode": "position"})
     with pytest.raises(ValueError, match="delta.columnMapping.mode 'position'"):
         DeltaDataset(path)
+
+
+def test_lists_of_structs_and_maps_keep_the_table_names_and_no_writer_metadata(tmp_path):
+    path = str(tmp_path / "t")
+    ids = range(50)
+    inner = pa.struct([("q", pa.int64()), ("r", pa.string())])
+    table = pa.table({
+        "id": pa.array(ids, pa.int64()), "ls": pa.array([[{"q": i, "r": str(i)}] for i in ids], pa.list_(inner)),
+        "m": pa.array([{"k": i} for i in ids], pa.map_(pa.string(), pa.int64())),
+    })  # fmt: skip
+    write_deltalake(path, table, configuration={"delta.columnMapping.mode": "name"})
+    read = _read(path)
+    assert read.column("ls").to_pylist() == table.column("ls").to_pylist()
+    assert read.column("m.values").to_pylist() == [[i] for i in ids]
+    assert all(not field.metadata for field in read.schema)
+    assert read.schema.field("ls").type.value_type.field("q").metadata is None  # no PARQUET:field_id, no physical names

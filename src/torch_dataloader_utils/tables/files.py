@@ -65,15 +65,15 @@ def stored_path(path: tuple[str, ...], kind: pa.DataType, child: int) -> tuple[s
 
 def named_as_table(kind: pa.DataType, file: TableFile, path: tuple[str, ...]) -> pa.DataType:
     """``kind``, the stored type of the field at ``path``, with every struct field whose id the table
-    knows named as the table names it (names do not change the memory layout, so arrays of ``kind``
-    can be viewed as the result)."""
+    knows named as the table names it, and no field metadata (neither changes the memory layout, so
+    arrays of ``kind`` can be viewed as the result)."""
     names = file.field_names or {}
 
     def child(item: pa.Field, index: int, rename: bool) -> pa.Field:
         inner = stored_path(path, kind, index)
         ident = file.stored_id(item, inner) if rename else None
         name = names.get(ident, item.name) if ident is not None else item.name
-        return pa.field(name, named_as_table(item.type, file, inner), item.nullable, item.metadata)
+        return pa.field(name, named_as_table(item.type, file, inner), item.nullable)  # (the writer's field ids left out)
 
     if pa.types.is_struct(kind):
         return pa.struct([child(kind.field(i), i, True) for i in range(kind.num_fields)])
@@ -149,7 +149,7 @@ class TableFileFormat:
         renamed_inside: dict[str, pa.DataType] = {}
         for stored in (c for c in base_schema if c.name in names):
             kind = stored.type if file.field_names is None else named_as_table(stored.type, file, (stored.name,))
-            if kind != stored.type:
+            if not kind.equals(stored.type, check_metadata=True):
                 renamed_inside[names[stored.name]] = kind
             columns.append(pa.field(names[stored.name], kind))
         stored = set(names.values())
