@@ -50,6 +50,7 @@ from generate import ensure_dataset, rows_for  # noqa: E402
 from torch_dataloader_utils import StructuredDataset  # noqa: E402
 from torch_dataloader_utils.formats import parquet  # noqa: E402
 from torch_dataloader_utils.formats.io import RangeFile  # noqa: E402
+from torch_dataloader_utils.read import prefetch  # noqa: E402
 from torch_dataloader_utils.storage.remote import RemoteStore, open_store  # noqa: E402
 
 PROJECTION = ["id", "label"]
@@ -103,7 +104,7 @@ def _ours(store: RemoteStore, path: str, footer: Any, group: int, columns: list[
 
 def _pre_buffer(store: RemoteStore, path: str, footer: Any, group: int, columns: list[str] | None) -> int:
     source = RangeFile(store, path)  # nothing prefetched: every read pyarrow issues is one request
-    reader = pq.ParquetFile(source, metadata=footer, pre_buffer=True)
+    reader = pq.ParquetFile(source, metadata=_metadata(footer), pre_buffer=True)
     return reader.read_row_group(group, columns=columns).num_rows
 
 
@@ -114,6 +115,11 @@ def _fsspec(store: RemoteStore, path: str, footer: Any, group: int, columns: lis
         path, fs=store.fs, columns=columns, row_groups=[group], engine="pyarrow", footer_sample_size=64 * 1024
     ) as handle:
         return pq.ParquetFile(handle).read_row_group(group, columns=columns).num_rows
+
+
+def _metadata(footer: Any) -> pq.FileMetaData:
+    """pyarrow's footer of a catalog's footer (a remote file's is kept as its Thrift bytes)."""
+    return footer.parsed() if hasattr(footer, "parsed") else footer
 
 
 READ_PATHS: dict[str, Callable] = {"ours": _ours, "pre_buffer": _pre_buffer, "fsspec_open_parquet_file": _fsspec}
@@ -131,7 +137,7 @@ def _read_paths(store: servers.Store, repeats: int = 5) -> dict:
         times: dict = {name: [] for name in READ_PATHS}
         sent: dict = {name: 0 for name in READ_PATHS}
         for _ in range(repeats):
-            for group in range(footer.num_row_groups):
+            for group in range(_metadata(footer).num_row_groups):
                 for name, read in READ_PATHS.items():  # interleaved: load drifts hit all paths alike
                     before = faults.counters()[0] if faults else 0
                     start = time.perf_counter()
@@ -148,7 +154,9 @@ def _read_paths(store: servers.Store, repeats: int = 5) -> dict:
 
 
 def _planning(store: servers.Store, files: int, latency: float = 0.03) -> dict:
-    """Plan ``files`` tiny files; compare with one request's latency times ``files``.
+    """Plan ``files`` tiny files; compare with one request's latency times ``files``. Then read
+    them (one epoch, shuffled, in this process) with their units decoded ahead (read/prefetch.py)
+    and one file at a time.
 
     Every object read is delayed by ``latency`` seconds in the server (a network's round
     trip; moto alone answers from loopback in a few ms of its own CPU)."""
@@ -163,6 +171,7 @@ def _planning(store: servers.Store, files: int, latency: float = 0.03) -> dict:
     fs.pipe({f"{servers.BUCKET}/many/part-{i:05d}.parquet": blob for i in range(files)})
     fs.invalidate_cache()
     store.server.faults.inject("stall", -1, stall_seconds=latency)
+    default = prefetch.UNIT_BYTES
     try:
         start = time.perf_counter()
         dataset = StructuredDataset(store.url("many"), num_workers=0, storage_options=store.options)
@@ -173,7 +182,15 @@ def _planning(store: servers.Store, files: int, latency: float = 0.03) -> dict:
         for i in range(probe):
             fs.cat_file(f"{servers.BUCKET}/many/part-{i:05d}.parquet", start=0, end=len(blob))
         one = (time.perf_counter() - start) / probe
+        epochs = {}
+        for mode, unit_bytes in (("decoded ahead", prefetch.UNIT_BYTES), ("one file at a time", -1)):
+            prefetch.UNIT_BYTES = unit_bytes
+            loader, _ = StructuredDataset.create_dataloader(store.url("many"), storage_options=store.options, num_workers=0, shuffle=True, batch_size=1000)
+            start = time.perf_counter()
+            assert sum(len(batch["id"]) for batch in loader) == 10 * files
+            epochs[mode] = time.perf_counter() - start
     finally:
+        prefetch.UNIT_BYTES = default
         store.server.faults.clear()
     return {
         "files": files,
@@ -182,6 +199,7 @@ def _planning(store: servers.Store, files: int, latency: float = 0.03) -> dict:
         "one_request_s": one,
         "serial_estimate_s": one * files,
         "speedup": one * files / planned,
+        "epoch_s": epochs,
     }
 
 
@@ -313,7 +331,8 @@ def _print(report: dict) -> None:
     if plan:
         print(
             f"\nplanning {plan['files']} files on S3 with {1000 * plan['latency_s']:.0f} ms added per read: {plan['plan_s']:.2f} s; one footer request takes "
-            f"{1000 * plan['one_request_s']:.1f} ms, {plan['serial_estimate_s']:.1f} s in series ({plan['speedup']:.0f}x)"
+            f"{1000 * plan['one_request_s']:.1f} ms, {plan['serial_estimate_s']:.1f} s in series ({plan['speedup']:.0f}x); one shuffled epoch "
+            + ", ".join(f"{mode} {seconds:.2f} s" for mode, seconds in plan["epoch_s"].items())
         )
 
 

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
 SCRIPTS = ["run.py", "generate.py", "native_profile.py", "object_stores.py", "shuffle_quality.py", "stateful_overhead.py", "read_cost.py", "output_formats.py", "filter_counts.py", "random_access.py", "text_formats.py", "mixing.py", "many_files.py", "gpu_feed.py", "main_capacity.py"]
@@ -285,3 +286,23 @@ def test_main_capacitys_cached_decode_delivers_as_many_rows_with_repeated_values
     assert [len(b) for b in batches] == [len(b) for b in expected] and sum(map(len, batches)) == 5000
     assert torch.equal(batches[0], expected[0])  # each chunk size's first chunk is decoded
     assert not all(torch.equal(a, b) for a, b in zip(batches, expected))  # the values repeat: decoding was cached
+
+
+def test_object_store_measurements_run_on_the_s3_server(s3, tmp_path):
+    """benchmarks/object_stores.py's read paths of one row group and its many-small-files step (planning,
+    then an epoch decoded ahead and one file at a time), on a few files."""
+    from servers import BUCKET
+
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import generate
+        import object_stores
+    finally:
+        sys.path.remove(BENCHMARKS)
+    generate.ensure_dataset(str(tmp_path), 2, 3000, 1000)
+    s3.fs.rm(f"{BUCKET}/{object_stores.PREFIX}", recursive=True) if s3.fs.exists(f"{BUCKET}/{object_stores.PREFIX}") else None
+    s3.upload(str(tmp_path), object_stores.PREFIX)
+    paths = object_stores._read_paths(s3, repeats=1)
+    assert {key.split("/")[1] for key in paths} == set(object_stores.READ_PATHS) and all(row["median_ms"] > 0 for row in paths.values())
+    many = object_stores._planning(s3, 12, latency=0.0)
+    assert many["files"] == 12 and set(many["epoch_s"]) == {"decoded ahead", "one file at a time"}

@@ -1,4 +1,5 @@
-"""A bounded memo: values by key, the least recently used forgotten first."""
+"""A bounded memo: values by key, the least recently used forgotten first. Threads may share
+one: a value another thread forgot in between is made again, never an error."""
 
 from __future__ import annotations
 
@@ -24,25 +25,30 @@ class Lru(Generic[K, V]):
 
     def get(self, key: K, make: Callable[[], V]) -> V:
         """The value of ``key``, made (and kept) when there is none yet."""
-        if key in self._entries:
+        try:
             self._entries.move_to_end(key)
             return self._entries[key]
-        value = make()
+        except KeyError:  # (absent, or forgotten by another thread in between)
+            value = make()
         self.put(key, value)
         return value
 
     def find(self, key: K) -> V | None:
         """The value of ``key``, None when there is none."""
-        if key not in self._entries:
+        try:
+            self._entries.move_to_end(key)
+            return self._entries[key]
+        except KeyError:
             return None
-        self._entries.move_to_end(key)
-        return self._entries[key]
 
     def put(self, key: K, value: V) -> None:
         self._entries[key] = value
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        try:
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+        except KeyError:  # another thread forgot it, or emptied the memo, in between: nothing is left to forget
+            pass
 
     def update(self, items: Iterable[tuple[K, V]]) -> None:
         for key, value in items:

@@ -24,6 +24,7 @@ from ..storage.paths import is_local, is_remote
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
 from .filtering import iter_filtered, read_filtered
+from .prefetch import decode_ahead, units_to_decode
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
@@ -74,6 +75,7 @@ class StreamReader:
         self._windows: Lru[tuple, _Window | _StreamedPiece] = Lru(windows)  # at most one per stream
         self._units: Lru[tuple[int, int], pa.Table] = Lru(_CACHED_UNITS)  # decoded units read only in part
         self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
+        self._ahead: dict[tuple[int, int], pa.Table] = {}  # units decoded ahead for the read in progress (prefetch.py)
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -105,14 +107,29 @@ class StreamReader:
         """Rows [start, stop) of the stream, in stream order."""
         parts = []
         row = start
-        while row < stop:
-            index = stream.window_of(row)
-            window = self._window(stream, index)
-            offset = row - int(stream.window_rows[index])
-            take = min(stop - row, int(stream.window_rows[index + 1]) - row)
-            parts.append((window.rows(offset, take), take))
-            row += take
+        self._decode_ahead(stream, start, stop)
+        try:
+            while row < stop:
+                index = stream.window_of(row)
+                window = self._window(stream, index)
+                offset = row - int(stream.window_rows[index])
+                take = min(stop - row, int(stream.window_rows[index + 1]) - row)
+                parts.append((window.rows(offset, take), take))
+                row += take
+        finally:
+            self._ahead.clear()
         return self._join(parts, stream)
+
+    def _decode_ahead(self, stream: Stream, start: int, stop: int) -> None:
+        """Decode the small object-store units of windows [start, stop) needs, concurrently."""
+        if stop <= start:
+            return
+        ident = self._stream_id(stream)
+        first, last = stream.window_of(start), stream.window_of(stop - 1)
+        pieces = [p for i in range(first, last + 1) if (ident, i) not in self._windows for p in stream.window_pieces_of(i)]
+        wanted = units_to_decode(self._catalog, pieces, lambda key: key in self._units)
+        if wanted:
+            self._ahead = decode_ahead(self._catalog, self._columns, wanted, self._opened)
 
     def describe_split(self, split: int, epoch: int) -> str:
         return self._catalog.splits_at(epoch)[split].describe()
@@ -168,7 +185,7 @@ class StreamReader:
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
         """Whether a window is read batch by batch: one piece, rows in file order, errors raised
         (a skipped piece must be left out whole), and a format that can (Parquet, on local disk or an object store)."""
-        if not self._stream_rows or self._skip_errors or stream.shuffle or len(pieces) != 1:
+        if not self._stream_rows or self._skip_errors or stream.shuffle or len(pieces) != 1 or (pieces[0].file, pieces[0].unit) in self._ahead:
             return False
         fs = self._catalog.fs
         return getattr(self._catalog.format, "streams_units", False) and (is_local(fs) or is_remote(fs))
@@ -209,11 +226,13 @@ class StreamReader:
         key = (piece.file, piece.unit)
         table = self._units.find(key)
         if table is None:
-            try:
-                read = read_conformed if self._catalog.row_filter is None else read_filtered
-                table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
-            except Exception as error:  # noqa: BLE001 - re-raised naming file and split
-                raise self._read_error(piece, error, epoch) from error
+            table = self._ahead.pop(key, None)
+            if table is None:
+                try:
+                    read = read_conformed if self._catalog.row_filter is None else read_filtered
+                    table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
+                except Exception as error:  # noqa: BLE001 - re-raised naming file and split
+                    raise self._read_error(piece, error, epoch) from error
             if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part
                 self._units.put(key, table)
         return table.slice(piece.start, piece.stop - piece.start)
