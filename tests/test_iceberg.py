@@ -103,6 +103,19 @@ def test_time_travel_by_snapshot_id(table):
     assert same.snapshot == first
 
 
+def test_a_branch_is_read_through_its_snapshot_id(table):
+    """A branch's commits are not the table's current snapshot; its head is read by snapshot id,
+    and a branch name given as snapshot_id says how."""
+    config, ice = table
+    ice.manage_snapshots().create_branch(ice.current_snapshot().snapshot_id, "dev").commit()
+    ice.append(rows(1000, 1050), branch="dev")
+    with pytest.raises(TypeError, match=r"snapshot_id=table.refs\(\)\['dev'\].snapshot_id"):
+        IcebergDataset("db.t", config, snapshot_id="dev")
+    assert len(IcebergDataset("db.t", config, num_workers=0)) == 1000  # main
+    loader, dataset = _make(config, snapshot_id=ice.refs()["dev"].snapshot_id)()
+    assert sorted(ids_of(run_epoch(loader, dataset))) == list(range(1050))
+
+
 def test_schema_evolution_follows_field_ids(table):
     """A column renamed and one added after the first files: old files' values come under the new
     name, the added column is null there; an old snapshot reads its own schema."""

@@ -202,6 +202,11 @@ class IcebergDataset(_TableDataset):
     ):
         self._name = table
         self._catalog_config = dict(catalog_config or {})
+        if isinstance(snapshot_id, str):
+            raise TypeError(
+                f"snapshot_id must be a snapshot's id (an integer), got {snapshot_id!r}. To read a branch or tag, pass its "
+                f"snapshot: snapshot_id=table.refs()[{snapshot_id!r}].snapshot_id (pyiceberg), pinned for every epoch"
+            )
         self._requested = None if snapshot_id is None else integer("snapshot_id", snapshot_id)
         self._pinned = bool(pin_snapshot) or snapshot_id is not None
         self._scan_filter, self._filters, self._columns = scan_filter, _row_filter(filters), columns

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import pyarrow as pa
 
 from ..catalog.build import Catalog
-from ..plan.streams import Piece
+from ..plan.streams import Piece, Stream
 from ..storage.paths import is_remote
 from .conform import read_conformed
 from .filtering import read_filtered
@@ -32,6 +32,14 @@ UNIT_BYTES = 4 << 20
 BUDGET_BYTES = 64 << 20
 
 UnitKey = tuple[int, int]  # (file, unit)
+
+
+def pieces_between(stream: Stream, start: int, stop: int, decoded: Callable[[int], bool]) -> list[Piece]:
+    """The pieces of the windows that hold stream rows [start, stop), but those of windows ``decoded`` already."""
+    if stop <= start:
+        return []
+    windows = range(stream.window_of(start), stream.window_of(stop - 1) + 1)
+    return [piece for window in windows if not decoded(window) for piece in stream.window_pieces_of(window)]
 
 
 def units_to_decode(catalog: Catalog, pieces: Sequence[Piece], known: Callable[[UnitKey], bool]) -> dict[int, list[int]]:

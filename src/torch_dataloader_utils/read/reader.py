@@ -24,7 +24,7 @@ from ..storage.paths import is_local, is_remote
 from ..storage.versions import check_version
 from .conform import iter_conformed, read_conformed
 from .filtering import iter_filtered, read_filtered
-from .prefetch import decode_ahead, units_to_decode
+from .prefetch import decode_ahead, pieces_between, units_to_decode
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
@@ -105,8 +105,7 @@ class StreamReader:
 
     def read(self, stream: Stream, start: int, stop: int) -> Rows:
         """Rows [start, stop) of the stream, in stream order."""
-        parts = []
-        row = start
+        parts, row = [], start
         self._decode_ahead(stream, start, stop)
         try:
             while row < stop:
@@ -121,12 +120,9 @@ class StreamReader:
         return self._join(parts, stream)
 
     def _decode_ahead(self, stream: Stream, start: int, stop: int) -> None:
-        """Decode the small object-store units of windows [start, stop) needs, concurrently."""
-        if stop <= start:
-            return
+        """Decode the small object-store units that the windows of rows [start, stop) need, concurrently."""
         ident = self._stream_id(stream)
-        first, last = stream.window_of(start), stream.window_of(stop - 1)
-        pieces = [p for i in range(first, last + 1) if (ident, i) not in self._windows for p in stream.window_pieces_of(i)]
+        pieces = pieces_between(stream, start, stop, lambda window: (ident, window) in self._windows)
         wanted = units_to_decode(self._catalog, pieces, lambda key: key in self._units)
         if wanted:
             self._ahead = decode_ahead(self._catalog, self._columns, wanted, self._opened)
