@@ -59,16 +59,41 @@ def test_resume_over_files_decoded_ahead_is_exact(s3, tiny_files):
     assert sorted(i for batch in reference.batches[0] for i in batch) == list(range(FILES * ROWS))
 
 
-def test_a_unit_that_fails_ahead_is_read_again_and_reported(s3, tiny_files):
+def test_a_unit_that_fails_ahead_is_reported_without_a_second_fetch(s3, tiny_files):
     url, prefix = tiny_files
     options = dict(storage_options=s3.options, batch_size=64, num_workers=0, shuffle=True, download_retry=0)
     loader, _ = StructuredDataset.create_dataloader(url, **options)
+    alone, _ = StructuredDataset.create_dataloader(f"{url.rstrip('/')}/f007.parquet", **options)  # one file: nothing decoded ahead
     skipping, dataset = StructuredDataset.create_dataloader(url, on_error="skip", **options)
-    s3.server.faults.inject("503", -1, match=f"{prefix}/f007.parquet")  # after planning, every read of one file fails
+    faults = s3.server.faults
+    faults.inject("503", -1, match=f"{prefix}/f007.parquet")  # after planning, every read of one file fails
+    with pytest.raises(DataReadError, match="f007.parquet"):
+        _ids(alone)
+    one_read = faults.injected_count()  # (the client's own retries included)
+    faults.inject("503", -1, match=f"{prefix}/f007.parquet")
     with pytest.raises(DataReadError, match="f007.parquet"):
         _ids(loader)
+    assert faults.injected_count() == one_read
     assert sorted(_ids(skipping)) == [i for i in range(FILES * ROWS) if not 70 <= i < 80]
     assert [split.describe() for split, _ in dataset.skipped_splits] == [dataset.splits[7].describe()]
+
+
+def test_a_streamed_row_group_larger_than_a_decode_batch_is_not_decoded_ahead(s3, tmp_path, monkeypatch):
+    """Unshuffled, a row group is decoded a batch at a time; decoding it ahead would hold it whole."""
+    from torch_dataloader_utils.read import reader
+
+    prefix = f"rows-{uuid.uuid4().hex[:8]}"
+    bounds = [0, 10, 2510, 2520, 5020]  # small files before large ones: a chunk takes one of each
+    for i in range(4):
+        pq.write_table(pa.table({"id": pa.array(range(bounds[i], bounds[i + 1]), pa.int64())}), tmp_path / f"f{i}.parquet")
+    s3.upload(str(tmp_path), prefix)
+    decoded: list = []
+    monkeypatch.setattr(reader, "decode_ahead", lambda catalog, columns, wanted, open_file: decoded.append(wanted) or {})
+    for shuffle in (False, True):
+        loader, _ = StructuredDataset.create_dataloader(s3.url(prefix), storage_options=s3.options, batch_size=500, num_workers=0, chunk_rows=1000, shuffle=shuffle)
+        assert sorted(_ids(loader)) == list(range(5020))
+        assert bool(decoded) == shuffle  # shuffled, the window is decoded whole anyway
+        decoded.clear()
 
 
 def test_which_units_are_decoded_ahead(s3, tiny_files, tmp_path):

@@ -24,12 +24,11 @@ class Lru(Generic[K, V]):
         return key in self._entries
 
     def get(self, key: K, make: Callable[[], V]) -> V:
-        """The value of ``key``, made (and kept) when there is none yet."""
-        try:
-            self._entries.move_to_end(key)
-            return self._entries[key]
-        except KeyError:  # (absent, or forgotten by another thread in between)
-            value = make()
+        """The value of ``key``, made (and kept) when there is none yet (or it is None)."""
+        found = self.find(key)
+        if found is not None:
+            return found
+        value = make()
         self.put(key, value)
         return value
 

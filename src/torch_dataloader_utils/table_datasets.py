@@ -202,7 +202,7 @@ class IcebergDataset(_TableDataset):
     ):
         self._name = table
         self._catalog_config = dict(catalog_config or {})
-        if isinstance(snapshot_id, str):
+        if isinstance(snapshot_id, str) and not snapshot_id.strip().lstrip("-").isdigit():
             raise TypeError(
                 f"snapshot_id must be a snapshot's id (an integer), got {snapshot_id!r}. To read a branch or tag, pass its "
                 f"snapshot: snapshot_id=table.refs()[{snapshot_id!r}].snapshot_id (pyiceberg), pinned for every epoch"

@@ -23,8 +23,7 @@ from ..errors import DataReadError, FileChangedError, RemoteReadError, WideningE
 from ..lru import Lru
 from ..plan.columns import flat_unit_rows
 from ..plan.row_index import RowIndex, normalize_rows, unit_groups
-from ..storage.paths import is_local
-from ..storage.versions import check_version
+from ..storage.paths import check_unchanged
 from .conform import iter_conformed, project, read_conformed, read_rows_conformed
 from .convert import slice_columns, table_to_columns
 from .nested import BatchColumn, flatten
@@ -205,8 +204,7 @@ class RowAccess:
         catalog = self.catalog
         entry = catalog.files[file]
         fs = catalog.fs_of(file)
-        if is_local(fs):  # a remote file's ranges are read from the planned version (storage/remote.py)
-            check_version(fs.info(entry.fs_path), entry.size, entry.tag)
+        check_unchanged(fs, entry)
         return catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None)
 
     def _read_error(self, file: int, unit: int, error: Exception) -> Exception:

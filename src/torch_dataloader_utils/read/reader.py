@@ -7,7 +7,6 @@ splits that lost rows with the error, so that progress and reports stay exact.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -20,8 +19,7 @@ from ..lru import Lru
 from ..plan.columns import unit_rows_at
 from ..plan.lanes import Segment, StreamBook
 from ..plan.streams import Piece, Stream
-from ..storage.paths import is_local, is_remote
-from ..storage.versions import check_version
+from ..storage.paths import check_unchanged, is_local, is_remote
 from .conform import iter_conformed, read_conformed
 from .filtering import iter_filtered, read_filtered
 from .prefetch import decode_ahead, pieces_between, units_to_decode
@@ -75,7 +73,7 @@ class StreamReader:
         self._windows: Lru[tuple, _Window | _StreamedPiece] = Lru(windows)  # at most one per stream
         self._units: Lru[tuple[int, int], pa.Table] = Lru(_CACHED_UNITS)  # decoded units read only in part
         self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
-        self._ahead: dict[tuple[int, int], pa.Table] = {}  # units decoded ahead for the read in progress (prefetch.py)
+        self._ahead: dict[tuple[int, int], pa.Table | Exception] = {}  # units decoded ahead for the read in progress (prefetch.py)
 
     def read_segments(self, book: StreamBook, segments: tuple[Segment, ...]) -> Rows:
         """The rows of consecutive stream segments, concatenated."""
@@ -122,7 +120,7 @@ class StreamReader:
     def _decode_ahead(self, stream: Stream, start: int, stop: int) -> None:
         """Decode the small object-store units that the windows of rows [start, stop) need, concurrently."""
         ident = self._stream_id(stream)
-        pieces = pieces_between(stream, start, stop, lambda window: (ident, window) in self._windows)
+        pieces = pieces_between(stream, start, stop, lambda window, of: (ident, window) in self._windows or self._streamed_large(stream, of))
         wanted = units_to_decode(self._catalog, pieces, lambda key: key in self._units)
         if wanted:
             self._ahead = decode_ahead(self._catalog, self._columns, wanted, self._opened)
@@ -178,6 +176,11 @@ class StreamReader:
             found = self._stream_ids[id(stream)] = (stream, _StreamId(stream))  # the stream is held: its id stays its own
         return found[1]
 
+    def _streamed_large(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
+        """Whether the window is streamed and its unit holds more than one decode batch's rows
+        (decoded ahead, it would be held whole instead of a batch at a time)."""
+        return self._streams(stream, pieces) and unit_rows_at(self._catalog.layouts, pieces[0].file, pieces[0].unit) > self._stream_rows
+
     def _streams(self, stream: Stream, pieces: tuple[Piece, ...]) -> bool:
         """Whether a window is read batch by batch: one piece, rows in file order, errors raised
         (a skipped piece must be left out whole), and a format that can (Parquet, on local disk or an object store)."""
@@ -223,6 +226,8 @@ class StreamReader:
         table = self._units.find(key)
         if table is None:
             table = self._ahead.pop(key, None)
+            if isinstance(table, Exception):
+                raise self._read_error(piece, table, epoch) from table
             if table is None:
                 try:
                     read = read_conformed if self._catalog.row_filter is None else read_filtered
@@ -261,7 +266,7 @@ class StreamReader:
         """A new reader of ``file`` (checked against the planned version first)."""
         entry = self._catalog.files[file]
         fs = self._catalog.fs_of(file)
-        _check_unchanged(fs, entry)
+        check_unchanged(fs, entry)
         return self._catalog.format_of(file).open(fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
 
     def _concat(self, tables: list[pa.Table], stream: Stream | None) -> pa.Table:
@@ -291,20 +296,6 @@ class _StreamId:
             isinstance(other, _StreamId) and self._hash == other._hash and self.key == other.key
             and (self.splits is other.splits or self.splits == other.splits)
         )  # fmt: skip
-
-
-def _check_unchanged(fs: Any, entry: Any) -> None:
-    """A local file must still be the one planned (size and mtime) when a reader opens it: its
-    footer is read now, and the plan's row counts must describe the same bytes. (A remote file's every
-    range is read from the planned version, or checked after: remote.RemoteStore.read_many.)"""
-    if not is_local(fs):
-        return
-    try:
-        stat = os.stat(entry.fs_path)  # (fsspec's info builds eleven fields: a third of a tiny file's read)
-    except FileNotFoundError:
-        stat = None
-    info = fs.info(entry.fs_path) if stat is None else {"size": stat.st_size, "mtime": stat.st_mtime}
-    check_version(info, entry.size, entry.tag)
 
 
 class _StreamedPiece:
