@@ -217,3 +217,15 @@ def test_a_launcher_without_a_process_group_warns_that_every_process_reads_every
 def test_create_dataloader_names_a_dataloader_option_it_sets_itself(tmp_path, option):
     with pytest.raises(TypeError, match=rf"does not take the DataLoader option\(s\) \['{option}'\].*pin_memory"):
         StructuredDataset.create_dataloader(str(tmp_path / "missing"), **{option: None})
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [("prefetch_factor", 0, "prefetch_factor must be >= 1"), ("pin_memory", "yes", "pin_memory must be True or False"),
+     ("persistent_workers", None, "persistent_workers must be True or False"), ("timeout", -1, "timeout must be a number of seconds >= 0"),
+     ("timeout", "30", "timeout must be a number")],
+)  # fmt: skip
+def test_create_dataloader_checks_the_dataloader_options_before_planning(tmp_path, option, value, message):
+    """(torch refuses prefetch_factor=0 only at the first batch, and takes "yes" as pin_memory)"""
+    with pytest.raises(ValueError, match=message):
+        StructuredDataset.create_dataloader(str(tmp_path / "missing"), num_workers=2, **{option: value})

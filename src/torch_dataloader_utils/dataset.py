@@ -15,7 +15,7 @@ from .catalog.build import Catalog, build_catalog
 from .catalog.memory import return_freed_memory
 from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
-from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
+from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_loader_options, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical
 from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
@@ -166,6 +166,7 @@ class StructuredDataset(IterableDataset):
             raise TypeError(f"create_dataloader does not take the DataLoader option(s) {fixed}: the loader sets them itself (batches come "
                             f"from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; for a DataLoader of "
                             "your own, see docs/stateful-dataloader.md")  # fmt: skip
+        check_loader_options(loader_kwargs)
         device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
         if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
             raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")

@@ -6,7 +6,7 @@ import logging
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -134,6 +134,19 @@ def at_least(name: str, value: Any, least: int, most: int | None = None) -> int:
     if most is not None and value > most:
         raise ValueError(f"{name} must be <= {most:,}, got {value}")
     return value
+
+
+def check_loader_options(options: Mapping[str, Any]) -> None:
+    """The DataLoader options that ``create_dataloader`` passes on, checked before planning (torch
+    refuses some of them only when the first batch is asked for)."""
+    for name in ("pin_memory", "persistent_workers"):
+        if name in options:
+            boolean(name, options[name])
+    if options.get("prefetch_factor") is not None:
+        at_least("prefetch_factor", options["prefetch_factor"], 1)
+    timeout = options.get("timeout", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
 
 
 def default_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
