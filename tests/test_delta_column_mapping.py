@@ -15,7 +15,7 @@ pytest.importorskip("deltalake")
 from deltalake import DeltaTable, WriterProperties, write_deltalake  # noqa: E402
 from table_helpers import batch_key, commit_delta_metadata, ids_of, rows, run_epoch  # noqa: E402
 
-from torch_dataloader_utils import DeltaDataset  # noqa: E402
+from torch_dataloader_utils import CheckpointMismatchError, DeltaDataset  # noqa: E402
 from torch_dataloader_utils.testing import assert_resumes_exactly  # noqa: E402
 
 CONFIG = dict(batch_size=32, num_workers=2, split_bytes=1, chunk_rows=64, shuffle=True, shuffle_seed=3, shuffle_buffer_rows=150)
@@ -92,6 +92,10 @@ def test_renamed_and_dropped_columns_follow_the_log(tmp_path):
     assert run_epoch(loader, resumed) == uninterrupted[6:]
     resumed.set_epoch(1)
     assert list(next(iter(loader))) == ["ident", "st.aa", "st.b", "part"]
+    renamed = DeltaDataset(path, **{**CONFIG, "columns": ["ident"]})
+    with pytest.raises(CheckpointMismatchError, match=r"(?s)version 1, which this dataset cannot read.*\['ident'\].*renamed since"):
+        renamed.load_state_dict(states[5])
+    assert renamed.snapshot == 2 and renamed.epoch == 0
 
 
 def test_a_table_upgraded_to_name_mapping_reads_its_older_files_by_name(tmp_path):

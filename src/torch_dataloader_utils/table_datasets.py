@@ -147,6 +147,15 @@ class _TableDataset(StructuredDataset):
                 f"Checkpoint state was taken on a snapshot whose data files are gone: {error}.\n\n  Start the epoch again "
                 "from its beginning (set_epoch), or keep the files of snapshots until training jobs that read them end."
             ) from error
+        except CheckpointMismatchError:
+            raise
+        except ValueError as error:  # e.g. columns= naming a column by a name given to it after the checkpoint
+            saved = TableRef(entry["format"], entry["name"], entry["snapshot"], entry["uuid"])
+            raise CheckpointMismatchError(
+                f"Checkpoint state was taken on {saved.describe()}, which this dataset cannot read as it is set up: {error}.\n\n  "
+                "If a column was renamed since, resume with the names that snapshot has (columns=, filters=) and take the new names "
+                "in a dataset for the next epoch, or start the epoch again (set_epoch)."
+            ) from error
         try:
             action()
         except BaseException:
