@@ -49,7 +49,7 @@ def _cpu_us(send: Callable[[int], None], count: int) -> float:
 
 def in_process(requests: int, rounds: int, blob: bytes) -> dict:
     from moto.server import DomainDispatcherApplication, create_backend_app
-    from servers import Faults, FaultyApp
+    from s3_faults import Faults, FaultyApp
     from werkzeug.test import Client
 
     moto_app = DomainDispatcherApplication(create_backend_app)

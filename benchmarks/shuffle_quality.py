@@ -31,13 +31,13 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from proc_stats import RssSampler
 
 BATCH = 1024
 FEAT_DIM = 64
@@ -130,73 +130,6 @@ def split_order_only(total: int, rows_per_file: int, seed: int) -> np.ndarray:
 
 
 # ------------------------------------------------------- worker memory
-class RssSampler:
-    """Samples the memory of this process's children (the DataLoader workers) from /proc.
-
-    ``private`` is RssAnon + RssShmem (heap, Arrow buffers, tensors in shared memory);
-    library code pages (RssFile) are shared by all processes and left out. ``hwm`` is
-    the kernel's peak RSS (all kinds) for comparison.
-    """
-
-    def __init__(self, interval: float = 0.01):
-        self.interval = interval
-        self.first: dict[int, dict[str, int]] = {}
-        self.peak: dict[int, dict[str, int]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "RssSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        import psutil
-
-        me = psutil.Process()
-        while not self._stop.is_set():
-            for child in me.children(recursive=True):
-                status = _status(child.pid)
-                if status is None:
-                    continue
-                self.first.setdefault(child.pid, status)
-                peak = self.peak.setdefault(child.pid, dict(status))
-                for key, value in status.items():
-                    peak[key] = max(peak[key], value)
-            time.sleep(self.interval)
-
-    def summary(self) -> dict[str, float]:
-        """Largest peak growth over the first sample among workers (MiB)."""
-        if not self.peak:
-            return {"worker_private_growth_mib": float("nan"), "worker_hwm_growth_mib": float("nan")}
-        mib = 2**20
-        return {
-            "worker_private_growth_mib": max(self.peak[p]["private"] - self.first[p]["private"] for p in self.peak) / mib,
-            "worker_hwm_growth_mib": max(self.peak[p]["hwm"] - self.first[p]["rss"] for p in self.peak) / mib,
-            "worker_peak_rss_mib": max(self.peak[p]["hwm"] for p in self.peak) / mib,
-        }
-
-
-def _status(pid: int) -> dict[str, int] | None:
-    """rss, hwm and private (RssAnon + RssShmem) in bytes from /proc, or None if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            text = f.read()
-    except OSError:
-        return None
-    values = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM", "RssAnon", "RssShmem"):
-            values[key] = int(value.split()[0]) * 1024
-    if len(values) < 4:
-        return None
-    return {"rss": values["VmRSS"], "hwm": values["VmHWM"], "private": values["RssAnon"] + values["RssShmem"]}
-
-
 # ------------------------------------------------------------ this loader
 def run_loader(root: str, buffer_rows: int, seed: int, workers: int, **options: Any) -> tuple[list[np.ndarray], dict]:
     """All batches of epoch 0 (their ids) and the workers' memory."""
