@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from ..errors import FileChangedError, RemoteReadError
 from .cache import RangeCache, entry_key
+from .counters import Counters
 from .pinned_reads import PinnedRead, pinned_read_for
 from .retry import ShortReadError, error_chain, http_status, is_transient, refusal_advice, retry_call
 from .tail_fetch import TailFetcher, fetch_retrying
@@ -112,7 +113,7 @@ class RemoteStore:
         self._cache: RangeCache | None = None
         self._tails: dict[str, tuple[int, bytes]] = {}
         self._files: dict[str, tuple[str, str | None, int]] = {}
-        self.stats = {"requests": 0, "bytes": 0, "cache_hits": 0, "cache_bytes": 0, "retries": 0, "fetcher_reads": 0}
+        self.stats = Counters(requests=0, bytes=0, cache_hits=0, cache_bytes=0, retries=0, fetcher_reads=0)
 
     # ----------------------------------------------------------- plumbing
     @property
@@ -206,8 +207,7 @@ class RemoteStore:
                 pending.append(i)
             else:
                 results[i] = hit
-                self.stats["cache_hits"] += 1
-                self.stats["cache_bytes"] += len(hit)
+                self.stats.add(cache_hits=1, cache_bytes=len(hit))
         if not pending:
             return results  # type: ignore[return-value]
         pinned = pinned_read_for(self.fs)
@@ -219,7 +219,7 @@ class RemoteStore:
             self._check_versions({requests[i][0]: idents[i] for i in pending})
         for i, data in zip(pending, fetched):
             results[i] = data
-            self.stats["bytes"] += len(data)
+            self.stats.add(bytes=len(data))
             if cache:
                 cache.put_or_log(keys[i], data)
         return results  # type: ignore[return-value]
@@ -229,8 +229,7 @@ class RemoteStore:
     ) -> list[bytes]:
         """Ranges of (path, start, end, size) through ``fetcher``, retried; those it could not
         read for good (a permission, a missing file, a redirect) through fsspec, whose error names them."""
-        self.stats["fetcher_reads"] += len(requests)
-        self.stats["requests"] += fetcher.requests_per_read * len(requests)
+        self.stats.add(fetcher_reads=len(requests), requests=fetcher.requests_per_read * len(requests))
         results, refused = fetch_retrying(fetcher, requests, self.options.download_retry, self._count_retry, self.protocol_name)
         if refused:
             again = self._fetch_ranges([(*requests[i][:3], tags[i]) for i in refused], pinned)
@@ -299,7 +298,7 @@ class RemoteStore:
         return results  # type: ignore[return-value]
 
     def _count_retry(self) -> None:
-        self.stats["retries"] += 1
+        self.stats.add(retries=1)
 
     def _check_versions(self, files: dict[str, tuple[str, str | None, int]]) -> None:
         """FileChangedError unless each file still has its planned size and tag."""
@@ -319,7 +318,7 @@ class RemoteStore:
 
     def _fetch(self, requests: Sequence[tuple[str, int, int, str | None]], pinned: PinnedRead | None, in_flight: int | None = None) -> list:
         fs = self.fs
-        self.stats["requests"] += len(requests)
+        self.stats.add(requests=len(requests))
         if getattr(fs, "async_impl", False):
             from fsspec.asyn import sync
 
