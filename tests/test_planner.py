@@ -88,6 +88,9 @@ def test_stable_permutation_is_pinned():
 
     assert stable_permutation([1, 2], 10).tolist() == PINNED
     assert sorted(stable_permutation([7], 1000).tolist()) == list(range(1000))
+    assert stable_permutation([7], 1).tolist() == [0] and stable_permutation([7], 0).tolist() == []
+    with pytest.raises(ValueError, match="seed words"):
+        stable_permutation([-1], 1)
 
 
 def test_seed_words_must_fit_32_bits():

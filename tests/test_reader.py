@@ -46,3 +46,25 @@ def test_a_window_of_several_pieces_is_one_chunk_and_reads_take_from_it():
     rows = pa.array([14, 0, 7, 3, 11]).to_numpy()
     assert _gather(combined, rows).equals(table.take(rows)) and _gather(table, rows).equals(table.take(rows))
     assert _one_chunk(combined) is combined
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_tiny_source_upsampled_is_decoded_once(tmp_path, monkeypatch, shuffle):
+    """Each copy of an upsampled row is a window of its own; its unit stays decoded between them."""
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import Source
+    from torch_dataloader_utils.read import reader
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "many").mkdir()
+    pq.write_table(pa.table({"id": pa.array([-1], pa.int64())}), tmp_path / "one" / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array(range(500), pa.int64())}), tmp_path / "many" / "a.parquet", row_group_size=100)
+    reads: list = []
+    original = reader.read_conformed
+    monkeypatch.setattr(reader, "read_conformed", lambda *args: reads.append(args[3].files[args[4]].url) or original(*args))
+    sources = [Source(str(tmp_path / "many")), Source(str(tmp_path / "one"), rows_per_epoch=400)]
+    loader, _ = StructuredDataset.create_dataloader(sources, batch_size=50, num_workers=0, shuffle=shuffle)
+    ids = [i for batch in loader for i in batch["id"].tolist()]
+    assert sorted(ids) == [-1] * 400 + list(range(500))
+    assert sum("/one/" in url for url in reads) == 1

@@ -103,6 +103,8 @@ def stable_permutation(seed_words: Sequence[int], size: int) -> np.ndarray:
     """
     if not all(0 <= word <= MAX_SEED_WORD for word in seed_words):
         raise ValueError(f"seed words must be in [0, {MAX_SEED_WORD}], got {list(seed_words)}")
+    if size <= 1:  # the only permutation (a source upsampled many times has a window per copy of each row)
+        return np.arange(size, dtype=np.int64)
     bits = np.random.PCG64(np.random.SeedSequence(list(seed_words)))
     return np.argsort(bits.random_raw(size), kind="stable").astype(np.int64)
 

@@ -27,6 +27,7 @@ from .prefetch import decode_ahead, pieces_between, units_to_decode
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
 _GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
+_KEPT_UNIT_ROWS = 64  # a unit this small stays decoded after its piece is read (see _piece)
 _CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
 
 
@@ -234,7 +235,8 @@ class StreamReader:
                     table = read(self._open(piece.file), piece.unit, self._columns, self._catalog, piece.file)
                 except Exception as error:  # noqa: BLE001 - re-raised naming file and split
                     raise self._read_error(piece, error, epoch) from error
-            if piece.num_rows < table.num_rows:  # a mixture's windows read a unit part by part: keep it for the next part
+            # a mixture's windows read a unit part by part, and a small source upsampled reads its units once per copy: kept
+            if piece.num_rows < table.num_rows or table.num_rows <= _KEPT_UNIT_ROWS:
                 self._units.put(key, table)
         return table.slice(piece.start, piece.stop - piece.start)
 
