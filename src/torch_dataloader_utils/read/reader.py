@@ -120,6 +120,8 @@ class StreamReader:
 
     def _decode_ahead(self, stream: Stream, start: int, stop: int) -> None:
         """Decode the small object-store units that the windows of rows [start, stop) need, concurrently."""
+        if not is_remote(self._catalog.fs):  # (every read asks: local files leave at once)
+            return
         ident = self._stream_id(stream)
         pieces = pieces_between(stream, start, stop, lambda window, of: (ident, window) in self._windows or self._streamed_large(stream, of))
         wanted = units_to_decode(self._catalog, pieces, lambda key: key in self._units)

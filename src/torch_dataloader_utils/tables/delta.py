@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from ..errors import CheckpointMismatchError
 from .deletes import merge_dropped
-from .files import TableFile, stored_path
+from .files import TableFile, stored_path, with_children
 from .plan import TablePlan, TableRef, table_filesystem
 
 #: fsspec storage options (s3fs, adlfs) -> the deltalake (object_store) option they set
@@ -156,14 +156,12 @@ def column_mapping(schema: pa.Schema) -> tuple[dict[int, str], dict[tuple[str, .
             names[int(metadata[_MAPPING_ID])] = item.name
             paths[path] = int(metadata[_MAPPING_ID])
         kind = item.type
-        if pa.types.is_struct(kind):
-            for i in range(kind.num_fields):
-                visit(kind.field(i), (*path, _physical(kind.field(i))))
-        elif pa.types.is_map(kind):
-            visit(kind.key_field, stored_path(path, kind, 0))
-            visit(kind.item_field, stored_path(path, kind, 1))
-        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-            visit(kind.value_field, stored_path(path, kind, 0))
+
+        def walk(child: pa.Field, index: int) -> pa.Field:  # a struct's fields are stored under their physical names
+            visit(child, (*path, _physical(child)) if pa.types.is_struct(kind) else stored_path(path, kind, index))
+            return child
+
+        with_children(kind, walk)
 
     for column in schema:
         visit(column, (_physical(column),))
@@ -177,16 +175,7 @@ def _physical(item: pa.Field) -> str:
 
 def without_field_metadata(item: pa.Field) -> pa.Field:
     """``item`` without the log's field metadata (column mapping's ids and names), nested fields too."""
-    kind = item.type
-    if pa.types.is_struct(kind):
-        kind = pa.struct([without_field_metadata(kind.field(i)) for i in range(kind.num_fields)])
-    elif pa.types.is_map(kind):
-        kind = pa.map_(without_field_metadata(kind.key_field), without_field_metadata(kind.item_field), kind.keys_sorted)
-    elif pa.types.is_fixed_size_list(kind):
-        kind = pa.list_(without_field_metadata(kind.value_field), kind.list_size)
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        kind = (pa.list_ if pa.types.is_list(kind) else pa.large_list)(without_field_metadata(kind.value_field))
-    return pa.field(item.name, kind, item.nullable)
+    return pa.field(item.name, with_children(item.type, lambda child, _: without_field_metadata(child)), item.nullable)
 
 
 def _decoded(uri: str) -> str:

@@ -9,7 +9,7 @@ splits and an exact resume work on those rows as on a plain file's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,27 +63,33 @@ def stored_path(path: tuple[str, ...], kind: pa.DataType, child: int) -> tuple[s
     return (*path, "[]")
 
 
+def with_children(kind: pa.DataType, child: Callable[[pa.Field, int], pa.Field]) -> pa.DataType:
+    """``kind`` with each child field (a struct's fields, a list's value, a map's key and item)
+    replaced by ``child(field, index)``; other types as they are."""
+    if pa.types.is_struct(kind):
+        return pa.struct([child(kind.field(i), i) for i in range(kind.num_fields)])
+    if pa.types.is_map(kind):
+        return pa.map_(child(kind.key_field, 0), child(kind.item_field, 1), kind.keys_sorted)
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(child(kind.value_field, 0), kind.list_size)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, 0))
+    return kind
+
+
 def named_as_table(kind: pa.DataType, file: TableFile, path: tuple[str, ...]) -> pa.DataType:
     """``kind``, the stored type of the field at ``path``, with every struct field whose id the table
     knows named as the table names it, and no field metadata (neither changes the memory layout, so
     arrays of ``kind`` can be viewed as the result)."""
     names = file.field_names or {}
 
-    def child(item: pa.Field, index: int, rename: bool) -> pa.Field:
+    def child(item: pa.Field, index: int) -> pa.Field:
         inner = stored_path(path, kind, index)
-        ident = file.stored_id(item, inner) if rename else None
+        ident = file.stored_id(item, inner) if pa.types.is_struct(kind) else None  # (a list's or map's fields keep their names)
         name = names.get(ident, item.name) if ident is not None else item.name
         return pa.field(name, named_as_table(item.type, file, inner), item.nullable)  # (the writer's field ids left out)
 
-    if pa.types.is_struct(kind):
-        return pa.struct([child(kind.field(i), i, True) for i in range(kind.num_fields)])
-    if pa.types.is_map(kind):
-        return pa.map_(child(kind.key_field, 0, False), child(kind.item_field, 1, False), kind.keys_sorted)
-    if pa.types.is_fixed_size_list(kind):
-        return pa.list_(child(kind.value_field, 0, False), kind.list_size)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, 0, False))
-    return kind
+    return with_children(kind, child)
 
 
 def viewed_as(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
