@@ -116,6 +116,7 @@ class StructuredDataset(IterableDataset):
         self._output = check_output(output_format, transform, self.num_workers, self.batch_size)
         self.output_format = output_format
         """What a batch is: "torch" (dict of tensors), "numpy", "arrow" (a RecordBatch) or "dict" (of lists)."""
+        self._options = options
         self.policy = options.policy
         """What nulls and decimals become (``nulls=``, ``fill_values=``, ``decimals=``; docs/types.md)."""
         self.canonical_lanes = canonical_lanes
@@ -236,8 +237,8 @@ class StructuredDataset(IterableDataset):
 
     @property
     def delivery(self) -> RankDelivery:
-        """The rank's delivery: chunk tasks of a pass, reading them, and counting each batch as
-        delivered. StructuredDataLoader drives it; a loader of your own can too."""
+        """The rank's delivery (chunk tasks of a pass, reading them, counting each batch as
+        delivered): what StructuredDataLoader and the CLI drive. Internal, not a stable API."""
         return self._delivery
 
     def set_epoch(self, epoch: int) -> None:
@@ -272,7 +273,7 @@ class StructuredDataset(IterableDataset):
         ``form``: "full" lists completed splits and files by content (the reference's
         ``completed_shards``), "compact" keeps ranges and digests of a size that does not grow
         with the epoch (docs/checkpoint-resume.md), "auto" is full up to 1,000 splits."""
-        return dataset_state.checkpoint(self, form)
+        return dataset_state.checkpoint(self._checkpoint_view(), form)
 
     def load_state_dict(self, state: Mapping[str, Any], elastic: bool = False) -> None:
         """Restore progress; raises CheckpointMismatchError when it cannot resume exactly.
@@ -284,7 +285,7 @@ class StructuredDataset(IterableDataset):
         """
         scope = check_header(state)
         if scope == "worker":
-            self._load_worker_state(state)
+            dataset_state.load_worker_state(self._checkpoint_view(), state)
             return
         selected = self.epoch
         progress = self._restore(state, scope, elastic)
@@ -310,7 +311,7 @@ class StructuredDataset(IterableDataset):
             reader = self._delivery.reader
             return self._delivery.deliver(tasks, (reader.read(task) for task in tasks))
         # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
-        self._check_loader_workers(info.num_workers)
+        dataset_state.check_loader_workers(self.num_workers, info.num_workers)
         if self.canonical_lanes is not None and info.num_workers > 1 and self.chunk_rows != self.batch_size:
             raise ValueError(
                 f"canonical_lanes with a DataLoader of {info.num_workers} workers that yield batches one by one (torchdata's "
@@ -383,11 +384,9 @@ class StructuredDataset(IterableDataset):
         if selected is not None:
             self._selected = selected
 
-    def _load_worker_state(self, state: Mapping[str, Any]) -> None:
-        dataset_state.load_worker_state(self, state)
-
-    def _check_loader_workers(self, num_workers: int) -> None:
-        dataset_state.check_loader_workers(self, num_workers)
+    def _checkpoint_view(self) -> dataset_state.CheckpointView:
+        parts = (self._catalog, self._delivery, self._worker, self._config(), self._digest(), self._plan_check())
+        return dataset_state.CheckpointView(*parts, self.canonical_lanes, self.chunk_rows, self.num_workers)
 
     def _digest(self) -> str:
         """The file-list digest, computed once per catalog (state_dict runs after every batch)."""
@@ -397,4 +396,4 @@ class StructuredDataset(IterableDataset):
 
     def _config(self, **topology: int) -> dict:
         """The settings as states record them (CONFIG_KEYS), with another topology where given."""
-        return dataset_state.config(self, **topology)
+        return dataset_state.config(self._options, self._catalog, self._source, **topology)

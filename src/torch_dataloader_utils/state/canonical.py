@@ -15,13 +15,14 @@ from typing import Any, Mapping, cast
 
 from ..plan.canonical_plan import CanonicalPlan
 from ..plan.epoch import Topology
+from .causes import config_causes, file_causes
 from .compact import same_files_in_order
 from .merge import check_global, rank_parts
 from .mixture import mixture_causes
 from .progress import Progress
 from .restore import PlanCheck
 from .schema import BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, FILES, MIXTURE, NEXT_WORKER, RANKS, ROWS_DELIVERED
-from .validate import MAX_EPOCH, config_causes, file_causes, is_count, mismatch
+from .validate import MAX_EPOCH, is_count, mismatch
 
 CANONICAL_LANES = "canonical_lanes"  # C of a state saved with canonical lanes (absent: the planned order)
 

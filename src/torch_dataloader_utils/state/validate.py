@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from ..plan.lanes import Lane, Segment, StreamBook, StreamKey
 from ..plan.splits import MAX_SEED_WORD, Split
-from .compact import lane_progress, same_files_in_order, same_progress, summary_causes
-from .mixture import mixture_causes
+from .causes import config_causes, file_causes, summary_file_causes
+from .compact import lane_progress, same_files_in_order, same_progress
 from .progress import Progress
 from .schema import (
     COMPLETED_RANGES,
@@ -25,21 +25,17 @@ from .schema import (
     FILES,
     FILES_DIGEST,
     FILES_SUMMARY,
-    FILTERS,
     FORMAT_VERSION,
     IN_PROGRESS,
     LANES,
-    MIXTURE,
     NEXT_WORKER,
     OPTIONAL_CONFIG_KEYS,
     PADDING_DELIVERED,
     RANKS,
-    READER_OPTIONS,
     ROWS_DELIVERED,
     ROWS_TOTAL,
     SCOPE,
     SCOPES,
-    SHUFFLE_ONLY_KEYS,
     SPLITS,
     TABLE,
     TABLE_KEYS,
@@ -128,76 +124,6 @@ def check_header(state: Any) -> str:
     return scope
 
 
-def config_causes(state: Mapping[str, Any], config: Mapping[str, Any], same_files: Callable[[], bool] | None = None) -> list[str]:
-    """One line per configuration value that differs between the checkpoint and now (where
-    ``same_files()`` says the state's files are the current ones in their order, a mixture's
-    source path spelled otherwise is none)."""
-    causes = []
-    for key, name in CONFIG_KEYS.items():
-        saved = state.get(key)
-        if key in SHUFFLE_ONLY_KEYS and not (state.get("_shuffle") or config["_shuffle"]):
-            continue
-        if saved != config[key]:
-            same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
-            shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
-            causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
-    if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
-        causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
-    if state.get(READER_OPTIONS) != config.get(READER_OPTIONS):  # (absent: none given, also before they were recorded)
-        causes.append(
-            f"csv_options/json_options changed: checkpoint={state.get(READER_OPTIONS) or 'none'}, current={config.get(READER_OPTIONS) or 'none'} "
-            "(digests of the options; skip_rows, quoting, delimiters and the like decide which records a file holds)"
-        )
-    return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE), same_files)
-
-
-def _summary_file_causes(summary: Any, current: list[list]) -> list[str]:
-    """A compact state's file changes: by name where its summary lists the files (small
-    listings), else located to their group of files (``summary_causes``)."""
-    causes = summary_causes(summary, current)
-    listed = summary.get("files") if isinstance(summary, dict) else None
-    if causes and isinstance(listed, list):
-        return file_causes(listed, current) or causes  # the same files in another order: the summary says so
-    return causes
-
-
-def file_causes(saved: Any, current: list[list]) -> list[str]:
-    """What changed in the file list: added, removed or rewritten files, by name."""
-    def well_formed(entry: Any) -> bool:
-        return (
-            isinstance(entry, list)
-            and len(entry) == 3
-            and isinstance(entry[0], str)
-            and isinstance(entry[1], int)
-            and (entry[2] is None or isinstance(entry[2], str))
-        )
-
-    if not isinstance(saved, list) or not all(well_formed(f) for f in saved):
-        return ["the state's 'files' entry is damaged (each entry must be [path, size, tag])"]
-    old = {f[0]: tuple(f[1:]) for f in saved}
-    new = {f[0]: tuple(f[1:]) for f in current}
-    causes = []
-    removed = sorted(set(old) - set(new))
-    added = sorted(set(new) - set(old))
-    changed = sorted(p for p in set(old) & set(new) if old[p] != new[p])
-    if removed:
-        causes.append(f"files removed since the checkpoint ({len(removed)}): {', '.join(removed[:3])}")
-    if added:
-        causes.append(f"files added since the checkpoint ({len(added)}): {', '.join(added[:3])}")
-    for path in changed[:3]:
-        (size_then, tag_then), (size_now, tag_now) = old[path], new[path]
-        detail = f"size checkpoint={size_then}, current={size_now}" if size_then != size_now else f"tag checkpoint={tag_then}, current={tag_now}"
-        causes.append(f"file rewritten since the checkpoint: {path} ({detail})")
-    gcs = [p for p in changed if p.startswith(("gs://", "gcs://"))]
-    if any(old[p][0] == new[p][0] and str(new[p][1]).isdigit() and not str(old[p][1]).isdigit() for p in gcs):
-        causes.append(
-            "or the checkpoint is from a version of this library before 2026-11-22, which identified GCS files by "
-            "their ETag; they are now identified by their generation (the ETag also changes with metadata), so such "
-            "a checkpoint cannot be resumed exactly: start the epoch afresh"
-        )
-    return causes
-
-
 def _some_shard(state: Mapping[str, Any]) -> list:
     """The first non-empty list of completed (else in-progress) splits, to show in a diagnosis."""
     for key in (COMPLETED_SHARDS, IN_PROGRESS):
@@ -245,32 +171,7 @@ def validate_rank_state(
     compact = COMPLETED_RANGES in state or FILES_SUMMARY in state  # the compact form (state/compact.py)
     content_key = COMPLETED_RANGES if compact else COMPLETED_SHARDS
     completed = _require(state, content_key, list, "rank")
-    for key in CONFIG_KEYS:
-        if key not in state and key not in OPTIONAL_CONFIG_KEYS:
-            raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
-    if FILES not in state and FILES_SUMMARY not in state:  # merge_states keeps the files once, beside 'ranks'
-        raise mismatch(
-            "Checkpoint state has no 'files': it is one rank's entry of a global state (merge_states keeps the file list once, beside 'ranks').",
-            [],
-            ["an entry of a global state's 'ranks' was passed on its own"],
-            "Load the whole global state (load_state_dict picks this rank's part), or take one rank's complete state with "
-            "torch_dataloader_utils.distributed.local_state(global_state, rank).",
-        )
-    changed_files = _summary_file_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
-    causes = config_causes(state, config, lambda: same_files_in_order(state.get(FILES), state.get(FILES_SUMMARY), fingerprint)) + changed_files
-    if causes:
-        advice = None
-        if changed_files and len(changed_files) == len(causes):
-            advice = (
-                "The data changed since the checkpoint: resume on the files it was taken with, "
-                "or discard this checkpoint and start the epoch fresh."
-            )
-        elif any(cause.startswith(("world_size changed", "num_workers changed")) for cause in causes):
-            advice = (
-                "Resume with the checkpoint's world_size and num_workers, or continue on the new ones: merge every "
-                "rank's state (torch_dataloader_utils.distributed.merge_states) and load that with elastic=True."
-            )
-        raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes, advice)
+    _check_same_plan(state, config, fingerprint, compact)
     if epoch < 0:
         raise mismatch(f"Checkpoint state key 'epoch' is negative ({epoch}).", [], ["the state is damaged"])
     if epoch > MAX_EPOCH:
@@ -280,8 +181,7 @@ def validate_rank_state(
     padding = state.get(PADDING_DELIVERED, 0)
     if not is_count(padding):
         raise mismatch("Checkpoint state key 'padding_delivered' is damaged.", [], [f"found {padding!r:.40}"])
-    workers = max(1, config["_num_workers"])
-    saved_lanes = _parse_lanes(state.get(LANES), epoch, book, workers)
+    saved_lanes = _parse_lanes(state.get(LANES), epoch, book, max(1, config["_num_workers"]))
     totals = state.get(ROWS_TOTAL)
     if saved_lanes is not None and isinstance(totals, list) and totals != [lane_length(lane) for lane in saved_lanes]:
         lengths = [lane_length(lane) for lane in saved_lanes]
@@ -296,39 +196,76 @@ def validate_rank_state(
     if not 0 <= next_lane < len(lanes):
         raise mismatch(f"Checkpoint state key 'next_worker' is out of range ({next_lane}).", [], ["the state is damaged"])
     for worker, (position, lane) in enumerate(zip(positions, lanes)):
-        length = lane_length(lane)
         entry = completed[worker] if isinstance(completed[worker], Mapping) else {}
-        if not is_integer(position):
-            raise mismatch(
-                f"Checkpoint state key 'rows_delivered[{worker}]' has the wrong type.",
-                entry.get(SPLITS, []),
-                [f"expected int, found {type(position).__name__} ({position!r:.60}); the state is damaged"],
-            )
-        if not 0 <= position <= length:
-            raise mismatch(
-                f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
-                entry.get(SPLITS, []),
-                [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
-            )
+        _check_position(worker, position, lane_length(lane), entry)
         if compact:
             _check_compact_entry(entry, worker, lane_progress(book, lane, position, splits), position)
-            continue
-        expected, partial = progress_content(book, lane, position, splits)
-        in_progress = state.get(IN_PROGRESS)
-        saved_partial = None
-        if isinstance(in_progress, list) and worker < len(in_progress) and isinstance(in_progress[worker], Mapping):
-            saved_partial = in_progress[worker].get(SPLITS)
-        if entry.get(SPLITS) != expected or saved_partial != partial:
-            saved = entry.get(SPLITS)
-            raise mismatch(
-                "Checkpoint shard does not match any current split.",
-                saved if isinstance(saved, list) else [],
-                [
-                    f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered "
-                    "(the data or the state was changed, or the state is damaged)"
-                ],
-            )
+        else:
+            _check_full_entry(state, entry, worker, progress_content(book, lane, position, splits), position)
     return Progress(epoch, [int(p) for p in positions], next_lane, padding, dealt=None if saved_lanes is None else tuple(saved_lanes))
+
+
+def _check_same_plan(state: Mapping[str, Any], config: Mapping[str, Any], fingerprint: list[list], compact: bool) -> None:
+    """The state's settings and files against the dataset's: a mismatch naming what changed."""
+    for key in CONFIG_KEYS:
+        if key not in state and key not in OPTIONAL_CONFIG_KEYS:
+            raise mismatch(f"Checkpoint state is missing key {key!r}.", _some_shard(state), ["the state is damaged or from another library"])
+    if FILES not in state and FILES_SUMMARY not in state:  # merge_states keeps the files once, beside 'ranks'
+        raise mismatch(
+            "Checkpoint state has no 'files': it is one rank's entry of a global state (merge_states keeps the file list once, beside 'ranks').",
+            [],
+            ["an entry of a global state's 'ranks' was passed on its own"],
+            "Load the whole global state (load_state_dict picks this rank's part), or take one rank's complete state with "
+            "torch_dataloader_utils.distributed.local_state(global_state, rank).",
+        )
+    changed_files = summary_file_causes(state.get(FILES_SUMMARY), fingerprint) if compact else file_causes(state.get(FILES), fingerprint)
+    causes = config_causes(state, config, lambda: same_files_in_order(state.get(FILES), state.get(FILES_SUMMARY), fingerprint)) + changed_files
+    if not causes:
+        return
+    advice = None
+    if changed_files and len(changed_files) == len(causes):
+        advice = "The data changed since the checkpoint: resume on the files it was taken with, or discard this checkpoint and start the epoch fresh."
+    elif any(cause.startswith(("world_size changed", "num_workers changed")) for cause in causes):
+        advice = (
+            "Resume with the checkpoint's world_size and num_workers, or continue on the new ones: merge every "
+            "rank's state (torch_dataloader_utils.distributed.merge_states) and load that with elastic=True."
+        )
+    raise mismatch("Checkpoint shard does not match any current split.", _some_shard(state), causes, advice)
+
+
+def _check_position(worker: int, position: Any, length: int, entry: Mapping[str, Any]) -> None:
+    """A worker's 'rows_delivered' entry: an integer within its lane's ``length`` rows."""
+    if not is_integer(position):
+        raise mismatch(
+            f"Checkpoint state key 'rows_delivered[{worker}]' has the wrong type.",
+            entry.get(SPLITS, []),
+            [f"expected int, found {type(position).__name__} ({position!r:.60}); the state is damaged"],
+        )
+    if not 0 <= position <= length:
+        raise mismatch(
+            f"Checkpoint state key 'rows_delivered[{worker}]' is out of range ({position!r}).",
+            entry.get(SPLITS, []),
+            [f"worker {worker} has {length} rows this epoch; the state is damaged or from another dataset"],
+        )
+
+
+def _check_full_entry(state: Mapping[str, Any], entry: Mapping[str, Any], worker: int, expected: tuple[list[dict], list[dict]], position: int) -> None:
+    """A worker's completed and in-progress splits (the full form) against the plan at ``position``."""
+    completed, partial = expected
+    in_progress = state.get(IN_PROGRESS)
+    saved_partial = None
+    if isinstance(in_progress, list) and worker < len(in_progress) and isinstance(in_progress[worker], Mapping):
+        saved_partial = in_progress[worker].get(SPLITS)
+    if entry.get(SPLITS) != completed or saved_partial != partial:
+        saved = entry.get(SPLITS)
+        raise mismatch(
+            "Checkpoint shard does not match any current split.",
+            saved if isinstance(saved, list) else [],
+            [
+                f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered "
+                "(the data or the state was changed, or the state is damaged)"
+            ],
+        )
 
 
 def _check_compact_entry(saved: Mapping[str, Any], worker: int, expected: Mapping[str, Any], position: int) -> None:
