@@ -41,12 +41,31 @@ from torch_dataloader_utils.read.convert import Ragged, replace_leaves
         ("download_retry", 1.5),  # (it failed at the first remote read)
         ("download_retry", True),
         ("download_timeout", "5"),
+        ("download_timeout", float("nan")),
+        ("columns", [1]),
+        ("columns", ["id", None]),
+        ("format", 5),
+        ("fill_values", [1]),
+        ("cache_dir", 5),
+        ("cache_dir", ""),  # (it wrote a plan cache into the working directory)
     ],
 )
 def test_an_argument_out_of_range_is_refused_before_any_file_is_looked_at(tmp_path, argument, value):
     """The path does not exist: a check that ran after discovery would raise FileNotFoundError."""
     with pytest.raises(ValueError, match=rf"^{argument} must be .*got {re.escape(repr(value))}"):
         StructuredDataset(str(tmp_path / "missing"), **{argument: value})
+
+
+@pytest.mark.parametrize("path", [None, 5, [b"a", 5]])
+def test_a_path_that_is_no_path_is_named(path):
+    with pytest.raises(TypeError, match=r"^path must be a file, directory or glob .*got " + re.escape(repr(path))):
+        StructuredDataset(path, num_workers=0)
+
+
+def test_a_multiprocessing_context_that_is_no_context_is_named(tmp_path):
+    write_dataset(tmp_path / "d", [[5]])
+    with pytest.raises(ValueError, match=r"^multiprocessing_context must be a start method name .*got 5"):
+        StructuredDataset.create_dataloader(str(tmp_path / "d"), num_workers=2, multiprocessing_context=5)
 
 
 def test_storage_options_that_are_not_a_dict_are_named(tmp_path):

@@ -4,6 +4,7 @@ and map-style use inside DataLoader workers."""
 
 from __future__ import annotations
 
+import os
 import pickle
 
 import numpy as np
@@ -344,3 +345,19 @@ def test_random_access_numbers_every_stored_row_whatever_the_filter(tmp_path):
     dataset = StructuredDataset(str(tmp_path), num_workers=0, batch_size=10, filters=[("id", ">=", 90)])
     assert len(dataset) == 10 and dataset.num_rows == 100  # len: rows this rank delivers
     assert int(dataset[5]["id"]) == 5 and dataset[95:97]["id"].tolist() == [95, 96]
+
+
+def test_a_file_rewritten_after_its_reader_was_opened_is_refused(tmp_path):
+    """Random access keeps a file's reader open between calls; a rewrite of the file since is an
+    error naming it, not rows of another version."""
+    from torch_dataloader_utils import DataReadError
+
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(100), pa.int64())}), path, row_group_size=25)
+    dataset = StructuredDataset(str(tmp_path), num_workers=0, batch_size=10)
+    assert dataset[5]["id"].item() == 5
+    stat = path.stat()
+    pq.write_table(pa.table({"id": pa.array(range(1000, 1100), pa.int64())}), path, row_group_size=25)
+    os.utime(path, ns=(stat.st_mtime_ns + 10**9, stat.st_mtime_ns + 10**9))
+    with pytest.raises(DataReadError, match=r"a\.parquet.*changed after planning"):
+        dataset[60]

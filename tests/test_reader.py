@@ -3,13 +3,15 @@ row groups, in any order of reads."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from datagen import write_dataset
 
-from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils import DataReadError, StructuredDataset
 from torch_dataloader_utils.read.reader import StreamReader
 
 
@@ -68,3 +70,32 @@ def test_a_tiny_source_upsampled_is_decoded_once(tmp_path, monkeypatch, shuffle)
     ids = [i for batch in loader for i in batch["id"].tolist()]
     assert sorted(ids) == [-1] * 400 + list(range(500))
     assert sum("/one/" in url for url in reads) == 1
+
+
+@pytest.mark.parametrize("atomic", [False, True], ids=["in-place", "os.replace"])
+@pytest.mark.parametrize("workers", [(0, False), (2, True)], ids=["main-process", "persistent-workers"])
+def test_file_rewritten_between_epochs_is_refused_by_a_reader_that_kept_it_open(tmp_path, atomic, workers):
+    """A reader that lives on across epochs (the main process's, a persistent worker's) checks a
+    file it keeps open against the planned version again: a same-size rewrite is refused, not read."""
+    path = tmp_path / "a.parquet"
+
+    def write(first: int) -> None:
+        target = tmp_path / "a.tmp" if atomic else path
+        pq.write_table(pa.table({"id": pa.array(range(first, first + 100), pa.int64())}), target, row_group_size=25)
+        if atomic:
+            os.replace(target, path)
+
+    write(0)
+    num_workers, persistent = workers
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=10, num_workers=num_workers, split_bytes=1, persistent_workers=persistent
+    )
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(100))
+    before = os.stat(path).st_mtime_ns
+    write(1000)
+    if os.stat(path).st_mtime_ns == before:  # a filesystem with a coarse clock: make the rewrite visible
+        os.utime(path, ns=(before + 10**9, before + 10**9))
+    dataset.set_epoch(1)
+    with pytest.raises(DataReadError, match=r"a\.parquet.*changed after planning"):
+        for batch in loader:
+            assert all(i < 100 for i in batch["id"].tolist())

@@ -366,3 +366,11 @@ def test_main_process_state_is_validated_too(data):
     with pytest.raises(CheckpointMismatchError, match="shuffle_seed changed: checkpoint=5, current=9"):
         loader.load_state_dict(state)
         run(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_state_given_to_the_dataset_is_refused_naming_the_loader(data, workers):
+    dataset, loader = make(data, workers, False)
+    run(loader, stop=2)
+    with pytest.raises(CheckpointMismatchError, match=r"a StatefulDataLoader's state, not this dataset's(.|\n)*StatefulDataLoader's own load_state_dict"):
+        dataset.load_state_dict(loader.state_dict())

@@ -80,8 +80,11 @@ def check_options(
     split_rows = None if split_rows is None else at_least("split_rows", split_rows, 1, MAX_ROW_COUNT)
     if isinstance(columns, (str, bytes)):
         raise ValueError(f"columns must be a list of column names, got {columns!r}; e.g. columns=[{columns!r}]")
-    if columns is not None and not list(columns):
-        raise ValueError(f"columns must be a non-empty list of column names, got {columns!r}; pass None for all columns")
+    if columns is not None:
+        names = list(columns) if hasattr(columns, "__iter__") else None
+        if not names or not all(isinstance(name, str) for name in names):
+            raise ValueError(f"columns must be a non-empty list of column names (strings), got {columns!r:.200}; pass None for all columns")
+        columns = names
     if equalize not in EQUALIZE_POLICIES:
         raise ValueError(f"equalize must be one of {EQUALIZE_POLICIES}, got {equalize!r}")
     if on_error not in ON_ERROR_POLICIES:
@@ -144,6 +147,9 @@ def check_loader_options(options: Mapping[str, Any]) -> None:
             boolean(name, options[name])
     if options.get("prefetch_factor") is not None:
         at_least("prefetch_factor", options["prefetch_factor"], 1)
+    context = options.get("multiprocessing_context")
+    if context is not None and not isinstance(context, str) and not hasattr(context, "get_start_method"):
+        raise ValueError(f"multiprocessing_context must be a start method name ('fork', 'spawn', 'forkserver') or a context, got {context!r}")
     timeout = options.get("timeout", 0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")

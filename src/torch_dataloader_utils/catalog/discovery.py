@@ -36,7 +36,12 @@ def as_path_list(path: str | bytes | Sequence[str]) -> list[str]:
     """The user's path argument (one path or a list of them) as a list of strings."""
     if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
         return [_as_str(path)]
-    paths = [_as_str(p) for p in path]
+    given = list(path) if isinstance(path, (list, tuple)) or hasattr(path, "__iter__") else None
+    if given is None or not all(isinstance(p, (str, bytes)) or hasattr(p, "__fspath__") for p in given):
+        raise TypeError(
+            f"path must be a file, directory or glob (str or os.PathLike), a list of them, or a list of Sources; got {path!r:.200}"
+        )
+    paths = [_as_str(p) for p in given]
     if not paths:
         raise ValueError("path is an empty list: give at least one file, directory or glob")
     return paths

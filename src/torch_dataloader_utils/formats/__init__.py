@@ -83,6 +83,8 @@ ALIASES = {"json": "jsonl"}  # other names format= takes
 
 def canonical_name(name: str) -> str:
     """A format name as ``FORMATS`` keys it (lower case, aliases resolved)."""
+    if not isinstance(name, str):
+        raise ValueError(f"format must be one of {[*FORMATS, *ALIASES]} (or None to infer it), got {name!r}")
     return ALIASES.get(name.lower(), name.lower())
 
 

@@ -64,6 +64,8 @@ def check_policy(nulls: Any, fill_values: Any, decimals: Any) -> ColumnPolicy:
         raise ValueError(f"nulls must be one of {NULL_POLICIES}, got {nulls!r}")
     if decimals not in DECIMAL_FORMS:
         raise ValueError(f"decimals must be one of {DECIMAL_FORMS}, got {decimals!r}")
+    if fill_values is not None and not isinstance(fill_values, Mapping):
+        raise ValueError(f"fill_values must be a dict of column name -> number or bool, got {fill_values!r:.80}")
     fill_values = dict(fill_values or {})
     for name, value in fill_values.items():
         if not isinstance(name, str) or isinstance(value, (str, bytes)) or not isinstance(value, (bool, int, float, np.number)):

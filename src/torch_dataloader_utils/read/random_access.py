@@ -197,7 +197,11 @@ class RowAccess:
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def _open(self, file: int) -> Any:
-        return self._readers.get(file, lambda: self._opened(file))
+        kept = self._readers.find(file)
+        if kept is None:
+            return self._readers.get(file, lambda: self._opened(file))
+        check_unchanged(self.catalog.fs_of(file), self.catalog.files[file])  # rewritten since it was opened?
+        return kept
 
     def _opened(self, file: int) -> Any:
         """A new reader of ``file`` (a local file checked against the planned version first)."""

@@ -264,7 +264,13 @@ class StreamReader:
         return DataReadError(message)
 
     def _open(self, file: int) -> Any:
-        return self._files.get(file, lambda: self._opened(file))
+        """A reader of ``file``: one kept from an earlier read (a persistent worker's, or the main
+        process's, across epochs) is checked against the planned version again, as a new one is."""
+        kept = self._files.find(file)
+        if kept is None:
+            return self._files.get(file, lambda: self._opened(file))
+        check_unchanged(self._catalog.fs_of(file), self._catalog.files[file])
+        return kept
 
     def _opened(self, file: int) -> Any:
         """A new reader of ``file`` (checked against the planned version first)."""

@@ -108,6 +108,14 @@ def check_header(state: Any) -> str:
             ["its progress is whole shards per worker, without the row positions an exact resume needs"],
             f"Start epoch {state.get('epoch')!r} from its beginning (set_epoch) with this library, and save its states from now on.",
         )
+    if VERSION not in state and ("_snapshot" in state or "_num_yielded" in state):  # torchdata's StatefulDataLoader.state_dict()
+        raise mismatch(
+            "Checkpoint state is a StatefulDataLoader's state, not this dataset's.",
+            [],
+            ["it holds the loader's own progress, with the dataset's state (or each worker's) inside it"],
+            "Pass it to the StatefulDataLoader's own load_state_dict(), which hands each worker its dataset state; "
+            "dataset.load_state_dict() takes what dataset.state_dict() returned in the main process.",
+        )
     version = _require(state, VERSION, int, "dataset")
     if version > FORMAT_VERSION:
         raise mismatch(

@@ -55,10 +55,12 @@ class IOOptions:
             raise ValueError(f"download_timeout must be a number of seconds or None, got {self.download_timeout!r}")
         if self.download_retry < 0:
             raise ValueError(f"download_retry must be >= 0, got {self.download_retry}")
-        if self.download_timeout is not None and self.download_timeout <= 0:
+        if self.download_timeout is not None and not self.download_timeout > 0:  # (NaN too)
             raise ValueError(f"download_timeout must be positive or None, got {self.download_timeout}")
         if self.cache_limit_bytes is not None and self.cache_limit_bytes <= 0:
             raise ValueError(f"cache_limit_bytes must be positive or None, got {self.cache_limit_bytes}")
+        if self.cache_dir is not None and (not isinstance(self.cache_dir, (str, os.PathLike)) or not os.fspath(self.cache_dir)):
+            raise ValueError(f"cache_dir must be a directory path or None, got {self.cache_dir!r}")
         if self.cache_limit_bytes is not None and self.cache_dir is None:
             raise ValueError("cache_limit_bytes needs cache_dir")
 
