@@ -167,3 +167,31 @@ def test_a_missing_cloud_client_names_the_extra_to_install():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert 'for gs:// paths, pip install gcsfs (or, in a checkout of this library: pip install -e ".[gcs]")' in out, out
+
+
+def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path):
+    """A Delta or Iceberg table's directory holds files the table replaced (here a delete rewrote
+    one): read as plain files their rows would come twice. Refused, also as a mixture's source; a
+    glob over the files reads them as they lie."""
+    pytest.importorskip("deltalake")
+    from deltalake import DeltaTable, write_deltalake
+    from table_helpers import iceberg_config, iceberg_table, rows
+
+    from torch_dataloader_utils import Source
+
+    delta = str(tmp_path / "delta")
+    write_deltalake(delta, rows(0, 100))
+    DeltaTable(delta).delete("id < 10")
+    with pytest.raises(ValueError, match=r"is a Delta table \(it holds _delta_log/\).*DeltaDataset.*\*\*/\*\.parquet"):
+        StructuredDataset(delta, num_workers=0)
+    write_dataset(tmp_path / "files", [[20]])
+    with pytest.raises(ValueError, match="is a Delta table"):
+        StructuredDataset([Source(str(tmp_path / "files")), Source(delta + "/")], num_workers=0)
+    assert len(StructuredDataset(delta + "/**/*.parquet", num_workers=0)) == 190  # both versions of the rewritten file
+
+    os.makedirs(tmp_path / "warehouse")
+    table = iceberg_table(iceberg_config(str(tmp_path / "warehouse")))
+    table.append(rows(0, 50))
+    location = table.location().removeprefix("file://")
+    with pytest.raises(ValueError, match=r"is an Iceberg table \(it holds metadata/\*\.metadata\.json\).*IcebergDataset"):
+        StructuredDataset(location, num_workers=0)

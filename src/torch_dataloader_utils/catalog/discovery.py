@@ -152,9 +152,26 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
         return
     directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
     if fs.isdir(directory):
+        _refuse_table(fs, directory, user_path)
         yield from _walk_local(directory, format) if is_local(fs) else _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
+
+
+def _refuse_table(fs: Any, directory: str, user_path: str) -> None:
+    """A ValueError for the root of a Delta or Iceberg table: its data files are not its rows (files
+    a delete or compaction replaced stay until vacuumed; deletion vectors and delete files hide rows)."""
+    if fs.isdir(f"{directory}/_delta_log"):
+        kind, dataset = "a Delta table (it holds _delta_log/)", "DeltaDataset"
+    elif fs.isdir(f"{directory}/metadata") and fs.glob(f"{directory}/metadata/*.metadata.json"):
+        kind, dataset = "an Iceberg table (it holds metadata/*.metadata.json)", "IcebergDataset"
+    else:
+        return
+    raise ValueError(
+        f"{user_path!r} is {kind}: its files hold rows the table deleted or replaced, which a read of the files would "
+        f"deliver. Read the table with torch_dataloader_utils.{dataset} (docs/tables.md); to read its files as they "
+        f"lie anyway, pass a glob such as {user_path.rstrip('/') + '/**/*.parquet'!r}"
+    )
 
 
 def _list(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
