@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 from pyarrow import orc
 
+from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_remote
 from . import FORMATS
@@ -115,7 +116,14 @@ class OrcFormat:
             except (OSError, pa.ArrowException):
                 pass
         with open_input(fs, path) as source:
-            return orc.ORCFile(source).schema
+            try:
+                return orc.ORCFile(source).schema
+            except pa.ArrowNotImplementedError as error:
+                if "top-level struct" not in str(error):
+                    raise
+                raise UnsupportedFileError(
+                    "its root type is not a struct (rows of named columns), and pyarrow reads only ORC files whose root is one"
+                ) from error
 
     def null_counts(self, footer: Any, names: Sequence[str]) -> dict[str, int]:
         """Nulls per top-level column among ``names``, where the file's statistics say."""
