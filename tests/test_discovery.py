@@ -4,6 +4,7 @@ import sys
 
 import pytest
 from datagen import write_dataset
+from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
 
@@ -169,7 +170,7 @@ def test_a_missing_cloud_client_names_the_extra_to_install():
     assert 'for gs:// paths, pip install gcsfs (or, in a checkout of this library: pip install -e ".[gcs]")' in out, out
 
 
-def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path):
+def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path, s3):
     """A Delta or Iceberg table's directory holds files the table replaced (here a delete rewrote
     one): read as plain files their rows would come twice. Refused, also as a mixture's source; a
     glob over the files reads them as they lie."""
@@ -188,6 +189,12 @@ def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path):
     with pytest.raises(ValueError, match="is a Delta table"):
         StructuredDataset([Source(str(tmp_path / "files")), Source(delta + "/")], num_workers=0)
     assert len(StructuredDataset(delta + "/**/*.parquet", num_workers=0)) == 190  # both versions of the rewritten file
+    with pytest.raises(ValueError, match=r"delta' is a Delta table"):  # found below a directory given
+        StructuredDataset(str(tmp_path), num_workers=0)
+    sidecar = tmp_path / "sidecar"
+    write_dataset(sidecar / "metadata", [[10]])
+    (sidecar / "metadata" / "run.metadata.json").write_text("{}")  # not a name an Iceberg writer gives
+    assert len(StructuredDataset(str(sidecar), num_workers=0)) == 10
 
     os.makedirs(tmp_path / "warehouse")
     table = iceberg_table(iceberg_config(str(tmp_path / "warehouse")))
@@ -195,3 +202,10 @@ def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path):
     location = table.location().removeprefix("file://")
     with pytest.raises(ValueError, match=r"is an Iceberg table \(it holds metadata/\*\.metadata\.json\).*IcebergDataset"):
         StructuredDataset(location, num_workers=0)
+    for folder, _, names in os.walk(delta):  # an object store's listing finds the log too
+        for name in names:
+            relative = os.path.relpath(os.path.join(folder, name), delta)
+            s3.fs.pipe_file(s3.url(f"lake/delta/{relative}").split("://", 1)[1], open(os.path.join(folder, name), "rb").read())
+    s3.fs.invalidate_cache()
+    with pytest.raises(ValueError, match=r"lake/delta' is a Delta table"):
+        StructuredDataset(s3.url("lake"), num_workers=0, storage_options=s3.options)

@@ -39,15 +39,15 @@ def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, seek
 def test_a_window_of_several_pieces_is_one_chunk_and_reads_take_from_it():
     """A mixture's or shuffled window is combined once; a table that cannot be stays as it is and
     is gathered chunk by chunk, with the same rows."""
-    from torch_dataloader_utils.read.reader import _gather, _one_chunk
+    from torch_dataloader_utils.read.windows import gather, one_chunk
 
     parts = [pa.table({"id": list(range(start, start + 5)), "s": [str(i) for i in range(5)]}) for start in (0, 5, 10)]
     table = pa.concat_tables(parts)
-    combined = _one_chunk(table)
+    combined = one_chunk(table)
     assert all(column.num_chunks == 1 for column in combined.columns) and combined.equals(table)
     rows = pa.array([14, 0, 7, 3, 11]).to_numpy()
-    assert _gather(combined, rows).equals(table.take(rows)) and _gather(table, rows).equals(table.take(rows))
-    assert _one_chunk(combined) is combined
+    assert gather(combined, rows).equals(table.take(rows)) and gather(table, rows).equals(table.take(rows))
+    assert one_chunk(combined) is combined
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -99,3 +99,24 @@ def test_file_rewritten_between_epochs_is_refused_by_a_reader_that_kept_it_open(
     with pytest.raises(DataReadError, match=r"a\.parquet.*changed after planning"):
         for batch in loader:
             assert all(i < 100 for i in batch["id"].tolist())
+
+
+@pytest.mark.parametrize("workers", [(0, False), (1, True)], ids=["main-process", "persistent-worker"])
+def test_a_unit_kept_decoded_from_an_earlier_epoch_is_checked_against_its_file(tmp_path, workers):
+    """Shuffled windows keep a unit that several splits read decoded into the next epoch; a file
+    replaced since is refused there too, not delivered from the kept copy."""
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(1000), pa.int64())}), path, row_group_size=1000)
+    num_workers, persistent = workers
+    loader, dataset = StructuredDataset.create_dataloader(
+        str(tmp_path), batch_size=50, num_workers=num_workers, shuffle=True, split_rows=100, persistent_workers=persistent
+    )
+    assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(1000))
+    stat = path.stat()
+    pq.write_table(pa.table({"id": pa.array(range(5000, 6000), pa.int64())}), tmp_path / "b.tmp", row_group_size=1000)
+    os.replace(tmp_path / "b.tmp", path)
+    os.utime(path, ns=(stat.st_mtime_ns + 10**9, stat.st_mtime_ns + 10**9))
+    dataset.set_epoch(1)
+    with pytest.raises(DataReadError, match=r"a\.parquet.*changed after planning"):
+        for batch in loader:
+            assert all(i < 1000 for i in batch["id"].tolist())

@@ -385,7 +385,7 @@ class StructuredDataset(IterableDataset):
             self._selected = selected
 
     def _checkpoint_view(self) -> dataset_state.CheckpointView:
-        parts = (self._catalog, self._delivery, self._worker, self._config(), self._digest(), self._plan_check())
+        parts = (self._catalog, self._delivery, self._worker, self._config(), self._digest(), self._plan_check)
         return dataset_state.CheckpointView(*parts, self.canonical_lanes, self.chunk_rows, self.num_workers)
 
     def _digest(self) -> str:

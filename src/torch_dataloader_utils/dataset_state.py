@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from torch.utils.data import get_worker_info
 
@@ -32,7 +32,7 @@ class CheckpointView:
     worker: WorkerStream
     config: dict
     files_digest: str
-    plan_check: PlanCheck
+    plan_check: Callable[[], PlanCheck]  # built only to load a state (it lists every file)
     canonical_lanes: int | None
     chunk_rows: int
     num_workers: int
@@ -74,7 +74,7 @@ def load_worker_state(view: CheckpointView, state: Mapping[str, Any]) -> None:
             "each worker its state; with create_dataloader, save and load dataset.state_dict() of the main process.",
         )
     check_lanes_key(state, view.canonical_lanes)
-    epoch, worker, position = check_worker_state(state, view.plan_check, view.files_digest, view.delivery.progress)
+    epoch, worker, position = check_worker_state(state, view.plan_check(), view.files_digest, view.delivery.progress)
     check_loader_workers(view.num_workers, info.num_workers)
     if worker != info.id:
         raise mismatch(

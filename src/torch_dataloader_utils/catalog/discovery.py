@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -112,7 +113,11 @@ def _glob_root(pattern: str) -> str:
 def _walk(fs: Any, directory: str, format: str | None) -> Iterable[tuple[str, dict]]:
     """The wanted files below a directory, skipping ignored names at every level."""
     for path, info in fs.find(directory, detail=True).items():
-        if not _is_ignored(_relative(path, directory)) and _wanted(path, format):
+        relative = _relative(path, directory)
+        table = _table_kind(relative.split("/"))
+        if table is not None:
+            raise _table_error("/".join([directory.rstrip("/"), *relative.split("/")[: table[1]]]), table[0])
+        if not _is_ignored(relative) and _wanted(path, format):
             yield path, info
 
 
@@ -122,10 +127,16 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
     seconds for 100,000 files)."""
     stack = [directory]
     while stack:
-        with os.scandir(stack.pop()) as entries:
+        current = stack.pop()
+        in_metadata = os.path.basename(current) == "metadata"
+        with os.scandir(current) as entries:
             for entry in entries:
                 if entry.name.startswith((".", "_")):
+                    if entry.name == "_delta_log" and entry.is_dir():
+                        raise _table_error(current, "delta")
                     continue
+                if in_metadata and _ICEBERG_METADATA.fullmatch(entry.name):
+                    raise _table_error(os.path.dirname(current), "iceberg")
                 try:
                     if entry.is_dir():
                         stack.append(entry.path)
@@ -152,25 +163,37 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
         return
     directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
     if fs.isdir(directory):
-        _refuse_table(fs, directory, user_path)
         yield from _walk_local(directory, format) if is_local(fs) else _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
 
 
-def _refuse_table(fs: Any, directory: str, user_path: str) -> None:
-    """A ValueError for the root of a Delta or Iceberg table: its data files are not its rows (files
-    a delete or compaction replaced stay until vacuumed; deletion vectors and delete files hide rows)."""
-    if fs.isdir(f"{directory}/_delta_log"):
-        kind, dataset = "a Delta table (it holds _delta_log/)", "DeltaDataset"
-    elif fs.isdir(f"{directory}/metadata") and fs.glob(f"{directory}/metadata/*.metadata.json"):
-        kind, dataset = "an Iceberg table (it holds metadata/*.metadata.json)", "IcebergDataset"
-    else:
-        return
-    raise ValueError(
-        f"{user_path!r} is {kind}: its files hold rows the table deleted or replaced, which a read of the files would "
-        f"deliver. Read the table with torch_dataloader_utils.{dataset} (docs/tables.md); to read its files as they "
-        f"lie anyway, pass a glob such as {user_path.rstrip('/') + '/**/*.parquet'!r}"
+_ICEBERG_METADATA = re.compile(r"(v\d+|\d+-[0-9a-fA-F-]{36})(\.\w+)?\.metadata\.json")  # what Iceberg writers name a table's metadata
+_TABLES = {
+    "delta": ("a Delta table (it holds _delta_log/)", "DeltaDataset"),
+    "iceberg": ("an Iceberg table (it holds metadata/*.metadata.json)", "IcebergDataset"),
+}
+
+
+def _table_kind(relative_parts: Sequence[str]) -> tuple[str, int] | None:
+    """("delta" | "iceberg", how many leading parts name the table's root) when a path found in a
+    walk (its parts below the walked directory) belongs to a table's log or metadata, else None."""
+    if "_delta_log" in relative_parts[:-1]:
+        return "delta", relative_parts.index("_delta_log")
+    if len(relative_parts) >= 2 and relative_parts[-2] == "metadata" and _ICEBERG_METADATA.fullmatch(relative_parts[-1]):
+        return "iceberg", len(relative_parts) - 2
+    return None
+
+
+def _table_error(root: str, kind: str) -> ValueError:
+    """A table's directory is not its rows: files a delete, an update or a compaction replaced stay
+    until vacuumed, and deletion vectors and delete files hide rows."""
+    what, dataset = _TABLES[kind]
+    root = root.rstrip("/")
+    return ValueError(
+        f"{root!r} is {what}: its files hold rows the table deleted or replaced, which a read of the files would deliver. "
+        f"Read the table with torch_dataloader_utils.{dataset} (docs/tables.md); to read its files as they lie anyway, "
+        f"pass a glob such as {root + '/**/*.parquet'!r}"
     )
 
 

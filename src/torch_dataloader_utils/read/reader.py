@@ -7,8 +7,7 @@ splits that lost rows with the error, so that progress and reports stay exact.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -23,40 +22,13 @@ from ..storage.paths import check_unchanged, is_local, is_remote
 from .conform import iter_conformed, read_conformed
 from .filtering import iter_filtered, read_filtered
 from .prefetch import decode_ahead, pieces_between, units_to_decode
+from .windows import Rows, StreamedPiece, Window, one_chunk
 
 _OPEN_FILES = 16
 _CACHED_WINDOWS = 2
 _GATHER_SEGMENTS = 16  # a task of more segments than this reads each stream's span once (read_segments)
 _KEPT_UNIT_ROWS = 64  # a unit this small stays decoded after its piece is read (see _piece)
 _CACHED_UNITS = 2  # at least; a mixture's window reads part of a unit of each source, and keeps those
-
-
-@dataclass
-class Rows:
-    """Rows read from a range. ``present`` holds each row's offset in the range when some
-    rows were skipped (None: every row is there, in order); ``skipped`` maps split -> error."""
-
-    table: pa.Table
-    present: np.ndarray | None = None
-    skipped: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass
-class _Window:
-    table: pa.Table  # rows that could be read, in output order (unless `order` is set)
-    valid: np.ndarray | None  # per output position: was the row read (None: all were)
-    skipped: dict[int, str]
-    order: np.ndarray | None = None  # output position -> row of `table` (rows not yet permuted)
-
-    def rows(self, offset: int, take: int) -> Rows:
-        """Output rows [offset, offset + take)."""
-        if self.order is not None:
-            return Rows(_gather(self.table, self.order[offset : offset + take]), None, self.skipped)
-        if self.valid is None:
-            return Rows(self.table.slice(offset, take), None, self.skipped)
-        valid = self.valid[offset : offset + take]
-        first = int(np.count_nonzero(self.valid[:offset]))
-        return Rows(self.table.slice(first, int(np.count_nonzero(valid))), np.flatnonzero(valid), self.skipped)
 
 
 class StreamReader:
@@ -71,8 +43,9 @@ class StreamReader:
         self._skip_errors = skip_errors
         self._stream_rows = stream_rows  # > 0: decode unshuffled Parquet pieces in batches of this many rows
         self._files: Lru[int, Any] = Lru(_OPEN_FILES)
-        self._windows: Lru[tuple, _Window | _StreamedPiece] = Lru(windows)  # at most one per stream
+        self._windows: Lru[tuple, Window | StreamedPiece] = Lru(windows)  # at most one per stream
         self._units: Lru[tuple[int, int], pa.Table] = Lru(_CACHED_UNITS)  # decoded units read only in part
+        self._verified: tuple[int, set[int]] = (-1, set())  # (epoch, files whose kept units were checked in it)
         self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
         self._ahead: dict[tuple[int, int], pa.Table | Exception] = {}  # units decoded ahead for the read in progress (prefetch.py)
 
@@ -145,7 +118,7 @@ class StreamReader:
         table = self._concat(tables, stream) if len(tables) > 1 else (tables[0] if tables else parts[0][0].table)
         return Rows(table, None if exact else np.concatenate(present), skipped)
 
-    def _window(self, stream: Stream, index: int) -> _Window | _StreamedPiece:
+    def _window(self, stream: Stream, index: int) -> Window | StreamedPiece:
         key = (self._stream_id(stream), index)
         window = self._windows.find(key)
         if window is not None:
@@ -154,7 +127,7 @@ class StreamReader:
             self._windows.pop(old)  # a stream is read in order: free its previous window before decoding this one
         pieces = stream.window_pieces_of(index)
         if self._streams(stream, pieces):
-            streamed = _StreamedPiece(lambda first: self._piece_batches(pieces[0], first, stream.key[1]), pieces[0].num_rows)
+            streamed = StreamedPiece(lambda first: self._piece_batches(pieces[0], first, stream.key[1]), pieces[0].num_rows)
             self._windows.put(key, streamed)
             return streamed
         self._units.capacity = max(_CACHED_UNITS, len({(p.file, p.unit) for p in pieces if p.num_rows}))
@@ -209,25 +182,27 @@ class StreamReader:
         except Exception as error:  # noqa: BLE001 - re-raised naming file and split
             raise self._read_error(piece, error, epoch) from error
 
-    def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> _Window:
+    def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> Window:
         read = [t for t in tables if t is not None]
         table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
         permutation = stream.window_permutation(index)
         if not skipped:
             # rows stay decoded in piece order and each read takes its rows from them: a window of
             # several pieces (a mixture's sources, a shuffled window) is made one Arrow chunk first,
-            # a copy at memcpy speed that makes every later take one plain take (see _gather)
-            return _Window(_one_chunk(table) if permutation is not None else table, None, skipped, permutation)
+            # a copy at memcpy speed that makes every later take one plain take (see gather)
+            return Window(one_chunk(table) if permutation is not None else table, None, skipped, permutation)
         valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
         position = np.cumsum(valid) - 1  # planned row -> row of `table`
         order = permutation if permutation is not None else np.arange(len(valid))
         valid_out = valid[order]
-        return _Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
+        return Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
 
     def _piece(self, piece: Piece, epoch: int) -> pa.Table:
         key = (piece.file, piece.unit)
         table = self._units.find(key)
-        if table is None:
+        if table is not None:
+            self._check_kept(piece, epoch)
+        else:
             table = self._ahead.pop(key, None)
             if isinstance(table, Exception):
                 raise self._read_error(piece, table, epoch) from table
@@ -241,6 +216,20 @@ class StreamReader:
             if piece.num_rows < table.num_rows or table.num_rows <= _KEPT_UNIT_ROWS:
                 self._units.put(key, table)
         return table.slice(piece.start, piece.stop - piece.start)
+
+    def _check_kept(self, piece: Piece, epoch: int) -> None:
+        """A unit kept decoded from an earlier epoch comes from the planned version of its file:
+        checked (once per file and epoch) as a read of the file would be."""
+        if self._verified[0] != epoch:
+            self._verified = (epoch, set())
+        if piece.file in self._verified[1]:
+            return
+        try:
+            check_unchanged(self._catalog.fs_of(piece.file), self._catalog.files[piece.file])
+        except Exception as error:  # noqa: BLE001 - re-raised naming file and split
+            self._units.clear()
+            raise self._read_error(piece, error, epoch) from error
+        self._verified[1].add(piece.file)
 
     def _read_error(self, piece: Piece, error: Exception, epoch: int) -> Exception:
         """The error to raise for ``error`` while reading ``piece``: a DataReadError naming the file
@@ -306,95 +295,3 @@ class _StreamId:
             isinstance(other, _StreamId) and self._hash == other._hash and self.key == other.key
             and (self.splits is other.splits or self.splits == other.splits)
         )  # fmt: skip
-
-
-class _StreamedPiece:
-    """An unshuffled one-piece window decoded batch by batch as reads reach it: the first rows
-    of a row group are ready before the rest is decoded, and a worker holds about one chunk of
-    it instead of the whole decoded row group. Reads go forward; the first read may start
-    anywhere (a resume: decoding starts there, see ``iter_conformed``), and a read behind the
-    batches held (a new pass after an interruption) starts decoding again."""
-
-    def __init__(self, batches: Callable[[int], Iterator[pa.Table]], num_rows: int):
-        self._start = batches  # window row -> the window's rows from there on
-        self._num_rows = num_rows
-        self._restart()
-
-    def _restart(self) -> None:
-        self._batches: Iterator[pa.Table] | None = None
-        self._held: list[pa.Table] = []
-        self._first = 0  # window row of the first held row
-        self._end = 0  # window row after the last held row
-
-    def rows(self, offset: int, take: int) -> Rows:
-        """Output rows [offset, offset + take)."""
-        if offset < self._first:
-            self._restart()
-        try:
-            self._fill(offset, offset + take)
-        except Exception:
-            self._restart()  # a retry (a new pass) decodes again instead of finding a dead iterator
-            raise
-        self._drop_before(offset)
-        held = self._held[0] if len(self._held) == 1 else pa.concat_tables(self._held)
-        return Rows(held.slice(offset - self._first, take))
-
-    def _fill(self, offset: int, stop: int) -> None:
-        """Decode up to window row ``stop``; batches wholly before ``offset`` are dropped as they
-        come, so their memory is reused by the next batch."""
-        if self._batches is None:
-            self._batches = self._start(offset)
-            self._first = self._end = offset
-        while self._end < stop:
-            table = next(self._batches, None)
-            if table is None:
-                raise DataReadError(f"internal error: a streamed piece ended at row {self._end}, before row {stop}")
-            self._held.append(table)
-            self._end += table.num_rows
-            self._drop_before(offset)
-        if stop == self._num_rows and next(self._batches, None) is not None:  # ends the decoding (and its checks)
-            raise DataReadError(f"internal error: a streamed piece has more than its {self._num_rows} rows")
-
-    def _drop_before(self, offset: int) -> None:
-        while self._held and self._first + self._held[0].num_rows <= offset:
-            self._first += self._held.pop(0).num_rows
-
-
-def _one_chunk(table: pa.Table) -> pa.Table:
-    """The table in one chunk per column; as it is when that cannot be (a string column of more
-    than 2 GiB in one window), and then ``_gather`` takes from each chunk."""
-    if all(column.num_chunks <= 1 for column in table.columns):
-        return table
-    try:
-        return table.combine_chunks()
-    except (pa.ArrowInvalid, pa.ArrowCapacityError, pa.ArrowNotImplementedError):  # e.g. offsets that do not fit one chunk
-        return table
-
-
-def _gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """``table.take(rows)``; for a table of many chunks one take per chunk (older pyarrow
-    concatenates a chunked column whole to take from it, per call)."""
-    batches = table.to_batches()
-    if len(batches) <= 1:
-        return table.take(rows)
-    bounds = np.cumsum([0] + [b.num_rows for b in batches])
-    owner = np.searchsorted(bounds, rows, side="right") - 1
-    if len(batches) <= np.iinfo(np.int16).max:
-        owner = owner.astype(np.int16)  # a stable sort of 16-bit integers is a radix sort
-    order = np.argsort(owner, kind="stable")
-    counts = np.bincount(owner, minlength=len(batches))
-    ends = np.cumsum(counts)
-    local = rows[order] - bounds[owner[order]]
-    parts = [_rows_of(batches[b], local[ends[b] - counts[b] : ends[b]]) for b in np.flatnonzero(counts)]
-    grouped = pa.Table.from_batches(parts, schema=table.schema)
-    inverse = np.empty(len(rows), dtype=np.int64)
-    inverse[order] = np.arange(len(rows))
-    return grouped.take(inverse)
-
-
-def _rows_of(batch: pa.RecordBatch, rows: np.ndarray) -> pa.RecordBatch:
-    """``batch.take(rows)``; a slice (no copy) when the rows are one ascending run, as a
-    mixture's unshuffled window asks of each source."""
-    if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and (len(rows) < 2 or bool(np.all(np.diff(rows) == 1))):
-        return batch.slice(int(rows[0]), len(rows))
-    return batch.take(pa.array(rows))
