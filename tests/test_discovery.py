@@ -191,6 +191,9 @@ def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path, s3):
     assert len(StructuredDataset(delta + "/**/*.parquet", num_workers=0)) == 190  # both versions of the rewritten file
     with pytest.raises(ValueError, match=r"delta' is a Delta table"):  # found below a directory given
         StructuredDataset(str(tmp_path), num_workers=0)
+    write_dataset(tmp_path / "delta" / "part=0", [[5]])
+    with pytest.raises(ValueError, match=r"delta' is a Delta table"):  # or above it
+        StructuredDataset(str(tmp_path / "delta" / "part=0"), num_workers=0)
     sidecar = tmp_path / "sidecar"
     write_dataset(sidecar / "metadata", [[10]])
     (sidecar / "metadata" / "run.metadata.json").write_text("{}")  # not a name an Iceberg writer gives
@@ -202,6 +205,8 @@ def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path, s3):
     location = table.location().removeprefix("file://")
     with pytest.raises(ValueError, match=r"is an Iceberg table \(it holds metadata/\*\.metadata\.json\).*IcebergDataset"):
         StructuredDataset(location, num_workers=0)
+    with pytest.raises(ValueError, match="is an Iceberg table"):  # a directory inside one
+        StructuredDataset(location + "/data", num_workers=0)
     for folder, _, names in os.walk(delta):  # an object store's listing finds the log too
         for name in names:
             relative = os.path.relpath(os.path.join(folder, name), delta)

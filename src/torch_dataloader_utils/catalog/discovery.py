@@ -163,6 +163,8 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
         return
     directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
     if fs.isdir(directory):
+        if is_local(fs):
+            _refuse_inside_table(directory)
         yield from _walk_local(directory, format) if is_local(fs) else _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
@@ -183,6 +185,18 @@ def _table_kind(relative_parts: Sequence[str]) -> tuple[str, int] | None:
     if len(relative_parts) >= 2 and relative_parts[-2] == "metadata" and _ICEBERG_METADATA.fullmatch(relative_parts[-1]):
         return "iceberg", len(relative_parts) - 2
     return None
+
+
+def _refuse_inside_table(directory: str) -> None:
+    """A local directory inside a table (a partition's, or its data/) is refused as the table is."""
+    parent = os.path.dirname(os.path.abspath(directory))
+    while parent != os.path.dirname(parent):
+        if os.path.isdir(os.path.join(parent, "_delta_log")):
+            raise _table_error(parent, "delta")
+        metadata = os.path.join(parent, "metadata")
+        if os.path.isdir(metadata) and any(_ICEBERG_METADATA.fullmatch(name) for name in os.listdir(metadata)):
+            raise _table_error(parent, "iceberg")
+        parent = os.path.dirname(parent)
 
 
 def _table_error(root: str, kind: str) -> ValueError:
