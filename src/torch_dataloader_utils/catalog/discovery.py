@@ -37,7 +37,7 @@ def as_path_list(path: str | bytes | Sequence[str]) -> list[str]:
     """The user's path argument (one path or a list of them) as a list of strings."""
     if isinstance(path, (str, bytes)) or hasattr(path, "__fspath__"):
         return [_as_str(path)]
-    given = list(path) if isinstance(path, (list, tuple)) or hasattr(path, "__iter__") else None
+    given = list(path) if hasattr(path, "__iter__") else None
     if given is None or not all(isinstance(p, (str, bytes)) or hasattr(p, "__fspath__") for p in given):
         raise TypeError(
             f"path must be a file, directory or glob (str or os.PathLike), a list of them, or a list of Sources; got {path!r:.200}"
@@ -114,9 +114,10 @@ def _walk(fs: Any, directory: str, format: str | None) -> Iterable[tuple[str, di
     """The wanted files below a directory, skipping ignored names at every level."""
     for path, info in fs.find(directory, detail=True).items():
         relative = _relative(path, directory)
-        table = _table_kind(relative.split("/"))
+        parts = relative.split("/")
+        table = _table_kind(parts)
         if table is not None:
-            raise _table_error("/".join([directory.rstrip("/"), *relative.split("/")[: table[1]]]), table[0])
+            raise _table_error("/".join([directory.rstrip("/"), *parts[: table[1]]]), table[0])
         if not _is_ignored(relative) and _wanted(path, format):
             yield path, info
 

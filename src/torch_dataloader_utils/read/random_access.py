@@ -197,19 +197,12 @@ class RowAccess:
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def _open(self, file: int) -> Any:
-        kept = self._readers.find(file)
-        if kept is None:
-            return self._readers.get(file, lambda: self._opened(file))
-        check_unchanged(self.catalog.fs_of(file), self.catalog.files[file])  # rewritten since it was opened?
-        return kept
-
-    def _opened(self, file: int) -> Any:
-        """A new reader of ``file`` (a local file checked against the planned version first)."""
+        """A reader of ``file``, its file checked against the planned version at every read (a
+        reader is kept open between calls)."""
         catalog = self.catalog
-        entry = catalog.files[file]
-        fs = catalog.fs_of(file)
+        entry, fs = catalog.files[file], catalog.fs_of(file)
         check_unchanged(fs, entry)
-        return catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None)
+        return self._readers.get(file, lambda: catalog.format_of(file).open(fs, entry.fs_path, catalog.footer(file), get_worker_info() is None))
 
     def _read_error(self, file: int, unit: int, error: Exception) -> Exception:
         url = self.catalog.files[file].url

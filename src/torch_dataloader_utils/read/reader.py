@@ -45,7 +45,7 @@ class StreamReader:
         self._files: Lru[int, Any] = Lru(_OPEN_FILES)
         self._windows: Lru[tuple, Window | StreamedPiece] = Lru(windows)  # at most one per stream
         self._units: Lru[tuple[int, int], pa.Table] = Lru(_CACHED_UNITS)  # decoded units read only in part
-        self._verified: tuple[int, set[int]] = (-1, set())  # (epoch, files whose kept units were checked in it)
+        self._units_epoch = -1  # the epoch the kept units were read in
         self._stream_ids: dict[int, tuple[Stream, _StreamId]] = {}  # id(stream) -> its window-cache key
         self._ahead: dict[tuple[int, int], pa.Table | Exception] = {}  # units decoded ahead for the read in progress (prefetch.py)
 
@@ -198,11 +198,12 @@ class StreamReader:
         return Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
 
     def _piece(self, piece: Piece, epoch: int) -> pa.Table:
+        if epoch != self._units_epoch:  # a new epoch reads its units again, through _open's check of their files
+            self._units.clear()
+            self._units_epoch = epoch
         key = (piece.file, piece.unit)
         table = self._units.find(key)
-        if table is not None:
-            self._check_kept(piece, epoch)
-        else:
+        if table is None:
             table = self._ahead.pop(key, None)
             if isinstance(table, Exception):
                 raise self._read_error(piece, table, epoch) from table
@@ -216,20 +217,6 @@ class StreamReader:
             if piece.num_rows < table.num_rows or table.num_rows <= _KEPT_UNIT_ROWS:
                 self._units.put(key, table)
         return table.slice(piece.start, piece.stop - piece.start)
-
-    def _check_kept(self, piece: Piece, epoch: int) -> None:
-        """A unit kept decoded from an earlier epoch comes from the planned version of its file:
-        checked (once per file and epoch) as a read of the file would be."""
-        if self._verified[0] != epoch:
-            self._verified = (epoch, set())
-        if piece.file in self._verified[1]:
-            return
-        try:
-            check_unchanged(self._catalog.fs_of(piece.file), self._catalog.files[piece.file])
-        except Exception as error:  # noqa: BLE001 - re-raised naming file and split
-            self._units.clear()
-            raise self._read_error(piece, error, epoch) from error
-        self._verified[1].add(piece.file)
 
     def _read_error(self, piece: Piece, error: Exception, epoch: int) -> Exception:
         """The error to raise for ``error`` while reading ``piece``: a DataReadError naming the file
@@ -253,20 +240,15 @@ class StreamReader:
         return DataReadError(message)
 
     def _open(self, file: int) -> Any:
-        """A reader of ``file``: one kept from an earlier read (a persistent worker's, or the main
-        process's, across epochs) is checked against the planned version again, as a new one is."""
-        kept = self._files.find(file)
-        if kept is None:
-            return self._files.get(file, lambda: self._opened(file))
+        """A reader of ``file``, its file checked against the planned version at every read: a
+        reader kept open across epochs (a persistent worker's, the main process's) too."""
         check_unchanged(self._catalog.fs_of(file), self._catalog.files[file])
-        return kept
+        return self._files.get(file, lambda: self._opened(file))
 
     def _opened(self, file: int) -> Any:
-        """A new reader of ``file`` (checked against the planned version first)."""
+        """A new reader of ``file`` (decode-ahead's reads are remote: their ranges are pinned to the planned version)."""
         entry = self._catalog.files[file]
-        fs = self._catalog.fs_of(file)
-        check_unchanged(fs, entry)
-        return self._catalog.format_of(file).open(fs, entry.fs_path, self._catalog.footers[file], self._use_threads)
+        return self._catalog.format_of(file).open(self._catalog.fs_of(file), entry.fs_path, self._catalog.footers[file], self._use_threads)
 
     def _concat(self, tables: list[pa.Table], stream: Stream | None) -> pa.Table:
         try:
