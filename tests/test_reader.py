@@ -37,17 +37,45 @@ def test_streamed_pieces_equal_whole_row_groups_in_any_read_order(tmp_path, seek
 
 
 def test_a_window_of_several_pieces_is_one_chunk_and_reads_take_from_it():
-    """A mixture's or shuffled window is combined once; a table that cannot be stays as it is and
-    is gathered chunk by chunk, with the same rows."""
+    """A mixture's or shuffled window is combined once, and reads take from it with the same rows
+    as from the pieces; a table already in one chunk is kept as it is."""
     from torch_dataloader_utils.read.windows import gather, one_chunk
 
     parts = [pa.table({"id": list(range(start, start + 5)), "s": [str(i) for i in range(5)]}) for start in (0, 5, 10)]
     table = pa.concat_tables(parts)
-    combined = one_chunk(table)
-    assert all(column.num_chunks == 1 for column in combined.columns) and combined.equals(table)
+    held = [table]
+    combined = one_chunk(held)
+    assert held == [] and all(column.num_chunks == 1 for column in combined.columns) and combined.equals(table)
     rows = pa.array([14, 0, 7, 3, 11]).to_numpy()
     assert gather(combined, rows).equals(table.take(rows)) and gather(table, rows).equals(table.take(rows))
-    assert one_chunk(combined) is combined
+    assert one_chunk([combined]) is combined
+
+
+def test_combining_a_window_frees_each_columns_pieces_before_the_next(monkeypatch):
+    """The copy of a window into one chunk needs about one column beyond the window, not a second
+    window: each column's pieces are freed (and handed back) once that column is combined."""
+    import numpy as np
+
+    from torch_dataloader_utils.read import windows
+
+    import pyarrow.compute as pc
+
+    column_bytes = 8 << 20
+    piece_rows = column_bytes // 8 // 4
+    pieces = [pa.table({name: pc.add(pa.array(np.full(piece_rows, i)), 0) for name in "abc"}) for i in range(4)]  # in Arrow's pool
+    held, allocated = [pa.concat_tables(pieces)], []
+    del pieces
+    window_bytes = 3 * column_bytes
+    before = pa.total_allocated_bytes() - window_bytes
+
+    class Pool:
+        def release_unused(self):
+            allocated.append(pa.total_allocated_bytes() - before)
+
+    monkeypatch.setattr(windows.pa, "default_memory_pool", Pool)
+    combined = windows.one_chunk(held)
+    assert combined.num_rows == 4 * column_bytes // 32 and len(allocated) == 3
+    assert max(allocated) <= window_bytes + (1 << 20), [a / window_bytes for a in allocated]
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

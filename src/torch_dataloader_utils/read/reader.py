@@ -183,19 +183,25 @@ class StreamReader:
             raise self._read_error(piece, error, epoch) from error
 
     def _assemble(self, stream: Stream, index: int, pieces, tables: list[pa.Table | None], skipped: dict[int, str]) -> Window:
+        """The window of ``tables`` (one per piece, None: skipped); ``tables`` is emptied, so the
+        pieces are held only here while they are combined."""
+        valid_pieces = [t is not None for t in tables]
         read = [t for t in tables if t is not None]
-        table = (self._concat(read, stream) if len(read) > 1 else read[0]) if read else pa.table({})
+        tables.clear()
+        held = [self._concat(read, stream) if len(read) > 1 else read[0]] if read else [pa.table({})]
+        read.clear()
         permutation = stream.window_permutation(index)
         if not skipped:
             # rows stay decoded in piece order and each read takes its rows from them: a window of
             # several pieces (a mixture's sources, a shuffled window) is made one Arrow chunk first,
             # a copy at memcpy speed that makes every later take one plain take (see gather)
-            return Window(one_chunk(table) if permutation is not None else table, None, skipped, permutation)
-        valid = np.concatenate([np.full(p.num_rows, t is not None) for p, t in zip(pieces, tables)])
+            return Window(one_chunk(held) if permutation is not None else held.pop(), None, skipped, permutation)
+        table = held.pop()
+        valid = np.concatenate([np.full(p.num_rows, ok) for p, ok in zip(pieces, valid_pieces)])
         position = np.cumsum(valid) - 1  # planned row -> row of `table`
         order = permutation if permutation is not None else np.arange(len(valid))
         valid_out = valid[order]
-        return Window(table.take(position[order[valid_out]]) if read else table, valid_out, skipped)
+        return Window(table.take(position[order[valid_out]]) if any(valid_pieces) else table, valid_out, skipped)
 
     def _piece(self, piece: Piece, epoch: int) -> pa.Table:
         if epoch != self._units_epoch:  # a new epoch reads its units again, through _open's check of their files

@@ -11,6 +11,8 @@ import pyarrow as pa
 
 from ..errors import DataReadError
 
+_RELEASE_BYTES = 4 << 20  # a column whose pieces are worth handing back once it is combined
+
 
 @dataclass
 class Rows:
@@ -92,15 +94,29 @@ class StreamedPiece:
             self._first += self._held.pop(0).num_rows
 
 
-def one_chunk(table: pa.Table) -> pa.Table:
-    """The table in one chunk per column; as it is when that cannot be (a string column of more
-    than 2 GiB in one window), and then ``gather`` takes from each chunk."""
+def one_chunk(held: list[pa.Table]) -> pa.Table:
+    """The one table of ``held`` with one chunk per column; ``held`` is emptied. Columns are
+    combined one at a time, each one's pieces freed before the next, and their memory handed back
+    to the system, so the copy needs about one column's memory beyond the window's (pyarrow's
+    allocator would keep the pieces while the whole combined window is allocated beside them). A
+    column that cannot be one chunk (strings of more than 2 GiB in one window) stays in chunks,
+    and ``gather`` takes from each chunk."""
+    table = held.pop()
     if all(column.num_chunks <= 1 for column in table.columns):
         return table
-    try:
-        return table.combine_chunks()
-    except (pa.ArrowInvalid, pa.ArrowCapacityError, pa.ArrowNotImplementedError):  # e.g. offsets that do not fit one chunk
-        return table
+    schema, columns = table.schema, list(table.columns)
+    del table
+    for i in range(len(columns)):
+        column = columns[i]
+        try:
+            columns[i] = pa.chunked_array([column.combine_chunks()], type=column.type)
+        except (pa.ArrowInvalid, pa.ArrowCapacityError, pa.ArrowNotImplementedError):  # e.g. offsets that do not fit one chunk
+            continue
+        large = column.nbytes >= _RELEASE_BYTES
+        del column
+        if large:
+            pa.default_memory_pool().release_unused()
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def gather(table: pa.Table, rows: np.ndarray) -> pa.Table:
