@@ -381,3 +381,18 @@ def test_random_access_numbers_the_rows_the_filters_leave_out(table):
     picks = [0, 20, 699, -1]
     assert filtered[picks]["id"].tolist() == whole[picks]["id"].tolist()
     assert sorted(filtered[0:1000]["id"].tolist()) == list(range(1000))
+
+
+def test_locate_numbers_rows_as_the_file_stores_them_deleted_ones_included(table):
+    """locate(i) names the row of the data file that dataset[i] reads, counting the rows the
+    table deleted, so opening the file at that row shows the same row."""
+    import pyarrow.parquet as pq
+
+    config, ice = table
+    add_position_deletes(ice, data_files(ice)[1], DELETED)
+    for options in ({}, {"scan_filter": "id >= 450"}):
+        _, dataset = _make(config, num_workers=0, **options)()
+        ids = dataset[0 : dataset.num_rows]["id"].tolist()
+        for i in range(dataset.num_rows):
+            url, row = dataset.locate(i)
+            assert pq.read_table(url.removeprefix("file://"), columns=["id"])["id"][row].as_py() == ids[i], (i, url, row)

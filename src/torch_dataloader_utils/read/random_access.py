@@ -94,12 +94,17 @@ class RowAccess:
         return self.batch(rows)
 
     def locate(self, index: int) -> tuple[str, int]:
-        """(file URL, row within that file) of global row ``index`` (negative: from the end)."""
+        """(file URL, row within that file) of global row ``index`` (negative: from the end); the
+        row is numbered as the file stores its rows, rows a table deleted included."""
         row = parse_key(index, self.num_rows)
         if not isinstance(row, int):
             raise TypeError(f"locate takes one row index (an int), got {type(index).__name__}")
         located = self.index.locate(np.array([row], dtype=np.int64))
-        return self.catalog.files[int(located.file[0])].url, int(located.row_in_file[0])
+        file, row_in_file = int(located.file[0]), int(located.row_in_file[0])
+        stored_row = getattr(self.catalog.format_of(file), "stored_row", None)  # a table's file: rows it deleted count too
+        if stored_row is not None:
+            row_in_file = stored_row(self.catalog.footers[file], row_in_file)
+        return self.catalog.files[file].url, row_in_file
 
     def batch(self, rows: np.ndarray) -> Any:
         """Rows (global, in [0, num_rows) or negative from the end) as a batch in the loader's form

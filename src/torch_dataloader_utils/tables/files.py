@@ -185,6 +185,10 @@ class TableFileFormat:
             counts.update({footer.names[raw]: count for raw, count in stored.items()})
         return counts
 
+    def stored_row(self, footer: TableFooter, row: int) -> int:
+        """The file's own number of the ``row``-th row the table keeps (its drops counted back in)."""
+        return physical_row(footer.file.dropped, row)
+
     def open(self, fs: Any, path: str, footer: TableFooter, use_threads: bool) -> TableFileReader:
         return TableFileReader(self.base.open(fs, path, footer.footer, use_threads), footer)
 
@@ -241,7 +245,7 @@ class TableFileReader:
 
 
 def physical_row(gone: np.ndarray, kept_row: int) -> int:
-    """The unit row holding kept row ``kept_row`` (``gone``: the unit's dropped rows, sorted)."""
+    """The row holding kept row ``kept_row`` (``gone``: the rows dropped, sorted; of a unit or a file)."""
     row = kept_row
     while True:  # each round adds the rows dropped before the candidate; it stops at a kept row
         candidate = kept_row + int(np.searchsorted(gone, row, side="right"))
