@@ -240,3 +240,9 @@ def test_verbose_input_errors_show_the_traceback_and_still_exit_2(capsys, tmp_pa
         assert "Traceback (most recent call last)" in err
         last = err.strip().splitlines()[-1]
         assert last.startswith("tdu plan: error: ") and message in last
+
+
+def test_demo_dir_that_is_a_file_is_a_usage_error(capsys, tmp_path):
+    (tmp_path / "taken").write_text("x")
+    code, _, err = run(capsys, "demo", "--dir", tmp_path / "taken")
+    assert code == 2 and "is a file; give a new or empty directory" in err

@@ -181,6 +181,8 @@ def test_inspect_never_runs_code_from_a_checkpoint(capsys, tmp_path, zip_format)
 def test_inspect_rejects_missing_and_unrelated_files(capsys, tmp_path):
     code, _, err = run(capsys, "inspect", tmp_path / "absent.json")
     assert code == 2 and "no such file" in err
+    code, _, err = run(capsys, "inspect", tmp_path / "absent.json", "--splits")
+    assert code == 2 and "--splits lists the completed splits of PATH" in err
     code, _, err = run(capsys, "inspect", tmp_path)
     assert code == 2 and "is a directory" in err
     (tmp_path / "other.json").write_text('{"model": 1}')

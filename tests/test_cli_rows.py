@@ -61,6 +61,8 @@ def test_rows_out_of_range_and_too_many_are_usage_errors(capsys, data):
     assert code == 2 and f"row index {ROWS} is out of range for a dataset of {ROWS} rows" in err
     code, _, err = run(capsys, "rows", data, "0:300", "--limit", "100")
     assert code == 2 and "--limit" in err
+    code, _, err = run(capsys, "rows", data, "::-1", "--limit", "100")
+    assert code == 2 and "::-1 selects more than --limit 100 rows" in err
     with pytest.raises(SystemExit) as exit_info:
         main(["rows", data, "x:y"])
     assert exit_info.value.code == 2 and "not rows: 'x:y'" in capsys.readouterr().err

@@ -14,6 +14,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ..demo import run_demo
 
     if args.dir:
+        if os.path.exists(args.dir) and not os.path.isdir(args.dir):
+            raise UsageError(f"--dir {args.dir} is a file; give a new or empty directory")
         os.makedirs(args.dir, exist_ok=True)
         if os.listdir(args.dir):
             raise UsageError(f"--dir {args.dir} is not empty; give a new or empty directory")

@@ -267,6 +267,8 @@ def _where(key: str) -> str:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Describe each state in ``args.state``; with PATH, exit 1 unless every one fits the data."""
+    if getattr(args, "splits", False) and not args.path:
+        raise UsageError("--splits lists the completed splits of PATH: give the data's PATH after the state file")
     checkpoint = load_checkpoint(args.state)
     states = states_in(checkpoint, args.key, args.state)
     report, all_match = [], True

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``tdu`` parser; each command sets ``run`` to its ``cmd_*`` function."""
     parser = argparse.ArgumentParser(
         prog="tdu",
-        description="torch_dataloader_utils: exactly-once, resumable PyTorch loading of Parquet and ORC files.",
+        description="torch_dataloader_utils: exactly-once, resumable PyTorch loading of Parquet, ORC, CSV, JSON Lines and Arrow IPC files.",
         epilog="Exit codes: 0 success; 1 the check failed (demo, inspect with PATH); 2 usage or input error.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")

@@ -84,7 +84,7 @@ def cmd_rows(args: argparse.Namespace) -> int:
     if isinstance(args.rows, slice):
         count = len(range(*args.rows.indices(dataset.num_rows)))
         if count > args.limit:
-            raise UsageError(f"{args.rows.start}:{args.rows.stop} selects more than --limit {args.limit} rows; narrow it or raise --limit")
+            raise UsageError(f"{_text(args.rows)} selects more than --limit {args.limit} rows; narrow it or raise --limit")
         if count == 0:
             total = dataset.num_rows
             raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {total:,} rows (valid: -{total} to {total - 1})")

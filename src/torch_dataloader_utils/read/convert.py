@@ -106,7 +106,8 @@ def _numeric(array: pa.Array, name: str, where: Where, policy: ColumnPolicy = DE
     values = filled(array, name, policy, where).to_numpy(zero_copy_only=False)
     if values.dtype in _WIDER:
         if values.dtype == np.uint64 and len(values) and int(values.max()) > np.iinfo(np.int64).max:
-            raise ValueError(f"column {name!r} (uint64) has values above int64's range in {where()}; a tensor cannot hold them")
+            raise ValueError(f"column {name!r} (uint64) has values above int64's range in {where()}; a tensor cannot "
+                'hold them: read it with output_format="numpy" or "arrow", or leave it out with columns=[...]')
         values = values.astype(_WIDER[values.dtype])
     return _tensor(values)
 
