@@ -55,10 +55,9 @@ def test_combining_a_window_frees_each_columns_pieces_before_the_next(monkeypatc
     """The copy of a window into one chunk needs about one column beyond the window, not a second
     window: each column's pieces are freed (and handed back) once that column is combined."""
     import numpy as np
+    import pyarrow.compute as pc
 
     from torch_dataloader_utils.read import windows
-
-    import pyarrow.compute as pc
 
     column_bytes = 8 << 20
     piece_rows = column_bytes // 8 // 4

@@ -144,7 +144,8 @@ def print_plan(plan: dict, path: str, show_all: bool) -> None:
         print(f"            batches per rank: {_spread([r['batches'] for r in plan['ranks']])}")
         delivered = plan["ranks"][0]["batches_delivered"]
         if plan["equalize"] == "pad":
-            print(f"            equalize=pad: every rank delivers {delivered:,} batches (short ranks repeat some of their own rows, a rank with none another rank's)")
+            padding = "short ranks repeat some of their own rows, a rank with none another rank's"
+            print(f"            equalize=pad: every rank delivers {delivered:,} batches ({padding})")
         elif plan["equalize"] == "drop":
             print(f"            equalize=drop: every rank delivers {delivered:,} batches (the rest of longer ranks is skipped)")
     for line in plan_advice(plan):
