@@ -349,6 +349,9 @@ def test_plan_differences_name_the_settings_and_files_ranks_disagree_on(tmp_path
     newer["files"][1][2] = "another-version"
     assert plan_differences([rank0, newer]) == [f"rank 0 and rank 1 see other versions of {files[1]}"]
     assert plan_summary(newer) != plan_summary(rank0) and plan_summary(other) != plan_summary(rank0)
+    canonical = StructuredDataset(files[:2], rank=1, world_size=3, num_workers=0, canonical_lanes=6).state_dict()
+    assert plan_differences([rank0, canonical]) == ["canonical_lanes: rank 0 has None, rank 1 6"]
+    assert plan_summary(canonical) != plan_summary(rank0)
 
 
 def test_drop_warns_once_when_it_leaves_out_most_of_a_ranks_batches(tmp_path, caplog):

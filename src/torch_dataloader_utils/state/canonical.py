@@ -21,10 +21,8 @@ from .merge import check_global, rank_parts
 from .mixture import mixture_causes
 from .progress import Progress
 from .restore import PlanCheck
-from .schema import BATCHES_DELIVERED, CHUNK_ROWS, EPOCH, FILES, MIXTURE, NEXT_WORKER, RANKS, ROWS_DELIVERED
+from .schema import BATCHES_DELIVERED, CANONICAL_LANES, CHUNK_ROWS, EPOCH, FILES, MIXTURE, NEXT_WORKER, RANKS, ROWS_DELIVERED
 from .validate import MAX_EPOCH, is_count, mismatch
-
-CANONICAL_LANES = "canonical_lanes"  # C of a state saved with canonical lanes (absent: the planned order)
 
 
 def saved_lanes(state: Mapping[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from .mixture import mixture_causes
 from .schema import (
     BATCH_TARGET,
     BATCHES_DELIVERED,
+    CANONICAL_LANES,
     CONFIG_KEYS,
     EPOCH,
     FILES,
@@ -94,8 +95,8 @@ def plan_summary(state: Mapping[str, Any]) -> dict:
     summary = {key: state.get(key) for key in CONFIG_KEYS if key != "_rank"}
     if not state.get("_shuffle"):
         summary.update(dict.fromkeys(SHUFFLE_ONLY_KEYS))  # unused without shuffling: ranks may differ there
-    summary[FILTERS] = state.get(FILTERS)
-    summary[READER_OPTIONS] = state.get(READER_OPTIONS)
+    for key in (FILTERS, READER_OPTIONS, CANONICAL_LANES):
+        summary[key] = state.get(key)
     files = state[FILES_SUMMARY].get("digest") if isinstance(state.get(FILES_SUMMARY), Mapping) else state.get(FILES)
     summary[FILES_DIGEST] = hashlib.sha256(json.dumps(files).encode()).hexdigest()
     if state.get(MIXTURE) is not None:
@@ -115,7 +116,7 @@ def plan_differences(states: Sequence[Mapping[str, Any]]) -> list[str]:
                 continue
             if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
-        for key, name in ((FILTERS, "filters"), (READER_OPTIONS, "csv_options/json_options")):
+        for key, name in ((FILTERS, "filters"), (READER_OPTIONS, "csv_options/json_options"), (CANONICAL_LANES, "canonical_lanes")):
             if state.get(key) != first.get(key):
                 differences.append(f"{name}: rank 0 has {first.get(key)!r}, rank {rank} {state.get(key)!r}")
         differences += [f"rank {rank}: {cause}" for cause in mixture_causes(first.get(MIXTURE), state.get(MIXTURE))]

@@ -84,6 +84,7 @@ SHUFFLE_ONLY_KEYS = ("_shuffle_seed", "_shuffle_buffer_rows")  # compared only w
 FILTERS = "_filters"
 #: digest of csv_options / json_options, present only when given: they decide which records a text file holds
 READER_OPTIONS = "_reader_options"
+CANONICAL_LANES = "canonical_lanes"  # C of a state saved with canonical lanes (absent: the planned order)
 MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
 
 
