@@ -68,6 +68,9 @@ def test_slice_and_rows_done_match_the_expanded_lane(case, data):
     done = collections.Counter(split for split, _, _, _ in rows[:start])
     total = collections.Counter(split for split, _, _, _ in rows)
     assert book.rows_done(lane, start) == {split: (done[split], total[split]) for split in total}
+    splits, done_rows, total_rows = book.split_progress(lane, start)
+    assert splits.tolist() == sorted(total) and done_rows.tolist() == [done[s] for s in splits.tolist()]
+    assert total_rows.tolist() == [total[s] for s in splits.tolist()]
 
 
 @settings(max_examples=200, deadline=None)

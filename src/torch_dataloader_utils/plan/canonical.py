@@ -136,6 +136,13 @@ class CanonicalBook(StreamBook):
             return self.stream(key).num_rows
         return super().stream_rows(key)
 
+    def split_progress(self, lane: Any, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """As ``rows_done``: nothing for a rank lane of canonical lanes."""
+        if getattr(lane, "canonical", False):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        return super().split_progress(lane, position)
+
     def rows_done(self, lane: Any, position: int) -> dict[int, tuple[int, int]]:
         """A rank lane of canonical lanes holds slices of many streams: its state records the
         global step instead of the splits it completed (see state/canonical.py)."""

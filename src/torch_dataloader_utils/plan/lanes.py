@@ -15,7 +15,7 @@ import numpy as np
 from ..lru import Lru
 from .columns import split_lengths
 from .splits import assign_splits, epoch_order
-from .streams import Piece, SplitRows, Stream, build_stream, split_rows_between
+from .streams import Piece, SplitRows, Stream, build_stream, split_rows_array, split_rows_between
 
 _CACHED_STREAMS = 16
 
@@ -83,6 +83,7 @@ class StreamBook:
         self._assignments: Lru[tuple, list[list[int]]] = Lru(4 * _CACHED_STREAMS)
         self._orders: Lru[int, np.ndarray] = Lru(2)  # epoch -> order of the split list
         self._streams: Lru[StreamKey, Stream] = Lru(_CACHED_STREAMS)
+        self._lane_rows: Lru[Lane, np.ndarray] = Lru(_CACHED_STREAMS)  # rows of each split in a lane
 
     def assignment(self, epoch: int, rank: int, world_size: int, num_workers: int) -> list[list[int]]:
         """Split indices per worker of ``rank`` under this topology."""
@@ -141,6 +142,30 @@ class StreamBook:
                 entry[1] += total
             offset += segment.num_rows
         return {split: (done, total) for split, (done, total) in out.items()}
+
+    def split_progress(self, lane: Lane, position: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``rows_done`` as arrays: (the splits the lane touches, ascending; rows of each delivered at
+        ``position``; rows of each in the lane), counted with numpy: state_dict asks after every
+        batch, and a lane of a shuffled epoch over many files holds tens of thousands of pieces."""
+        totals = self._lane_rows.get(lane, lambda: self._rows_reached(lane, lane.num_rows))
+        done = np.zeros_like(totals)
+        reached = self._rows_reached(lane, position)
+        done[: len(reached)] = reached[: len(totals)]
+        splits = np.flatnonzero(totals)
+        return splits, done[splits], totals[splits]
+
+    def _rows_reached(self, lane: Lane, position: int) -> np.ndarray:
+        """Rows of each split (an array indexed by split) among the lane's first ``position`` rows."""
+        parts, offset = [], 0
+        for segment in lane.segments:
+            delivered = min(max(position - offset, 0), segment.num_rows)
+            if delivered:
+                parts.append(split_rows_array(self.stream(segment.key), segment.start, segment.start + delivered))
+            offset += segment.num_rows
+        out = np.zeros(max((len(part) for part in parts), default=0), dtype=np.int64)
+        for part in parts:
+            out[: len(part)] += part
+        return out
 
     def files_of(self, segments: Sequence[Segment]) -> list[int]:
         """Indices of the files holding the rows of these segments (for messages)."""

@@ -59,6 +59,7 @@ class Stream:
     window_rows: np.ndarray  # stream row where each window starts, plus the total
     shuffle: bool
     _owners: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)  # see window_owners
+    _piece_arrays: list[np.ndarray] = field(default_factory=list, compare=False, repr=False)  # see piece_arrays
 
     @property
     def num_rows(self) -> int:
@@ -82,6 +83,14 @@ class Stream:
     def window_pieces_of(self, window: int) -> tuple[Piece, ...]:
         """The pieces of window ``window``, in their order."""
         return self.pieces[int(self.window_pieces[window]) : int(self.window_pieces[window + 1])]
+
+    def piece_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(split, rows) of every piece, in stream order; made once (state_dict asks after every batch)."""
+        if not self._piece_arrays:
+            count = len(self.pieces)
+            self._piece_arrays.append(np.fromiter((p.split for p in self.pieces), dtype=np.int64, count=count))
+            self._piece_arrays.append(np.fromiter((p.num_rows for p in self.pieces), dtype=np.int64, count=count))
+        return self._piece_arrays[0], self._piece_arrays[1]
 
     def window_owners(self, window: int) -> np.ndarray:
         """Per output position of a shuffled window, which of its pieces holds the row. Kept for
@@ -161,30 +170,51 @@ def stream_of_pieces(key: tuple[int, ...], splits: tuple[int, ...], pieces: Sequ
 
 def split_rows_between(stream: Stream, start: int, stop: int) -> dict[int, int]:
     """How many rows of each split lie at stream positions [start, stop) (splits with none are
-    left out). Costs the pieces of the windows it touches, not of the whole stream."""
+    left out), in the order of their pieces. Costs the pieces of the windows it touches, not of
+    the whole stream."""
     done: dict[int, int] = {}
-    if stop <= start:
-        return done
-    first, last = stream.window_of(start), min(stream.window_of(stop - 1), stream.num_windows - 1)
-    whole_from = first if start == int(stream.window_rows[first]) else first + 1
-    whole_to = last if stop >= int(stream.window_rows[last + 1]) else last - 1
-    if whole_from <= whole_to:
-        for piece in stream.pieces[int(stream.window_pieces[whole_from]) : int(stream.window_pieces[whole_to + 1])]:
-            done[piece.split] = done.get(piece.split, 0) + piece.num_rows
-    for window in sorted({first, last} - set(range(whole_from, whole_to + 1))):  # windows only part in range
-        base = int(stream.window_rows[window])
-        pieces = stream.window_pieces_of(window)
-        counts = _window_counts(stream, window, pieces, min(stop, int(stream.window_rows[window + 1])) - base)
-        counts = counts - _window_counts(stream, window, pieces, max(start, base) - base)
-        for piece, count in zip(pieces, counts):
+    for lo, hi, counts in _pieces_in(stream, start, stop):
+        for piece, count in zip(stream.pieces[lo:hi], counts if counts is not None else (p.num_rows for p in stream.pieces[lo:hi])):
             if count:
                 done[piece.split] = done.get(piece.split, 0) + int(count)
     return done
 
 
-def _window_counts(stream: Stream, window: int, pieces: Sequence[Piece], offset: int) -> np.ndarray:
+def split_rows_array(stream: Stream, start: int, stop: int) -> np.ndarray:
+    """``split_rows_between`` as an array indexed by split (as long as the largest split counted
+    needs), counted with numpy over the pieces' arrays instead of piece by piece."""
+    splits, rows = stream.piece_arrays()
+    parts = [(splits[lo:hi], rows[lo:hi] if counts is None else counts) for lo, hi, counts in _pieces_in(stream, start, stop)]
+    size = max((int(ids.max()) + 1 for ids, _ in parts if len(ids)), default=0)
+    out = np.zeros(size, dtype=np.int64)
+    for ids, counts in parts:  # (float weights hold row counts exactly up to 2**53)
+        out += np.rint(np.bincount(ids, weights=counts, minlength=size)).astype(np.int64)
+    return out
+
+
+def _pieces_in(stream: Stream, start: int, stop: int) -> list[tuple[int, int, np.ndarray | None]]:
+    """The pieces holding stream positions [start, stop): (first piece, end piece, rows of each in
+    the range, or None where every row of them is)."""
+    if stop <= start:
+        return []
+    first, last = stream.window_of(start), min(stream.window_of(stop - 1), stream.num_windows - 1)
+    whole_from = first if start == int(stream.window_rows[first]) else first + 1
+    whole_to = last if stop >= int(stream.window_rows[last + 1]) else last - 1
+    parts: list[tuple[int, int, np.ndarray | None]] = []
+    if whole_from <= whole_to:
+        parts.append((int(stream.window_pieces[whole_from]), int(stream.window_pieces[whole_to + 1]), None))
+    for window in sorted({first, last} - set(range(whole_from, whole_to + 1))):  # windows only part in range
+        base = int(stream.window_rows[window])
+        counts = _window_counts(stream, window, min(stop, int(stream.window_rows[window + 1])) - base)
+        counts = counts - _window_counts(stream, window, max(start, base) - base)
+        parts.append((int(stream.window_pieces[window]), int(stream.window_pieces[window + 1]), counts))
+    return parts
+
+
+def _window_counts(stream: Stream, window: int, offset: int) -> np.ndarray:
     """Per piece of the window, its rows among the window's first ``offset`` output rows."""
-    rows = np.array([p.num_rows for p in pieces], dtype=np.int64)
+    lo, hi = int(stream.window_pieces[window]), int(stream.window_pieces[window + 1])
+    rows = stream.piece_arrays()[1][lo:hi]
     if stream.shuffle and 0 < offset < rows.sum():
-        return np.bincount(stream.window_owners(window)[:offset], minlength=len(pieces))
+        return np.bincount(stream.window_owners(window)[:offset], minlength=hi - lo)
     return np.clip(offset - (np.cumsum(rows) - rows), 0, rows)  # in piece order (or all of the window, or none)

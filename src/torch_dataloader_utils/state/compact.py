@@ -87,15 +87,23 @@ class LaneOrder:
             self.splits = runs[0]
             self.bounds: tuple[list[int], list[int]] | None = (runs[1], runs[2])
         else:
-            last: dict[int, None] = {}
+            read: list[np.ndarray] = []  # the split of every piece the lane reads, in order
             for segment, stream in zip(segments, streams):
                 first, final = stream.window_of(segment.start), stream.window_of(segment.stop - 1)
-                for piece in stream.pieces[int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])]:
-                    last.pop(piece.split, None)  # re-inserted: ordered by the last read of each split
-                    last[piece.split] = None
-            self.splits, self.bounds = list(last), None
+                read.append(stream.piece_arrays()[0][int(stream.window_pieces[first]) : int(stream.window_pieces[final + 1])])
+            ids = np.concatenate(read) if read else np.zeros(0, dtype=np.int64)
+            unique, from_end = np.unique(ids[::-1], return_index=True)
+            self.splits, self.bounds = unique[np.argsort(-from_end, kind="stable")].tolist(), None  # ordered by the last read of each split
         self.position = {split: i for i, split in enumerate(self.splits)}
         self.digest = _digest(split_entries(splits, self.splits))  # (a mixture's: also source and copy)
+        self._positions = np.zeros(0, dtype=np.int64)
+
+    def positions_of(self, splits: np.ndarray) -> np.ndarray:
+        """The lane-order position of each of these splits (all of them the lane's)."""
+        if len(self._positions) == 0 and self.splits:
+            self._positions = np.full(max(self.splits) + 1, -1, dtype=np.int64)
+            self._positions[np.asarray(self.splits, dtype=np.int64)] = np.arange(len(self.splits))
+        return self._positions[splits]
 
 
 def _whole_stream_runs(book: StreamBook, segments: Sequence[Segment]) -> tuple[list[int], list[int], list[int]] | None:
@@ -154,14 +162,14 @@ def lane_order(book: StreamBook, lane: Lane, splits: Sequence[Split]) -> LaneOrd
     return order
 
 
-def _ranges(positions: Sequence[int]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for p in sorted(positions):
-        if out and out[-1][1] == p:
-            out[-1][1] = p + 1
-        else:
-            out.append([p, p + 1])
-    return out
+def _ranges(positions: np.ndarray) -> list[list[int]]:
+    """Sorted positions as [start, stop) runs."""
+    if not len(positions):
+        return []
+    breaks = np.flatnonzero(np.diff(positions) != 1) + 1
+    starts = positions[np.concatenate([[0], breaks])]
+    stops = positions[np.concatenate([breaks - 1, [len(positions) - 1]])] + 1
+    return [[int(a), int(b)] for a, b in zip(starts, stops)]
 
 
 def lane_progress(book: StreamBook, lane: Lane, position: int, splits: Sequence[Split]) -> dict:
@@ -172,13 +180,13 @@ def lane_progress(book: StreamBook, lane: Lane, position: int, splits: Sequence[
         done = bisect.bisect_right(ends, position)
         partial = [[done, position - starts[done]]] if done < len(starts) and starts[done] < position else []
         return _entry(order.digest, [[0, done]] if done else [], partial)
-    completed, partial = [], []
-    for index, (done, total) in book.rows_done(lane, position).items():
-        if done >= total:
-            completed.append(order.position[index])
-        elif done > 0:
-            partial.append([order.position[index], done])
-    return _entry(order.digest, _ranges(completed), sorted(partial))
+    touched, rows_done, rows_total = book.split_progress(lane, position)
+    positions = order.positions_of(touched)
+    completed = np.sort(positions[rows_done >= rows_total])
+    started = (rows_done > 0) & (rows_done < rows_total)
+    by_position = np.argsort(positions[started])
+    in_progress = np.stack([positions[started][by_position], rows_done[started][by_position]], axis=1).tolist()
+    return _entry(order.digest, _ranges(completed), in_progress)
 
 
 def _entry(lane_digest: str, ranges: list[list[int]], partial: list[list[int]]) -> dict:
