@@ -198,3 +198,24 @@ def test_a_null_partition_value_is_found_at_planning_naming_its_file(tmp_path):
     with pytest.raises(ValueError, match=r"column 'k' has 2 null value\(s\) in \S*k=__HIVE_DEFAULT_PARTITION__\S*a.parquet\n"):
         StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0)
     assert len(StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, nulls="fill")) == 6
+
+
+def test_local_hive_footers_are_not_kept_and_the_plan_cache_types_new_directories(tmp_path):
+    """Local hive files keep no footer in the plan (their reader reads it again), and the plan
+    cache keeps each file's own schema: a directory added later that makes a key a string types
+    the cached files' column as a string too."""
+    data, cache = tmp_path / "data", str(tmp_path / "cache")
+    for key in ("1", "2"):
+        (data / f"k={key}").mkdir(parents=True)
+        pq.write_table(pa.table({"id": [int(key) * 10, int(key) * 10 + 1]}), data / f"k={key}" / "a.parquet")
+    first = StructuredDataset(str(data), partitioning="hive", num_workers=0, cache_dir=cache, batch_size=10)
+    assert all(footer is None for footer in first._catalog.footers) and first._catalog.schema.field("k").type == pa.int64()
+    assert os.listdir(os.path.join(cache, "plans"))
+    (data / "k=x").mkdir()
+    pq.write_table(pa.table({"id": [99]}), data / "k=x" / "a.parquet")
+    loader, again = StructuredDataset.create_dataloader(str(data), partitioning="hive", num_workers=2, cache_dir=cache, batch_size=10)
+    assert again._catalog.schema.field("k").type == pa.string()
+    rows = sorted(pair for batch in loader for pair in zip(batch["id"].tolist(), batch["k"]))
+    assert rows == [(10, "1"), (11, "1"), (20, "2"), (21, "2"), (99, "x")]
+    plain = StructuredDataset(str(data), num_workers=0, cache_dir=cache)  # the same files without partitioning: no k
+    assert plain._catalog.schema.names == ["id"]

@@ -39,6 +39,7 @@ from ..storage.versions import FileEntry
 from .arrow_tails import arrow_tails
 from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
 from .file_table import FileTable
+from .partitions import PartitionedFormat
 from .plan_cache import PlanCache, cache_for
 from .progress_bar import progress
 from .schema import missing_columns, repeated_columns, unify
@@ -257,7 +258,8 @@ def _build(
     files = discover_files(paths, fs, format)
     fmt = get_format(format or infer_format(files))
     fmt, files = prepare_source(fmt, fs, paths, files, source, split_bytes, split_rows, io_options)
-    cache = cache_for(io_options.cache_dir if io_options else None, paths, fmt.name, is_local(fs)) if reopens_footers(fmt) else None
+    name = f"{fmt.name}+hive" if isinstance(fmt, PartitionedFormat) else fmt.name
+    cache = cache_for(io_options.cache_dir if io_options else None, paths, name, is_local(fs)) if reopens_footers(fmt) else None
     return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache)
 
 
@@ -274,9 +276,10 @@ def _nulls_in(fmt: FileFormat, footer: Any) -> dict[str, int]:
 
 def reopens_footers(fmt: FileFormat) -> bool:
     """Whether the catalog may keep no footer of a local file of this format (its reader reads
-    the footer again cheaply: Parquet and ORC as they are, not text formats, whose footer is a
-    scanned row index, nor a format wrapped with partition columns)."""
-    return fmt.name in ("parquet", "orc") and fmt is get_format(fmt.name)
+    the footer again cheaply: Parquet and ORC, also with hive partition columns, not text
+    formats, whose footer is a scanned row index, nor a table's files)."""
+    inner = fmt.inner if isinstance(fmt, PartitionedFormat) else fmt
+    return inner.name in ("parquet", "orc") and inner is get_format(inner.name)
 
 
 def catalog_of_files(
@@ -293,20 +296,26 @@ def catalog_of_files(
     schemas: list[pa.Schema] = []
     nulls: list[dict[str, int] | None] = []
     shared = _SharedSchemas()
+    hive = fmt if isinstance(fmt, PartitionedFormat) else None  # (the cache keeps schemas as files store them)
     with _prefetched_tails(fs, unread):
         read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
-        for known in cached:
+        for entry, known in zip(files, cached):
             if known is None:
                 layout, footer, file_schema, file_nulls = next(read)
                 file_schema = shared(file_schema)
             else:
                 (layout, file_schema), footer, file_nulls = known, None, None
+                if hive is not None:
+                    try:
+                        file_schema = shared(hive.with_partitions(file_schema))
+                    except UnsupportedFileError as error:
+                        raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
             layouts.append(layout)
             footers.append(footer)
             schemas.append(file_schema)
             nulls.append(file_nulls)
     if cache and unread:
-        cache.store(files, list(zip(layouts, schemas)))
+        cache.store(files, list(zip(layouts, [hive.stored_schema(s) for s in schemas] if hive is not None else schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
     conflicts: dict[str, str] = {}
     # a file without rows holds no value that needs a wider type (pandas writes an empty frame's

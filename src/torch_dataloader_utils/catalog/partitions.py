@@ -166,17 +166,26 @@ class _PartitionedReader:
 class PartitionedFormat:
     """A format whose files also hold their partition columns (``FileFormat``)."""
 
-    def __init__(self, inner: FileFormat, partitions: Partitions):
+    def __init__(self, inner: FileFormat, partitions: Partitions, paths: Mapping[str, str]):
         self.inner, self.partitions = inner, partitions
         self.name, self.suffixes, self.streams_units = inner.name, inner.suffixes, inner.streams_units
         self.schema_advice = getattr(inner, "schema_advice", "")
+        self._urls = paths  # a file's path on its filesystem -> its URL (the key of its values)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:
         layout, footer = self.inner.read_footer(fs, path, size, url)
         return layout, (footer, self.partitions.values[url], sum(layout.unit_rows))
 
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
-        schema = self.inner.schema(fs, path, footer[0])
+        return self.with_partitions(self.inner.schema(fs, path, footer[0]))
+
+    def stored_schema(self, schema: pa.Schema) -> pa.Schema:
+        """A file's schema as the file stores it (``schema`` without the partition columns): what
+        the plan cache keeps, since the partition columns' types depend on every file listed."""
+        return pa.schema(list(schema)[: len(schema) - len(self.partitions.keys)], metadata=schema.metadata)
+
+    def with_partitions(self, schema: pa.Schema) -> pa.Schema:
+        """A file's stored schema with the partition columns appended."""
         clash = [key for key in self.partitions.keys if key in schema.names]
         if clash:  # (UnsupportedFileError: planning names the file, and adds no advice about damaged files)
             raise UnsupportedFileError(
@@ -199,10 +208,23 @@ class PartitionedFormat:
         counts.update(dict.fromkeys(nulls, rows))
         return counts
 
+    def nulls_by_column(self, footer: Any) -> dict[str, int]:
+        """Nulls per column of a footer that will not be kept: the file's statistics' and every row
+        of a null partition value."""
+        inner_footer, values, rows = footer
+        counts_of = getattr(self.inner, "nulls_by_column", None)
+        counts = dict(counts_of(inner_footer)) if counts_of is not None else {}
+        counts.update({key: rows for key, value in zip(self.partitions.keys, values) if value is None})
+        return counts
+
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _PartitionedReader:
+        """A reader; with ``footer`` None (a local file whose footer was not kept) the inner format
+        reads it again."""
+        if footer is None:
+            return _PartitionedReader(self.inner.open(fs, path, None, use_threads), self.partitions, self.partitions.values[self._urls[path]])
         return _PartitionedReader(self.inner.open(fs, path, footer[0], use_threads), self.partitions, footer[1])
 
 
 def hive_format(fmt: FileFormat, fs: Any, paths: Sequence[str], files: Sequence[FileEntry]) -> PartitionedFormat:
     """``fmt`` reading the partition columns of ``files`` below the roots of ``paths`` too."""
-    return PartitionedFormat(fmt, parse_partitions(files, _roots(fs, paths)))
+    return PartitionedFormat(fmt, parse_partitions(files, _roots(fs, paths)), {entry.fs_path: entry.url for entry in files})
