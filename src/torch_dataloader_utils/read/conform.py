@@ -111,7 +111,10 @@ def _check_columns_read(table: pa.Table, wanted: list[str] | None, unit: int) ->
 
 def _changed(unit: int, seen: str, rows: int, reader: Any = None) -> FileChangedError:
     hint = getattr(reader, "miscount_hint", "")  # text files: the planning scan may count records otherwise
-    return FileChangedError(f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning{hint}")
+    return FileChangedError(
+        f"unit {unit} has {seen} rows but had {rows} when planned: the file changed after planning{hint}. Create the "
+        "loader again; with cache_dir, remove its plans/ directory first if the file kept its size and modification time"
+    )
 
 
 def _miscount(reader: Any, unit: int, wanted: list[str] | None, seen: str, rows: int) -> Exception:
