@@ -195,8 +195,9 @@ def test_a_null_partition_value_is_found_at_planning_naming_its_file(tmp_path):
     for key in ("1", "2", "__HIVE_DEFAULT_PARTITION__"):
         (tmp_path / f"k={key}").mkdir()
         pq.write_table(pa.table({"id": [0, 1]}), tmp_path / f"k={key}" / "a.parquet")
-    with pytest.raises(ValueError, match=r"column 'k' has 2 null value\(s\) in \S*k=__HIVE_DEFAULT_PARTITION__\S*a.parquet\n"):
-        StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0)
+    for cache in (None, str(tmp_path / "cache"), str(tmp_path / "cache")):  # cold, then from the plan cache
+        with pytest.raises(ValueError, match=r"column 'k' has 2 null value\(s\) in \S*k=__HIVE_DEFAULT_PARTITION__\S*a.parquet\n"):
+            StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, cache_dir=cache)
     assert len(StructuredDataset(str(tmp_path), partitioning="hive", num_workers=0, nulls="fill")) == 6
 
 

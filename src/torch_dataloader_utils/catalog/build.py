@@ -310,6 +310,7 @@ def catalog_of_files(
                         file_schema = shared(hive.with_partitions(file_schema))
                     except UnsupportedFileError as error:
                         raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
+                    file_nulls = hive.partition_nulls(entry.url, layout.num_rows) or None  # (the file's own: found when read)
             layouts.append(layout)
             footers.append(footer)
             schemas.append(file_schema)

@@ -204,8 +204,7 @@ class PartitionedFormat:
         counts_of = getattr(self.inner, "null_counts", None)
         stored = [name for name in names if name not in self.partitions.keys]
         counts = dict(counts_of(inner_footer, stored)) if counts_of is not None and stored else {}
-        nulls = [key for key, value in zip(self.partitions.keys, values) if value is None and key in names]
-        counts.update(dict.fromkeys(nulls, rows))
+        counts.update({key: count for key, count in self._null_values(values, rows).items() if key in names})
         return counts
 
     def nulls_by_column(self, footer: Any) -> dict[str, int]:
@@ -214,8 +213,15 @@ class PartitionedFormat:
         inner_footer, values, rows = footer
         counts_of = getattr(self.inner, "nulls_by_column", None)
         counts = dict(counts_of(inner_footer)) if counts_of is not None else {}
-        counts.update({key: rows for key, value in zip(self.partitions.keys, values) if value is None})
+        counts.update(self._null_values(values, rows))
         return counts
+
+    def partition_nulls(self, url: str, rows: int) -> dict[str, int]:
+        """Nulls the file at ``url`` holds in its partition columns (every row of a null value)."""
+        return self._null_values(self.partitions.values[url], rows)
+
+    def _null_values(self, values: tuple[Any, ...], rows: int) -> dict[str, int]:
+        return {key: rows for key, value in zip(self.partitions.keys, values) if value is None}
 
     def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _PartitionedReader:
         """A reader; with ``footer`` None (a local file whose footer was not kept) the inner format
