@@ -377,3 +377,22 @@ def test_columns_a_filter_reads_are_found_and_other_columns_do_not_matter():
         row_filter(pc.field("odd") == 3, schema)
     with pytest.raises(ValueError, match=r"do not have; their columns are \['a', 'odd', 'label', 'la'\]"):
         row_filter([("b", "<", 3)], schema)
+
+
+def test_value_lists_that_pyarrow_prints_alike_are_different_filters(tmp_path):
+    """pyarrow prints only the first and last 10 values of a longer value list: two lists that
+    differ in the middle count their own rows, keep their own counts in cache_dir, and a state of
+    one is refused by the other."""
+    pq.write_table(pa.table({"id": np.arange(1000)}), tmp_path / "x.parquet", row_group_size=100)
+    ends = list(range(10)) + list(range(990, 1000))
+    few = pc.field("id").isin(ends[:10] + list(range(100, 180)) + ends[10:])
+    many = pc.field("id").isin(ends[:10] + list(range(100, 600)) + ends[10:])
+    assert str(few) == str(many)
+    for cache in (None, str(tmp_path / "cache")):
+        loader, first = StructuredDataset.create_dataloader(str(tmp_path / "x.parquet"), filters=few, batch_size=50, num_workers=0, cache_dir=cache)
+        assert len(first) == 100 and sum(len(b["id"]) for b in loader) == 100
+        loader, second = StructuredDataset.create_dataloader(str(tmp_path / "x.parquet"), filters=many, batch_size=50, num_workers=0, cache_dir=cache)
+        assert len(second) == 520 and sum(len(b["id"]) for b in loader) == 520
+    _, first = StructuredDataset.create_dataloader(str(tmp_path / "x.parquet"), filters=few, batch_size=50, num_workers=0)
+    with pytest.raises(CheckpointMismatchError, match="filters changed"):
+        second.load_state_dict(json.loads(json.dumps(first.state_dict())))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,10 +42,24 @@ class RowFilter:
     columns: tuple[str, ...]
     digest: str
     dnf: Any = None  # the DNF list form it was given in (read/filter_eval.py evaluates it directly), else None
+    identity: str = ""  # what makes two filters the same (``filter_identity``): keys of the counts kept
 
     @property
     def text(self) -> str:
         return str(self.expression)
+
+
+_ELIDED = re.compile(r"\n\s*\.\.\.\n")  # how pyarrow prints the middle of a value list of more than 20 values
+
+
+def filter_identity(expression: pc.Expression) -> str:
+    """The expression's text, made whole: pyarrow prints only the first and last 10 values of a
+    longer value list (``is_in``), so such an expression also carries a digest of its serialized
+    form, and two lists that differ only in the middle are not taken for one filter."""
+    text = str(expression)
+    if _ELIDED.search(text):
+        text += "\nvalues " + hashlib.sha256(pickle.dumps(expression)).hexdigest()
+    return text
 
 
 def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
@@ -54,8 +69,9 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
     if schema is None or not len(schema):
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
-    digest = hashlib.sha256(str(expression).encode()).hexdigest()[:16]
-    return RowFilter(expression, columns, digest, dnf_form(filters))
+    identity = filter_identity(expression)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    return RowFilter(expression, columns, digest, dnf_form(filters), identity)
 
 
 #: the operators of pyarrow's DNF list form (pyarrow.parquet.filters_to_expression)

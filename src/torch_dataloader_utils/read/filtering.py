@@ -168,7 +168,7 @@ def _count_key(catalog: Catalog, file: int) -> str:
     schema = catalog.schema
     types = [str(schema.field(name).type) if schema is not None else "" for name in rows_filter.columns]
     lacking = sorted(set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns))
-    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.text, types, lacking])
+    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.identity, types, lacking])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 

@@ -41,7 +41,7 @@ def candidate_ranges(reader: Any, unit: int, catalog: Any, file: int, read: list
     if pages_of is None or catalog.schema is None:
         return None
     entry = catalog.files[file]
-    key = (entry.url, entry.size, entry.tag, unit, rows_filter.digest, rows_filter.text)
+    key = (entry.url, entry.size, entry.tag, unit, rows_filter.digest, rows_filter.identity)
     if key in _MEMO:  # (None too: the page index rules nothing in or out)
         return _MEMO.find(key)
     layouts = catalog.source_layouts if catalog.source_layouts is not None else catalog.layouts
