@@ -323,3 +323,11 @@ def test_fingerprint_compares_every_column_by_value_and_type():
         ("x", torch.tensor([[0.5, math.nan, 1.0]])),
     ]:
         assert fingerprint({**batch, key: other}) != fingerprint(batch), key
+
+
+def test_fingerprint_of_a_mapping_that_is_not_a_dict():
+    """A transform may return a mapping such as a tokenizer's BatchEncoding (a UserDict)."""
+    from collections import UserDict
+
+    assert fingerprint(UserDict({"ids": torch.arange(3)})) == fingerprint({"ids": torch.arange(3)})
+    assert fingerprint(UserDict({"ids": torch.arange(3)})) != fingerprint(UserDict({"ids": torch.arange(4)}))

@@ -43,7 +43,7 @@ _LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeo
 
 
 class StructuredDataset(IterableDataset):
-    """Parquet, ORC, Arrow IPC, CSV or JSON Lines files as a stream of batches (dicts of tensors) with exact resume.
+    """Parquet, ORC, Arrow IPC, CSV or JSON Lines files as a stream of batches (by default dicts of tensors) with exact resume.
 
     Use ``StructuredDataset.create_dataloader(...)`` for the fast loader. The dataset
     is also an ``IterableDataset`` of batches for torchdata's ``StatefulDataLoader``

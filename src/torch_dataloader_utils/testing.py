@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -29,7 +30,7 @@ def fingerprint(value: Any) -> Any:
     ``"nan"`` (so that equal batches compare equal)."""
     if isinstance(value, torch.Tensor):
         return ("tensor", str(value.dtype), tuple(value.shape), fingerprint(value.detach().cpu().tolist()))
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):  # dicts, and mappings such as a tokenizer's BatchEncoding (a UserDict)
         return tuple(sorted(((repr(k), fingerprint(v)) for k, v in value.items()), key=lambda kv: kv[0]))
     if isinstance(value, (list, tuple)):
         items = tuple(fingerprint(v) for v in value)

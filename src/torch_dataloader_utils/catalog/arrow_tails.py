@@ -5,7 +5,7 @@ client CPU on fsspec's one event-loop thread; pyarrow's S3 filesystem makes one 
 in C++ with the GIL released, on as many threads as requests in flight. ``s3_arguments`` maps s3fs's ``storage_options`` (credentials,
 endpoint, region) to a ``pyarrow.fs.S3FileSystem``, or returns None where a setting has no
 equivalent there (a profile, requester pays, server-side encryption keys, ...): the caller then
-reads through fsspec as before. ``ArrowTails`` fetches byte ranges of many files on a thread
+reads through fsspec. ``ArrowTails`` fetches byte ranges of many files on a thread
 pool, for ``RemoteStore.prefetch_tails`` (which retries them: storage/tail_fetch.py).
 
 Python's binding opens a file by its path only, so each file costs a HEAD (its size) and a ranged

@@ -183,7 +183,8 @@ def build_mixture_catalog(
         raise ValueError(f"the mixture's {error}") from None
     stored = catalogs
     if filters is not None:
-        assert count_filtered is not None, "filters need the counting pass"
+        if count_filtered is None:
+            raise RuntimeError("internal error: a mixture with filters was planned without the counting pass")
         catalogs = [count_filtered(catalog, filters) for catalog in catalogs]
     sizes = [sum(layout.num_rows for layout in c.layouts) for c in catalogs]
     if unified is not None and not nulls_ok:

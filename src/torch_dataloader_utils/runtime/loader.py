@@ -13,7 +13,7 @@ import ctypes
 import multiprocessing
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, cast
 
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
@@ -111,8 +111,8 @@ class _WorkerStart:
       goes on with the next chunk, up to the default 5 ms, before the main process can see the chunk.
     - A forked worker whose process is already gone exits. torch's worker notices its parent's
       death by comparing ``os.getppid()`` with the parent pid it reads only after this function,
-      so a worker whose process died (``kill -9``, ``os._exit``) while it started waited forever,
-      and its inherited stdout kept a launcher such as torchrun's caller waiting too.
+      so a worker whose process died (``kill -9``, ``os._exit``) while it started would wait
+      forever, and its inherited stdout would keep a launcher such as torchrun's caller waiting too.
     """
 
     def __init__(self, parent: int | None):
@@ -192,9 +192,7 @@ class StructuredDataLoader:
         self._loader = DataLoader(self._source(), **self._loader_kwargs)
 
     def _chunk_source(self) -> _ChunkSource:
-        source = self._loader.dataset
-        assert isinstance(source, _ChunkSource)
-        return source
+        return cast(_ChunkSource, self._loader.dataset)
 
     def _source(self) -> _ChunkSource:
         if self._board is not None:

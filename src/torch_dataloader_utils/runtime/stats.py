@@ -145,9 +145,11 @@ class LoaderStats(StatsSnapshot):
 
     @property
     def last_pass(self) -> StatsSnapshot:
+        """The counters of the latest pass over the loader (the current one while it runs)."""
         return self._totals()._minus(self._pass_start)
 
     def as_dict(self) -> dict[str, float | int | bool]:
+        """Every counter and derived figure by name, and the number of passes (for a metrics system)."""
         out = self._totals().as_dict()
         out["passes"] = self.passes
         return out

@@ -111,9 +111,9 @@ def is_transient(error: BaseException) -> bool:
 
 
 def backoff(attempt: int) -> float:
-    """Seconds to wait before retry ``attempt + 1``: exponential, capped, with jitter so that
-    many workers retrying at once do not hit the store in step."""
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt) * (0.5 + random.random())
+    """Seconds to wait before retry ``attempt + 1``: exponential with jitter (so that many workers
+    retrying at once do not hit the store in step), at most ``BACKOFF_MAX_S``."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt * (0.5 + random.random()))
 
 
 def retry_call(fn: Callable[[], T], what: str | Callable[[], str], retries: int, on_retry: Callable[[], None] | None = None) -> T:
