@@ -274,6 +274,19 @@ def _nulls_in(fmt: FileFormat, footer: Any) -> dict[str, int]:
     return found or _NO_NULLS
 
 
+def _stored_schemas(hive: PartitionedFormat, schemas: Sequence[pa.Schema]) -> list[pa.Schema]:
+    """Each file's schema without the partition columns, one object per distinct schema object
+    (files written alike share one, and the plan cache keeps one entry per object)."""
+    stored: dict[int, pa.Schema] = {}
+    out = []
+    for schema in schemas:
+        found = stored.get(id(schema))
+        if found is None:
+            found = stored[id(schema)] = hive.stored_schema(schema)
+        out.append(found)
+    return out
+
+
 def reopens_footers(fmt: FileFormat) -> bool:
     """Whether the catalog may keep no footer of a local file of this format (its reader reads
     the footer again cheaply: Parquet and ORC, also with hive partition columns, not text
@@ -297,6 +310,7 @@ def catalog_of_files(
     nulls: list[dict[str, int] | None] = []
     shared = _SharedSchemas()
     hive = fmt if isinstance(fmt, PartitionedFormat) else None  # (the cache keeps schemas as files store them)
+    with_partitions: dict[int, tuple[pa.Schema, pa.Schema]] = {}  # id of a cached schema -> it, with the partition columns
     with _prefetched_tails(fs, unread):
         read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
         for entry, known in zip(files, cached):
@@ -306,17 +320,20 @@ def catalog_of_files(
             else:
                 (layout, file_schema), footer, file_nulls = known, None, None
                 if hive is not None:
-                    try:
-                        file_schema = shared(hive.with_partitions(file_schema))
-                    except UnsupportedFileError as error:
-                        raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
+                    found = with_partitions.get(id(file_schema))
+                    if found is None:
+                        try:
+                            found = with_partitions[id(file_schema)] = (file_schema, shared(hive.with_partitions(file_schema)))
+                        except UnsupportedFileError as error:
+                            raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
+                    file_schema = found[1]
                     file_nulls = hive.partition_nulls(entry.url, layout.num_rows) or None  # (the file's own: found when read)
             layouts.append(layout)
             footers.append(footer)
             schemas.append(file_schema)
             nulls.append(file_nulls)
     if cache and unread:
-        cache.store(files, list(zip(layouts, [hive.stored_schema(s) for s in schemas] if hive is not None else schemas)))
+        cache.store(files, list(zip(layouts, _stored_schemas(hive, schemas) if hive is not None else schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
     conflicts: dict[str, str] = {}
     # a file without rows holds no value that needs a wider type (pandas writes an empty frame's
