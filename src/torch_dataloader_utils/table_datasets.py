@@ -16,7 +16,7 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 from .catalog.build import Catalog
-from .catalog.filter_prune import filter_expression
+from .catalog.filter_prune import filter_expression, filter_identity
 from .dataset import StructuredDataset
 from .errors import CheckpointMismatchError
 from .options import integer
@@ -220,7 +220,8 @@ class IcebergDataset(_TableDataset):
         self._pinned = bool(pin_snapshot) or snapshot_id is not None
         self._scan_filter, self._filters, self._columns = scan_filter, _row_filter(filters), columns
         if scan_filter is not None or filters is not None:
-            self._filter_text = f"scan_filter={scan_filter!r}; filters={self._filters}"
+            filters_text = None if self._filters is None else filter_identity(self._filters)
+            self._filter_text = f"scan_filter={scan_filter!r}; filters={filters_text}"
         self._storage_options = storage_options
         super().__init__(table, "parquet", columns=columns, storage_options=storage_options, **kwargs)
 
@@ -272,7 +273,7 @@ class DeltaDataset(_TableDataset):
         self._requested = None if version is None else integer("version", version)
         self._pinned = bool(pin_version) or version is not None
         self._filters = _row_filter(filters)
-        self._filter_text = None if filters is None else str(self._filters)
+        self._filter_text = None if self._filters is None else filter_identity(self._filters)
         self._storage_options = storage_options
         super().__init__(path, "parquet", storage_options=storage_options, **kwargs)
 
