@@ -82,6 +82,21 @@ def test_nulls_are_found_at_planning_from_statistics_naming_every_column_and_fil
         StructuredDataset(str(tmp_path), num_workers=0)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_nulls_found_when_read_name_the_file_of_the_first(tmp_path, num_workers):
+    """Files planned from the plan cache have their nulls found when read; a chunk holds rows of
+    many files, and the error names the one with the column's first null."""
+    for index in range(12):
+        values = [None if index == 7 and row == 3 else float(row) for row in range(10)]
+        pq.write_table(pa.table({"x": pa.array(values, pa.float32())}), tmp_path / f"part-{index:02d}.parquet")
+    cache = str(tmp_path / "cache")
+    with pytest.raises(ValueError, match="statistics show nulls"):
+        StructuredDataset(str(tmp_path), num_workers=0, cache_dir=cache)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), num_workers=num_workers, batch_size=40, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"column 'x' has 1 null value\(s\) in rows read from .*, the first in \S*part-07\.parquet; a tensor"):
+        list(loader)
+
+
 def test_fill_values_are_checked():
     with pytest.raises(ValueError, match="nulls must be one of"):
         StructuredDataset("unused", nulls="zero")

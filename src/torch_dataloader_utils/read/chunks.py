@@ -19,11 +19,12 @@ from ..plan.lanes import Lane, StreamBook
 from ..plan.schedule import ChunkTask
 from .convert import Where, replace_leaves, table_to_columns, table_to_joined
 from .nested import BatchColumn, flatten
-from .nulls import DEFAULT_POLICY, ColumnPolicy
+from .nulls import DEFAULT_POLICY, ColumnPolicy, NullValuesError, null_error, valid_mask
 from .output_formats import BatchOutput, batch_bounds, prepare_batches
 from .packed_batches import PACKED_FORMATS, Packed, pack_batches, unpack
 from .reader import StreamReader
 from .slicing import BatchSlicer
+from .windows import Rows
 
 #: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
 #: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
@@ -143,6 +144,13 @@ class ChunkReader:
         where = lambda: self.describe(task)  # noqa: E731 - asked only for an error message
         table = fewer_chunks(rows.table)
         table = table if self.selected is None else flatten(table, self.selected)
+        try:
+            return self._converted(task, rows, table, where, in_main, joined)
+        except NullValuesError as error:  # named more closely: the chunk's rows may come from many files
+            raise self._at_first_null(error, task, rows, table) from None
+
+    def _converted(self, task: ChunkTask, rows: Rows, table: pa.Table, where: Where, in_main: bool, joined: bool) -> Chunk:
+        """The chunk of ``table`` (the task's rows read) in the loader's form."""
         if self.output is not None and self.output.prepared:
             batch_of = lambda start, stop: self._describe_batch(task, rows.present, start, stop)  # noqa: E731 - for an error message
             shared = joined and self.output.transform is None and self.output.format in PACKED_FORMATS
@@ -156,6 +164,18 @@ class ChunkReader:
         else:  # in a worker of a plain or Stateful DataLoader, torch copies the batch into shared memory anyway
             columns = table_to_columns(table, where, copy=in_main, policy=self.policy)
         return Chunk(task.lane, task.start, task.stop, columns, rows.present, rows.skipped)
+
+    def _at_first_null(self, error: NullValuesError, task: ChunkTask, rows: Rows, table: pa.Table) -> NullValuesError:
+        """``error`` naming the file that holds the column's first null row of the chunk."""
+        if error.column is None or error.column not in table.column_names:
+            return error
+        first = int(np.argmax(~valid_mask(table.column(error.column).combine_chunks())))
+        row = first if rows.present is None else int(rows.present[first])
+        files = self.book.files_of(Lane(task.segments).slice(row, row + 1))
+        if not files:
+            return error
+        url = self.catalog.files[files[0]].url
+        return null_error(error.column, error.count, lambda: f"{self.describe(task)}, the first in {url}")
 
     def describe(self, task: ChunkTask) -> str:
         """The files a task's rows come from, for error messages."""

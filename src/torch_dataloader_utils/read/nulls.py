@@ -75,12 +75,22 @@ def check_policy(nulls: Any, fill_values: Any, decimals: Any) -> ColumnPolicy:
     return ColumnPolicy(nulls, fill_values, decimals)
 
 
-def null_error(name: str, count: int, where: Where) -> ValueError:
+class NullValuesError(ValueError):
+    """Nulls in ``column`` found while reading with nulls="raise" (a tensor cannot hold them)."""
+
+    def __init__(self, message: str, column: str | None = None, count: int = 0):
+        super().__init__(message)
+        self.column, self.count = column, count
+
+
+def null_error(name: str, count: int, where: Where) -> NullValuesError:
     """The error for nulls found while reading with nulls="raise"."""
-    return ValueError(
+    return NullValuesError(
         f"column {name!r} has {count} null value(s) in {where()}; a tensor cannot hold nulls. Pass nulls='fill' "
         "(fill_values={column: value} for other values than 0 / False / NaN) or nulls='mask' for a validity mask, "
-        "or leave the column out with columns=[...]"
+        "or leave the column out with columns=[...]",
+        name,
+        count,
     )
 
 
