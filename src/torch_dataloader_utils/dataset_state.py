@@ -4,7 +4,6 @@ state records. Pure functions of a ``CheckpointView`` (dataset.py keeps the publ
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -12,7 +11,7 @@ from torch.utils.data import get_worker_info
 
 from .catalog.build import Catalog
 from .catalog.mixture import MixCatalog
-from .catalog.sources import SourceOptions
+from .catalog.sources import SourceOptions, options_identity
 from .options import DatasetOptions
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
@@ -119,4 +118,4 @@ def config(options: DatasetOptions, catalog: Catalog, source: SourceOptions, **t
 def _options_digest(source: SourceOptions) -> str:
     """A digest of the text readers' options as given (their values by repr: pyarrow types, schemas)."""
     options = {"csv_options": dict(source.csv_options or {}), "json_options": dict(source.json_options or {})}
-    return hashlib.sha256(json.dumps(options, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+    return hashlib.sha256(options_identity(options).encode()).hexdigest()[:16]

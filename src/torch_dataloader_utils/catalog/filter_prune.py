@@ -49,17 +49,11 @@ class RowFilter:
         return str(self.expression)
 
 
-_ELIDED = re.compile(r"\n\s*\.\.\.\n")  # how pyarrow prints the middle of a value list of more than 20 values
-
-
 def filter_identity(expression: pc.Expression) -> str:
-    """The expression's text, made whole: pyarrow prints only the first and last 10 values of a
-    longer value list (``is_in``), so such an expression also carries a digest of its serialized
-    form, and two lists that differ only in the middle are not taken for one filter."""
-    text = str(expression)
-    if _ELIDED.search(text):
-        text += "\nvalues " + hashlib.sha256(pickle.dumps(expression)).hexdigest()
-    return text
+    """What makes two filters the same: the expression's text and a digest of its serialized
+    form. The text alone is not enough: pyarrow prints only the first and last 10 values of a
+    longer value list, a duration without its unit, and a float32 literal as the float64 one."""
+    return f"{expression}\nserialized {hashlib.sha256(pickle.dumps(expression)).hexdigest()}"
 
 
 def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
@@ -69,6 +63,7 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
     if schema is None or not len(schema):
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
+    filters = dnf_sets_sorted(filters)
     identity = filter_identity(expression)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return RowFilter(expression, columns, digest, dnf_form(filters), identity)
@@ -76,6 +71,27 @@ def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
 
 #: the operators of pyarrow's DNF list form (pyarrow.parquet.filters_to_expression)
 DNF_OPERATORS = ("=", "==", "!=", "<", ">", "<=", ">=", "in", "not in")
+
+
+def dnf_sets_sorted(filters: Any) -> Any:
+    """The DNF list form with the values of each ``in`` / ``not in`` given as a set in a sorted
+    list: a set's order depends on the process's string hashing, and the filter's identity (saved
+    in states, compared across DDP ranks) on the order. Anything else is returned as it is."""
+    if not isinstance(filters, (list, tuple)):
+        return filters
+
+    def sorted_values(item: Any) -> Any:
+        if isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[2], (set, frozenset)):
+            try:
+                values = sorted(item[2])
+            except TypeError:  # values of several kinds
+                values = sorted(item[2], key=repr)
+            return (item[0], item[1], values)
+        if isinstance(item, (list, tuple)) and item and isinstance(item[0], (list, tuple)):
+            return [sorted_values(condition) for condition in item]
+        return item
+
+    return [sorted_values(item) for item in filters]
 
 
 def dnf_form(filters: Any) -> tuple[tuple[tuple[str, str, Any], ...], ...] | None:
@@ -110,7 +126,7 @@ def filter_expression(filters: Any) -> pc.Expression:
         return filters
     if isinstance(filters, (list, tuple)) and filters:
         try:
-            return pq.filters_to_expression(list(filters))
+            return pq.filters_to_expression(list(dnf_sets_sorted(filters)))
         except (TypeError, ValueError, pa.ArrowException) as error:
             raise ValueError(
                 f"filters must be a pyarrow.compute.Expression or pyarrow's DNF list form, e.g. [('label', '<', 10)] or "

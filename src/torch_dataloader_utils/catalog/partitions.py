@@ -170,6 +170,7 @@ class PartitionedFormat:
         self.inner, self.partitions = inner, partitions
         self.name, self.suffixes, self.streams_units = inner.name, inner.suffixes, inner.streams_units
         self.schema_advice = getattr(inner, "schema_advice", "")
+        self.options = getattr(inner, "options", None)  # a text format's reader options
         self._urls = paths  # a file's path on its filesystem -> its URL (the key of its values)
 
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, Any]:

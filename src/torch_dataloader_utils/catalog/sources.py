@@ -4,6 +4,7 @@ files are known."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,20 @@ class SourceOptions:
                 raise ValueError(f"{name} must be a dict of reader options (see docs/formats.md), got {value!r}")
         if self.partitioning not in PARTITIONINGS:
             raise ValueError(f"partitioning must be None or 'hive', got {self.partitioning!r}")
+
+
+def options_identity(options: Mapping[str, Any]) -> str:
+    """Reader options as text that is the same in every process for the same options (what a
+    state and the filter-count cache record): values by JSON, others by repr, a set's values
+    sorted, and an object whose repr is its address (``pyarrow.csv.ISO8601``) by its type."""
+
+    def stable(value: Any) -> Any:
+        if isinstance(value, (set, frozenset)):
+            return sorted(value, key=repr)
+        text = repr(value)
+        return f"{type(value).__module__}.{type(value).__qualname__}" if " at 0x" in text else text
+
+    return json.dumps(options, sort_keys=True, default=stable)
 
 
 def prepare_source(

@@ -37,6 +37,7 @@ from ..catalog.filter_prune import ALL, NONE, SOME, RowFilter, may_match, orc_st
 from ..catalog.partitions import directory_guarantee
 from ..catalog.progress_bar import progress
 from ..catalog.schema import check_repeated_columns
+from ..catalog.sources import options_identity
 from ..errors import DataReadError, FileChangedError, RemoteReadError
 from ..formats._parquet_tail import metadata
 from ..plan.splits import FileLayout
@@ -163,12 +164,15 @@ def _count_unit(reader: Any, unit: int, catalog: Catalog, file: int, source: _So
 
 
 def _count_key(catalog: Catalog, file: int) -> str:
-    """The count's identity: the file's version, the filter, and what the filter's columns are read as."""
+    """The count's identity: the file's version, the filter, what the filter's columns are read as,
+    and the reader's options (a text format's null and boolean spellings change what matches)."""
     entry, rows_filter = catalog.files[file], catalog.row_filter
     schema = catalog.schema
     types = [str(schema.field(name).type) if schema is not None else "" for name in rows_filter.columns]
     lacking = sorted(set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns))
-    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.identity, types, lacking])
+    reader = getattr(catalog.format_of(file), "options", None)
+    options = options_identity(reader) if reader else None
+    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.identity, types, lacking, *([options] if options else [])])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
