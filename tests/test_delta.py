@@ -268,3 +268,13 @@ def test_value_lists_that_pyarrow_prints_alike_are_different_table_filters(table
     assert len(second) == 520
     with pytest.raises(CheckpointMismatchError, match="filters changed"):
         second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+
+
+def test_gcs_storage_options_reach_deltalake_under_its_names():
+    """gcsfs's endpoint and anonymous access, as emulators and public buckets take them, are passed
+    on (the files themselves are read through gcsfs with the options as given)."""
+    from torch_dataloader_utils.tables.delta import delta_storage_options
+
+    options = delta_storage_options({"endpoint_url": "http://127.0.0.1:9023", "token": "anon"}, "gs://bucket/table")
+    assert options == {"GOOGLE_SKIP_SIGNATURE": "true", "GOOGLE_BASE_URL": "http://127.0.0.1:9023", "ALLOW_HTTP": "true"}
+    assert delta_storage_options({"token": "/keys/sa.json"}, "gs://bucket/table") == {"GOOGLE_SERVICE_ACCOUNT": "/keys/sa.json"}

@@ -63,8 +63,15 @@ def delta_storage_options(storage_options: dict | None, path: str = "") -> dict[
                 options[_CONNECTION_KEYS[name.strip()]] = value.strip()
         endpoint, allow_http = "AZURE_ENDPOINT", "AZURE_ALLOW_HTTP"
     elif scheme in ("gs", "gcs"):
-        token = storage_options.get("token")
-        return {"GOOGLE_SERVICE_ACCOUNT": token} if isinstance(token, str) and token.endswith(".json") else {}
+        token, endpoint_url = storage_options.get("token"), storage_options.get("endpoint_url")
+        options = {"GOOGLE_SERVICE_ACCOUNT": token} if isinstance(token, str) and token.endswith(".json") else {}
+        if token == "anon":
+            options["GOOGLE_SKIP_SIGNATURE"] = "true"
+        if endpoint_url:
+            options["GOOGLE_BASE_URL"] = str(endpoint_url)
+            if str(endpoint_url).startswith("http://"):
+                options["ALLOW_HTTP"] = "true"
+        return options
     else:
         options = {_S3_KEYS[k]: str(v) for k, v in storage_options.items() if k in _S3_KEYS}
         if storage_options.get("anon") is True:
