@@ -68,7 +68,8 @@ def test_file_that_stays_unreadable_is_named_with_its_split(s3, uploaded, no_cli
     s3.server.faults.inject("503", -1, match="part-00002")
     message, _, _ = run_until_error(loader, dataset)
     assert re.search(r"part-00002\.parquet \(split .*part-00002\.parquet.*failed after 3 attempt", message), message
-    with pytest.raises(OSError, match=r"s3://bucket-a/data-parquet/part-00002\.parquet .*failed after 3 attempt"):
+    assert "resume from the last state_dict(); download_retry sets" in message
+    with pytest.raises(OSError, match=r"s3://bucket-a/data-parquet/part-00002\.parquet .*failed after 3 attempt.* kept failing"):
         make(url, **config)
 
 

@@ -21,7 +21,7 @@ from ..errors import FileChangedError, RemoteReadError
 from .cache import RangeCache, entry_key
 from .counters import Counters
 from .pinned_reads import PinnedRead, pinned_read_for
-from .retry import ShortReadError, error_chain, http_status, is_transient, refusal_advice, retry_call
+from .retry import ShortReadError, error_chain, http_status, is_transient, refusal_advice, retries_spent_advice, retry_call
 from .tail_fetch import TailFetcher, fetch_retrying
 from .versions import check_version
 
@@ -295,7 +295,7 @@ class RemoteStore:
             detail = str(error) or (f"not complete within download_timeout={self.options.download_timeout}s" if is_transient(error) else "")
             raise RemoteReadError(
                 f"reading {self.protocol_name}://{path} bytes [{start}, {end}) failed after {attempts} attempt(s): "
-                f"{type(error).__name__}: {detail}{refusal_advice(error, self.storage_options)}"
+                f"{type(error).__name__}: {detail}{refusal_advice(error, self.storage_options)}{retries_spent_advice(error)}"
             ) from error
         return results  # type: ignore[return-value]
 

@@ -93,6 +93,16 @@ def refusal_advice(error: BaseException, storage_options: dict) -> str:
     return f". The store refused access: check the credentials in storage_options{anonymous}"
 
 
+def retries_spent_advice(error: BaseException) -> str:
+    """What to do when a transient fault outlasted the retries; "" for other errors."""
+    if not is_transient(error):
+        return ""
+    return (
+        ". The store kept failing: once it answers again, resume from the last state_dict(); download_retry sets how "
+        "often a read is retried, and on_error='skip' leaves a split that cannot be read out of the epoch"
+    )
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether retrying may help: timeouts, resets and cut-off responses, HTTP 5xx, 408 and 429."""
     chain = error_chain(error)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..errors import FileChangedError, RemoteReadError
-from .retry import ShortReadError, backoff, is_transient
+from .retry import ShortReadError, backoff, is_transient, retries_spent_advice
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def fetch_retrying(
             path, start, end, _ = requests[first]
             raise RemoteReadError(
                 f"reading {protocol}://{path} bytes [{start}, {end}) failed after {attempts} attempt(s): {type(error).__name__}: {error}"
+                f"{retries_spent_advice(error)}"
             ) from error
         delay = backoff(attempts - 1)
         log.warning("reading %d range(s) failed (%s: %s); retry %d/%d in %.1fs", len(pending), type(error).__name__, error, attempts, retries, delay)
