@@ -278,3 +278,25 @@ def test_gcs_storage_options_reach_deltalake_under_its_names():
     options = delta_storage_options({"endpoint_url": "http://127.0.0.1:9023", "token": "anon"}, "gs://bucket/table")
     assert options == {"GOOGLE_SKIP_SIGNATURE": "true", "GOOGLE_BASE_URL": "http://127.0.0.1:9023", "ALLOW_HTTP": "true"}
     assert delta_storage_options({"token": "/keys/sa.json"}, "gs://bucket/table") == {"GOOGLE_SERVICE_ACCOUNT": "/keys/sa.json"}
+
+
+@pytest.mark.parametrize(
+    "feature, message",
+    [
+        ("variantShredding-preview", r"requires the reader feature\(s\) \['variantShredding-preview'\]"),  # deltalake opens it, reads it otherwise
+        ("catalogOwned", r"deltalake cannot open Delta table '.*t'.*catalogOwned"),
+    ],
+)
+def test_a_reader_feature_the_loader_does_not_implement_is_refused_naming_the_table(tmp_path, feature, message):
+    import json
+
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"id": [1, 2, 3]}))
+    log = path / "_delta_log" / "00000000000000000000.json"
+    actions = [json.loads(line) for line in log.read_text().splitlines()]
+    for action in actions:
+        if "protocol" in action:
+            action["protocol"] = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": [feature], "writerFeatures": [feature]}
+    log.write_text("\n".join(json.dumps(action) for action in actions) + "\n")
+    with pytest.raises(ValueError, match=message):
+        DeltaDataset(str(path), num_workers=0)

@@ -114,7 +114,9 @@ class Catalog:
 def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
     try:
         layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.url)
-        return layout, footer, fmt.schema(fs, entry.fs_path, footer)
+        schema = fmt.schema(fs, entry.fs_path, footer)
+        schema.names  # noqa: B018 - column names that are not UTF-8 raise here, naming the file, not in later steps
+        return layout, footer, schema
     except Exception as error:  # re-raised with the file named
         if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
             raise  # the storage failed, not the file (a permission, a request): the error names it

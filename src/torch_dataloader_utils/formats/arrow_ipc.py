@@ -70,7 +70,12 @@ class ArrowIpcFormat:
         reader = _open(fs, path)
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
-        nulls = {name: sum(b.column(i).null_count for b in batches) for i, name in enumerate(reader.schema.names)}
+        nulls = {}
+        for i, name in enumerate(reader.schema.names):
+            try:
+                nulls[name] = sum(b.column(i).null_count for b in batches)
+            except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # a type pyarrow has no Python array for (intervals)
+                continue  # its nulls are not known here; the column is refused when it is selected
         return layout, ArrowFooter(reader.schema, nulls)
 
     def schema(self, fs: Any, path: str, footer: ArrowFooter) -> pa.Schema:

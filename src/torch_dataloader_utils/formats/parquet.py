@@ -276,6 +276,8 @@ class ParquetFormat:
     @staticmethod
     def _layout(url: str, size: int, footer: pq.FileMetaData) -> FileLayout:
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
+        if any(count < 0 for count in rows):
+            raise ValueError(f"its footer gives a row group {min(rows)} rows")
         sizes = tuple(
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (footer.row_group(i) for i in range(footer.num_row_groups))

@@ -57,10 +57,10 @@ def check_forms(catalog: Any, selected: Sequence[BatchColumn], every: Sequence[B
     lines = [f"column {c.name!r} ({c.type}): {batch_form_problem(c.type)}; in {_files_text(_holders(catalog, c.top))}" for c in bad]
     names = {c.name for c in bad}
     keep = [c.name for c in (selected or every) if c.name not in names]
-    fix = f"leave them out with columns={keep!r}" if keep else "cast them in the data"
+    fix = f"leave them out with columns={keep!r}, or cast them in the data" if keep else "cast them in the data"
     if len(bad) == 1:
-        raise TypeError(f"{lines[0]}. A batch cannot hold it: {fix.replace('them', 'it')}, or cast it in the data")
-    raise TypeError(f"{len(bad)} columns have no batch form:" + _listed(lines) + f"\nA batch cannot hold them: {fix}, or cast them in the data")
+        raise TypeError(f"{lines[0]}. A batch cannot hold it: {fix.replace('them', 'it')}")
+    raise TypeError(f"{len(bad)} columns have no batch form:" + _listed(lines) + f"\nA batch cannot hold them: {fix}")
 
 
 def check_missing(catalog: Any, selected: Sequence[BatchColumn], policy: ColumnPolicy) -> None:

@@ -27,6 +27,12 @@ _CONNECTION_KEYS = {
     "SharedAccessSignature": "AZURE_STORAGE_SAS_TOKEN", "BlobEndpoint": "AZURE_ENDPOINT",
 }  # fmt: skip
 _NATIVE_PREFIXES = ("AWS_", "AZURE_", "GOOGLE_")
+#: reader features whose tables this loader reads as deltalake does (others change how a data file's
+#: values are to be read: refused, naming the feature)
+_READER_FEATURES = {
+    "deletionVectors", "columnMapping", "timestampNtz", "v2Checkpoint", "vacuumProtocolCheck",
+    "typeWidening", "typeWidening-preview", "variantType", "variantType-preview", "domainMetadata",
+}  # fmt: skip
 _MAPPING_ID = b"delta.columnMapping.id"
 _MAPPING_NAME = b"delta.columnMapping.physicalName"
 
@@ -93,6 +99,8 @@ def open_delta(path: str, version: int | None, storage_options: dict | None, fro
         return deltalake.DeltaTable(path, version=version, storage_options=options)
     except Exception as error:
         if version is None or (type(error).__name__ == "TableNotFoundError" and not (from_state and _exists(path, storage_options))):
+            if type(error).__name__ == "DeltaError":  # (deltalake's message need not name the table)
+                raise ValueError(f"deltalake cannot open Delta table {path!r}: {error}") from error
             raise
         if from_state:  # (its log cleaned up: deltalake says TableNotFoundError for the version alone)
             raise CheckpointMismatchError(
@@ -123,6 +131,12 @@ def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
 
 def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
     """The version's data files, with partition values as constant columns and deletion vectors applied."""
+    features = sorted(set(table.protocol().reader_features or []) - _READER_FEATURES)
+    if features:
+        raise ValueError(
+            f"Delta table {uri!r} requires the reader feature(s) {features}, which change how its data files are read and "
+            f"which this loader does not implement; it reads tables with {sorted(_READER_FEATURES)}"
+        )
     mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
     if mode not in ("none", "name", "id"):
         raise ValueError(f"Delta table {uri!r} has delta.columnMapping.mode {mode!r}; this loader reads the modes 'none', 'name' and 'id'")
