@@ -147,7 +147,7 @@ class ChunkReader:
         try:
             return self._converted(task, rows, table, where, in_main, joined)
         except NullValuesError as error:  # named more closely: the chunk's rows may come from many files
-            raise self._at_first_null(error, task, rows, table) from None
+            raise self._at_first_null(error, task, rows, table).with_traceback(error.__traceback__) from None
 
     def _converted(self, task: ChunkTask, rows: Rows, table: pa.Table, where: Where, in_main: bool, joined: bool) -> Chunk:
         """The chunk of ``table`` (the task's rows read) in the loader's form."""
