@@ -300,3 +300,19 @@ def test_a_reader_feature_the_loader_does_not_implement_is_refused_naming_the_ta
     log.write_text("\n".join(json.dumps(action) for action in actions) + "\n")
     with pytest.raises(ValueError, match=message):
         DeltaDataset(str(path), num_workers=0)
+
+
+def test_timestamps_are_read_as_the_tables_type_whichever_writer_stored_them(tmp_path):
+    """Spark stores a Delta timestamp as INT96 (nanoseconds to pyarrow), delta-rs as microseconds
+    with UTC: a Spark table that delta-rs appends to is read with the table's type, as deltalake reads it."""
+    import pathlib
+    import shutil
+
+    path = tmp_path / "t"
+    shutil.copytree(pathlib.Path(__file__).parent / "fixtures" / "delta-rs" / "delta-stats-optional", path)
+    write_deltalake(str(path), DeltaTable(str(path)).to_pyarrow_table(), mode="append")
+    expected = pa.table(DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=["timestamp"])).column("timestamp")
+    loader, dataset = DeltaDataset.create_dataloader(str(path), batch_size=10, num_workers=0, columns=["timestamp"], output_format="arrow")
+    assert dataset.schema.field("timestamp").type == pa.timestamp("us", tz="UTC") == expected.type
+    (batch,) = list(loader)
+    assert sorted(batch.column("timestamp").to_pylist()) == sorted(expected.to_pylist())

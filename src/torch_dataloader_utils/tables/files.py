@@ -126,6 +126,7 @@ class TableFooter:
     schema: pa.Schema  # the file's schema as the table names it (constants included)
     constants: dict[str, pa.Scalar]  # columns added with one value: the file's constants, and partition values it does not store
     renamed_inside: dict[str, pa.DataType] = field(default_factory=dict)  # table column -> its type with struct fields renamed
+    cast_to: dict[str, pa.DataType] = field(default_factory=dict)  # table column -> the table's timestamp type, where the file's differs
 
 
 class TableFileFormat:
@@ -153,16 +154,24 @@ class TableFileFormat:
         names = column_names(base_schema, file, set(self.table_schema.names))
         columns = []
         renamed_inside: dict[str, pa.DataType] = {}
+        cast_to: dict[str, pa.DataType] = {}
         for stored in (c for c in base_schema if c.name in names):
             kind = stored.type if file.field_names is None else named_as_table(stored.type, file, (stored.name,))
             if not kind.equals(stored.type, check_metadata=True):
                 renamed_inside[names[stored.name]] = kind
+            logged = self._logged_type(names[stored.name])
+            if logged is not None and pa.types.is_timestamp(kind) and pa.types.is_timestamp(logged) and kind != logged:
+                kind = cast_to[names[stored.name]] = logged  # writers store one timestamp type otherwise (Spark: INT96, nanoseconds)
             columns.append(pa.field(names[stored.name], kind))
         stored = set(names.values())
         constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
         columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
-        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, renamed_inside)
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, renamed_inside, cast_to)
         return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
+
+    def _logged_type(self, name: str) -> pa.DataType | None:
+        index = self.table_schema.get_field_index(name)
+        return self.table_schema.field(index).type if index >= 0 else None
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
         index = self.table_schema.get_field_index(name)
@@ -217,6 +226,10 @@ class TableFileReader:
             index = table.schema.get_field_index(name)
             if index >= 0:
                 table = table.set_column(index, pa.field(name, kind), viewed_as(table.column(index), kind))
+        for name, kind in self._footer.cast_to.items():
+            index = table.schema.get_field_index(name)
+            if index >= 0:
+                table = table.set_column(index, pa.field(name, kind), table.column(index).cast(kind))
         for name, value in self._footer.constants.items():
             if columns is None or name in columns:
                 column = self._footer.schema.field(name)
