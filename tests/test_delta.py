@@ -316,3 +316,16 @@ def test_timestamps_are_read_as_the_tables_type_whichever_writer_stored_them(tmp
     assert dataset.schema.field("timestamp").type == pa.timestamp("us", tz="UTC") == expected.type
     (batch,) = list(loader)
     assert sorted(batch.column("timestamp").to_pylist()) == sorted(expected.to_pylist())
+
+
+def test_int96_timestamps_beyond_nanoseconds_read_exactly_as_the_tables_microseconds():
+    """A plain read of these files is refused (nanoseconds cannot hold year 9999); read as the
+    table's type they are exact."""
+    import datetime
+    import pathlib
+
+    path = pathlib.Path(__file__).parent / "fixtures" / "delta-rs" / "table_with_edge_timestamps"
+    loader, _ = DeltaDataset.create_dataloader(str(path), batch_size=10, num_workers=0, columns=["BIG_DATE"], output_format="dict")
+    values = sorted(value for batch in loader for value in batch["BIG_DATE"])
+    utc = datetime.timezone.utc
+    assert values == [datetime.datetime(9999, 12, 30, tzinfo=utc), datetime.datetime(9999, 12, 31, tzinfo=utc)]
