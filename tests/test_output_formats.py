@@ -155,3 +155,12 @@ def test_a_string_that_is_not_utf8_names_the_column_in_every_output_format(tmp_p
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format="jsonl", num_workers=0, batch_size=4, output_format=output_format)
     with pytest.raises(ValueError, match=r"column 's' of rows read from \S*a.jsonl .*not valid UTF-8"):
         list(loader)
+
+
+def test_a_value_python_cannot_hold_names_its_column_in_dict_output(tmp_path):
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 2], "far": pa.array([0, 2**40], pa.timestamp("s"))}), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"column 'far' holds a value that Python cannot hold .* in rows read from \S*a\.parquet"):
+        list(StructuredDataset(str(tmp_path), num_workers=0, output_format="dict"))
+    assert [b["id"].tolist() for b in StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy")] == [[1, 2]]

@@ -100,6 +100,11 @@ def prepare_batches(
             if named is None:
                 raise
             raise named from error
+        except OverflowError as error:  # a date or duration beyond Python's datetime types
+            raise ValueError(
+                f"column {_overflowing(table)!r} holds a value that Python cannot hold ({error}) in {where()}: read it with "
+                "output_format='torch', 'numpy' or 'arrow', or leave it out with columns=[...]"
+            ) from error
         if output.format == "arrow" and not copy:
             batches = [_compact(batch) for batch in batches]
     if output.transform is None:
@@ -217,6 +222,16 @@ def _form(output_format: str, policy: ColumnPolicy, where: Where) -> Callable[[p
     if output_format == "numpy":
         return lambda table: to_numpy_columns(table, policy, where)
     return _FORMS[output_format]
+
+
+def _overflowing(table: pa.Table) -> str:
+    """The first column whose values do not convert to Python objects ("?" when each does alone)."""
+    for name, column in zip(table.column_names, table.columns):
+        try:
+            column.to_pylist()
+        except OverflowError:
+            return name
+    return "?"
 
 
 def _not_utf8(table: pa.Table, where: Where, error: Exception) -> ValueError | None:
