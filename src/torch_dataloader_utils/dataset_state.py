@@ -116,6 +116,6 @@ def config(options: DatasetOptions, catalog: Catalog, source: SourceOptions, **t
 
 
 def _options_digest(source: SourceOptions) -> str:
-    """A digest of the text readers' options as given (their values by repr: pyarrow types, schemas)."""
+    """A digest of the text readers' options as given (``options_identity``)."""
     options = {"csv_options": dict(source.csv_options or {}), "json_options": dict(source.json_options or {})}
     return hashlib.sha256(options_identity(options).encode()).hexdigest()[:16]

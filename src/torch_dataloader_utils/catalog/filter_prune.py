@@ -59,11 +59,11 @@ def filter_identity(expression: pc.Expression) -> str:
 def row_filter(filters: Any, schema: pa.Schema | None) -> RowFilter:
     """``filters`` (a pyarrow.compute.Expression, or pyarrow's DNF list form) checked against the
     data's unified ``schema``; ValueError / TypeError naming what is wrong."""
+    filters = dnf_sets_sorted(filters)
     expression = filter_expression(filters)
     if schema is None or not len(schema):
         raise ValueError(f"filters={expression} cannot apply: the files have no columns")
     columns = _referenced_columns(expression, schema)
-    filters = dnf_sets_sorted(filters)
     identity = filter_identity(expression)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     return RowFilter(expression, columns, digest, dnf_form(filters), identity)

@@ -48,7 +48,8 @@ def _deltalake() -> Any:
 def delta_storage_options(storage_options: dict | None, path: str = "") -> dict[str, str] | None:
     """deltalake's options for fsspec's, by the table's store: s3fs's (key, secret, token, profile,
     anon, client_kwargs' endpoint and region), adlfs's (account name and key, SAS token, service
-    principal, connection string) or gcsfs's (a service account file as ``token``); ValueError for
+    principal, connection string) or gcsfs's (a service account file or "anon" as ``token``,
+    ``endpoint_url``); ValueError for
     deltalake's own names, which fsspec, reading the data files, cannot take."""
     if not storage_options:
         return None
@@ -69,15 +70,13 @@ def delta_storage_options(storage_options: dict | None, path: str = "") -> dict[
                 options[_CONNECTION_KEYS[name.strip()]] = value.strip()
         endpoint, allow_http = "AZURE_ENDPOINT", "AZURE_ALLOW_HTTP"
     elif scheme in ("gs", "gcs"):
-        token, endpoint_url = storage_options.get("token"), storage_options.get("endpoint_url")
+        token = storage_options.get("token")
         options = {"GOOGLE_SERVICE_ACCOUNT": token} if isinstance(token, str) and token.endswith(".json") else {}
         if token == "anon":
             options["GOOGLE_SKIP_SIGNATURE"] = "true"
-        if endpoint_url:
-            options["GOOGLE_BASE_URL"] = str(endpoint_url)
-            if str(endpoint_url).startswith("http://"):
-                options["ALLOW_HTTP"] = "true"
-        return options
+        if storage_options.get("endpoint_url"):
+            options["GOOGLE_BASE_URL"] = str(storage_options["endpoint_url"])
+        endpoint, allow_http = "GOOGLE_BASE_URL", "ALLOW_HTTP"
     else:
         options = {_S3_KEYS[k]: str(v) for k, v in storage_options.items() if k in _S3_KEYS}
         if storage_options.get("anon") is True:
@@ -131,7 +130,8 @@ def _deletion_vectors(table: Any, fs: Any) -> dict[str, np.ndarray]:
 
 def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
     """The version's data files, with partition values as constant columns and deletion vectors applied."""
-    features = sorted(set(table.protocol().reader_features or []) - _READER_FEATURES)
+    reader_features = set(table.protocol().reader_features or [])
+    features = sorted(reader_features - _READER_FEATURES)
     if features:
         raise ValueError(
             f"Delta table {uri!r} requires the reader feature(s) {features}, which change how its data files are read and "
@@ -147,7 +147,7 @@ def plan_delta(table: Any, uri: str, storage_options: dict | None) -> TablePlan:
     relative = actions.column("path").to_pylist()
     full_paths = [_full_path(table.table_uri, path) for path in relative]
     fs = table_filesystem(full_paths[0] if full_paths else _decoded(table.table_uri), storage_options)
-    has_vectors = "deletionVectors" in (table.protocol().reader_features or [])
+    has_vectors = "deletionVectors" in reader_features
     vectors = _deletion_vectors(table, fs) if has_vectors else {}
     partitions = [name for name in actions.column_names if name.startswith("partition.")]
     values = {name: actions.column(name).to_pylist() for name in partitions}

@@ -174,8 +174,8 @@ class TableFileFormat:
         return self.table_schema.field(index).type if index >= 0 else None
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
-        index = self.table_schema.get_field_index(name)
-        return self.table_schema.field(index).type if index >= 0 else value.type
+        logged = self._logged_type(name)
+        return value.type if logged is None else logged
 
     def schema(self, fs: Any, path: str, footer: TableFooter) -> pa.Schema:
         """The file's schema as the table names it."""
