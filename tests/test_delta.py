@@ -316,6 +316,9 @@ def test_timestamps_are_read_as_the_tables_type_whichever_writer_stored_them(tmp
     assert dataset.schema.field("timestamp").type == pa.timestamp("us", tz="UTC") == expected.type
     (batch,) = list(loader)
     assert sorted(batch.column("timestamp").to_pylist()) == sorted(expected.to_pylist())
+    for workers in (0, 2):  # the cast files resume exactly, in worker processes too
+        make = lambda workers=workers: DeltaDataset.create_dataloader(str(path), batch_size=1, num_workers=workers, split_bytes=1, shuffle=True, columns=["timestamp"])  # noqa: E731
+        assert_resumes_exactly(make, epochs=1, points=[(0, 1), (0, 2)])
 
 
 def test_int96_timestamps_beyond_nanoseconds_read_exactly_as_the_tables_microseconds():
