@@ -4,6 +4,7 @@ records they replace, the split table equals plan_splits, and planning keeps no 
 from __future__ import annotations
 
 import gc
+import itertools
 import pickle
 import tracemalloc
 
@@ -17,7 +18,7 @@ from torch_dataloader_utils.catalog.file_table import FileTable
 from torch_dataloader_utils.plan.columns import LayoutTable, Strings, flat_unit_rows, plan_split_table, row_counts, unit_rows_at
 from torch_dataloader_utils.plan.row_index import RowIndex
 from torch_dataloader_utils.plan.splits import FileLayout, plan_splits
-from torch_dataloader_utils.plan.streams import SplitRows, unit_offsets
+from torch_dataloader_utils.plan.streams import SplitRows
 from torch_dataloader_utils.storage.versions import FileEntry
 
 LAYOUTS = [
@@ -41,7 +42,7 @@ def test_strings_round_trip_with_none_and_names_that_are_not_utf8():
 def test_a_layout_table_reads_back_the_layouts_and_their_offsets():
     table = LayoutTable(LAYOUTS)
     assert list(table) == LAYOUTS and table == LAYOUTS
-    assert [o.tolist() for o in table.offsets] == [unit_offsets(layout).tolist() for layout in LAYOUTS]
+    assert [o.tolist() for o in table.offsets] == [[0, *itertools.accumulate(layout.unit_rows)] for layout in LAYOUTS]
     assert row_counts(table).tolist() == row_counts(LAYOUTS).tolist() == [30, 90, 0, 30, 25]
     counts, rows = flat_unit_rows(table)
     assert counts.tolist() == [2, 3, 0, 2, 1] and rows.tolist() == [10, 20, 30, 30, 30, 10, 20, 25]
@@ -65,11 +66,12 @@ def test_the_split_table_is_plan_splits(split_bytes, split_rows):
     assert list(table.rows) == rows
 
 
-def test_the_row_index_from_flat_units_is_the_one_from_lists():
+def test_the_row_index_of_flat_units_numbers_every_unit_of_every_file():
     lists = [[10, 20], [], [5], [0, 7]]
-    a, b = RowIndex.from_unit_rows(lists), RowIndex.from_flat(*flat_unit_rows([FileLayout("p", 1, tuple(r), tuple(r)) for r in lists]))
-    for name in ("starts", "unit_file", "unit_number", "file_starts"):
-        assert getattr(a, name).tolist() == getattr(b, name).tolist()
+    index = RowIndex.from_flat(*flat_unit_rows([FileLayout("p", 1, tuple(r), tuple(r)) for r in lists]))
+    assert index.starts.tolist() == [0, 10, 30, 35, 35, 42]
+    assert index.unit_file.tolist() == [0, 0, 2, 3, 3] and index.unit_number.tolist() == [0, 1, 0, 0, 1]
+    assert index.file_starts.tolist() == [0, 30, 30, 35, 42]
 
 
 def test_a_file_table_reads_back_the_entries():

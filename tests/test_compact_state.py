@@ -121,6 +121,14 @@ def test_auto_form_is_full_for_small_plans_and_compact_above(data, monkeypatch):
         dataset.state_dict(form="small")
 
 
+def expand_ranges(entry, book, lane, splits) -> tuple[list[dict], list[dict]]:
+    """The full form's (completed, in-progress) split lists of a compact worker entry, by content."""
+    order = compact.lane_order(book, lane, splits)
+    completed = [splits[order.splits[p]].to_dict() for start, stop in entry["ranges"] for p in range(start, stop)]
+    partial = [{**splits[order.splits[p]].to_dict(), "rows_done": done} for p, done in entry["in_progress"]]
+    return completed, partial
+
+
 def test_expanded_compact_state_equals_the_full_form(data):
     loader, dataset = StructuredDataset.create_dataloader(str(data), batch_size=16, num_workers=2, shuffle=True, shuffle_buffer_rows=200)
     for step, _ in enumerate(loader):
@@ -129,7 +137,7 @@ def test_expanded_compact_state_equals_the_full_form(data):
     small, full = dataset.state_dict(form="compact"), dataset.state_dict(form="full")
     plan = dataset.delivery.plan()
     for worker, lane in enumerate(plan.lanes):
-        done, partial = compact.expand_ranges(small["completed_ranges"][worker], plan.book, lane, dataset._catalog.splits)
+        done, partial = expand_ranges(small["completed_ranges"][worker], plan.book, lane, dataset._catalog.splits)
         assert done == full["completed_shards"][worker]["splits"]
         assert partial == full["in_progress"][worker]["splits"]
 

@@ -8,8 +8,14 @@ import pytest
 from torch_dataloader_utils.plan.row_index import RowIndex, normalize_rows, unit_groups
 
 
+def index_of(unit_rows: list[list[int]]) -> RowIndex:
+    """The index of files whose units hold ``unit_rows[file][unit]`` rows."""
+    units = np.array([len(file) for file in unit_rows], dtype=np.int64)
+    return RowIndex.from_flat(units, np.array([rows for file in unit_rows for rows in file], dtype=np.int64))
+
+
 def test_locate_skips_units_and_files_without_rows():
-    index = RowIndex.from_unit_rows([[3, 0, 2], [], [0], [4]])
+    index = index_of([[3, 0, 2], [], [0], [4]])
     assert index.num_rows == 9
     located = index.locate(np.arange(9))
     assert located.file.tolist() == [0, 0, 0, 0, 0, 3, 3, 3, 3]
@@ -30,7 +36,7 @@ def test_normalize_rows_counts_negatives_from_the_end_and_names_the_first_bad_in
 
 
 def test_unit_groups_keep_request_positions_per_unit_in_unit_order():
-    index = RowIndex.from_unit_rows([[2, 2], [3]])
+    index = index_of([[2, 2], [3]])
     groups = unit_groups(index.locate(np.array([5, 0, 3, 1, 5, 2])))
     assert [(f, u, p.tolist()) for f, u, p in groups] == [(0, 0, [1, 3]), (0, 1, [2, 5]), (1, 0, [0, 4])]
     assert unit_groups(index.locate(np.zeros(0, np.int64))) == []

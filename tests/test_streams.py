@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stream_helpers import rows_in_order
 
-from torch_dataloader_utils.plan.splits import FileLayout
-from torch_dataloader_utils.plan.streams import SplitRows, build_stream, split_rows_between, unit_offsets
+from torch_dataloader_utils.plan.streams import SplitRows, build_stream, split_rows_between
 
 # files of row groups; each split is a row range of one file
 layouts = st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=4), min_size=1, max_size=4)
@@ -56,8 +55,3 @@ def test_split_rows_between_counts_the_rows_of_each_split_in_a_range(case, data)
         stop = data.draw(st.integers(start, stream.num_rows))
         counted = collections.Counter(split for split, _, _, _ in rows[start:stop])
         assert split_rows_between(stream, start, stop) == dict(counted)
-
-
-def test_unit_offsets_are_the_first_row_of_each_unit():
-    layout = FileLayout("f.parquet", 100, (3, 0, 5), (10, 0, 20))
-    assert unit_offsets(layout).tolist() == [0, 3, 3, 8]

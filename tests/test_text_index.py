@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import csv, json
 
-from torch_dataloader_utils.formats._text_index import RecordScanner, RowIndex, scan_records
+from torch_dataloader_utils.formats._text_index import RecordIndex, RecordScanner, scan_records
 
 
 def _csv_bytes(rows: int, seed: int) -> bytes:
@@ -82,8 +82,8 @@ def test_empty_lines_count_when_asked():
 
 
 def test_index_round_trips_through_bytes_and_finds_the_record_before_a_row():
-    index = RowIndex(4, 100, 25, 10, np.array([4, 40, 80]), True)
-    again = RowIndex.from_bytes(index.to_bytes())
+    index = RecordIndex(4, 100, 25, 10, np.array([4, 40, 80]), True)
+    again = RecordIndex.from_bytes(index.to_bytes())
     assert again.offsets.tolist() == [4, 40, 80] and (again.rows, again.every, again.quoted_newlines) == (25, 10, True)
     assert again.record_offset(0) == (4, 0) and again.record_offset(19) == (40, 10) and again.record_offset(24) == (80, 20)
 

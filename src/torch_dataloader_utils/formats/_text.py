@@ -26,7 +26,7 @@ from ..storage.cache import RangeCache
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import FileEntry
 from . import _text_index
-from ._text_index import RecordScanner, RowIndex, scan_records
+from ._text_index import RecordIndex, RecordScanner, scan_records
 from .io import RangeFile, open_input
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class TextFooter:
     """A text file as planned: its row index, units (index entries where each starts, then the
     number of entries), schema and how to parse it (format-specific, picklable)."""
 
-    index: RowIndex
+    index: RecordIndex
     units: tuple[int, ...]
     schema: pa.Schema
     compression: str | None
@@ -81,7 +81,7 @@ class TextFooter:
         return self.units[unit] * self.index.every
 
 
-def plan_units(index: RowIndex, unit_bytes: int, unit_rows: int | None) -> tuple[int, ...]:
+def plan_units(index: RecordIndex, unit_bytes: int, unit_rows: int | None) -> tuple[int, ...]:
     """Index entries where units start (plus the entry count): about ``unit_bytes`` bytes and at
     most ``unit_rows`` rows each, at least one entry each."""
     offsets = np.append(index.offsets, index.data_end)
@@ -220,7 +220,7 @@ class TextFormat:
         unit, parsed from its start: then the read's row count check covers every record."""
         return False
 
-    def with_index(self, parse: Any, index: RowIndex) -> Any:
+    def with_index(self, parse: Any, index: RecordIndex) -> Any:
         """The file's parse settings once its records are known (CSV: quoted newlines)."""
         return parse
 
@@ -239,13 +239,13 @@ class TextFormat:
         text = f"rowindex\0{_text_index.SCAN_RULES}\0{self.name}\0{url}\0{tag}\0{size}\0{_text_index.INDEX_EVERY}\0{compression}\0{self.scan_key(parse)}"
         return "rowindex-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
-    def _cached(self, key: str | None, url: str) -> tuple[RowIndex, pa.Schema] | None:
+    def _cached(self, key: str | None, url: str) -> tuple[RecordIndex, pa.Schema] | None:
         data = self._cache.get(key) if key is not None and self._cache is not None else None
         if data is None:
             return None
         try:
             length = int.from_bytes(data[:8], "big")
-            return RowIndex.from_bytes(data[8 : 8 + length]), pa.ipc.read_schema(pa.py_buffer(data[8 + length :]))
+            return RecordIndex.from_bytes(data[8 : 8 + length]), pa.ipc.read_schema(pa.py_buffer(data[8 + length :]))
         except (ValueError, TypeError, pa.ArrowException) as error:  # a damaged entry: scan again
             log.debug("row index cache entry %s unreadable (%s); scanning %s", key, error, url)
             return None
@@ -255,7 +255,7 @@ class TextFormat:
         return repr(parse)
 
 
-def _entry_bytes(index: RowIndex, schema: pa.Schema) -> bytes:
+def _entry_bytes(index: RecordIndex, schema: pa.Schema) -> bytes:
     packed = index.to_bytes()
     return len(packed).to_bytes(8, "big") + packed + schema.serialize().to_pybytes()
 

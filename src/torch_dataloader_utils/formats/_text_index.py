@@ -29,7 +29,7 @@ _NEWLINE, _RETURN = 10, 13
 
 
 @dataclass(frozen=True)
-class RowIndex:
+class RecordIndex:
     """Records of one text file: ``offsets[i]`` is the byte offset of record ``i * every``."""
 
     data_start: int  # after the header and skipped lines
@@ -44,7 +44,7 @@ class RowIndex:
         return len(head).to_bytes(4, "big") + head + self.offsets.astype("<i8").tobytes()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> RowIndex:
+    def from_bytes(cls, data: bytes) -> RecordIndex:
         length = int.from_bytes(data[:4], "big")
         start, end, rows, every, quoted = json.loads(data[4 : 4 + length])
         offsets = np.frombuffer(data, dtype="<i8", offset=4 + length).astype(np.int64)
@@ -225,7 +225,7 @@ class RecordScanner:
         self._marks.append(starts[rows % self._every == 0])
         self._rows += len(starts)
 
-    def finish(self) -> RowIndex:
+    def finish(self) -> RecordIndex:
         """The index, once every block has been fed (a last record may lack its newline)."""
         if self._content and not self._rows and not self._marked:
             raise ValueError(f"no line holds {chr(self._marker or 0)!r}, so it holds no record (a JSON Lines file holds one object per line)")
@@ -246,10 +246,10 @@ class RecordScanner:
         if self._data_start < 0:  # the header is all there is
             self._data_start = self._pos
         offsets = np.concatenate(self._marks).astype(np.int64) if self._marks else np.zeros(0, dtype=np.int64)
-        return RowIndex(self._data_start, self._pos, self._rows, self._every, offsets, self._quoted_newlines)
+        return RecordIndex(self._data_start, self._pos, self._rows, self._every, offsets, self._quoted_newlines)
 
 
-def scan_records(blocks: Iterable[bytes], scanner: RecordScanner) -> RowIndex:
+def scan_records(blocks: Iterable[bytes], scanner: RecordScanner) -> RecordIndex:
     """Feed every block to ``scanner``; its index."""
     for block in blocks:
         scanner.feed(block)

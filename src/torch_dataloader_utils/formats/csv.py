@@ -11,7 +11,7 @@ from pyarrow import csv
 
 from . import FORMATS
 from ._text import TextFooter, TextFormat
-from ._text_index import RecordScanner, RowIndex
+from ._text_index import RecordIndex, RecordScanner
 from ._text_options import check_values, sort_options
 
 _GROUPS = {
@@ -83,7 +83,7 @@ class CsvFormat(TextFormat):
             escape=ord(escape) if (escape := parse.parse.get("escape_char")) else None,
         )
 
-    def with_index(self, parse: CsvParse, index: RowIndex) -> CsvParse:
+    def with_index(self, parse: CsvParse, index: RecordIndex) -> CsvParse:
         if index.quoted_newlines and "newlines_in_values" not in parse.parse:
             return parse._replace(parse={**parse.parse, "newlines_in_values": True})
         return parse

@@ -7,7 +7,7 @@ file in stored order: row i is the same row whatever the rank, workers, shuffle 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,12 +31,6 @@ class RowIndex:
     unit_file: np.ndarray
     unit_number: np.ndarray
     file_starts: np.ndarray  # global row of each file's first row, plus the row count
-
-    @classmethod
-    def from_unit_rows(cls, unit_rows: Sequence[Sequence[int]]) -> RowIndex:
-        """The index of files whose units hold ``unit_rows[file][unit]`` rows."""
-        units = np.array([len(file) for file in unit_rows], dtype=np.int64)
-        return cls.from_flat(units, np.array([rows for file in unit_rows for rows in file], dtype=np.int64))
 
     @classmethod
     def from_flat(cls, units: np.ndarray, rows: np.ndarray) -> RowIndex:

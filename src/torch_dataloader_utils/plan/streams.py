@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .splits import FileLayout, stable_permutation
+from .splits import stable_permutation
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +105,6 @@ class Stream:
             self._owners.clear()
             self._owners[window] = owners
         return owners
-
-
-def unit_offsets(layout: FileLayout) -> np.ndarray:
-    """First row of every unit of a file, plus the file's row count."""
-    return np.concatenate([[0], np.cumsum(layout.unit_rows, dtype=np.int64)])
 
 
 def split_pieces(split: int, rows: SplitRows, offsets: np.ndarray) -> list[Piece]:

@@ -212,14 +212,6 @@ def same_progress(saved: Mapping[str, Any], expected: Mapping[str, Any]) -> bool
     return _digest([saved.get("ranges"), saved.get("in_progress")]) == expected["progress_digest"]
 
 
-def expand_ranges(entry: Mapping[str, Any], book: StreamBook, lane: Lane, splits: Sequence[Split]) -> tuple[list[dict], list[dict]]:
-    """The full form's (completed, in-progress) split lists of a compact worker entry, by content."""
-    order = lane_order(book, lane, splits)
-    completed = [splits[order.splits[p]].to_dict() for start, stop in entry["ranges"] for p in range(start, stop)]
-    partial = [{**splits[order.splits[p]].to_dict(), "rows_done": done} for p, done in entry["in_progress"]]
-    return completed, partial
-
-
 def count_completed(entry: Any) -> int:
     """Splits a compact worker entry counts as completed (0 when damaged)."""
     if isinstance(entry, Mapping) and isinstance(entry.get("completed"), int):

@@ -7,12 +7,12 @@ Three scopes share the header (``format_version``, ``scope``, ``epoch``) and the
 - ``global``: every rank's state in one dict (``distributed.merge_states``);
 - ``worker``: one DataLoader worker's progress (torchdata's StatefulDataLoader saves one per worker).
 
-docs/architecture.md maps each key to its name in the code.
+docs/checkpoint-resume.md describes every key; docs/architecture.md maps each to its name in the code.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Any, Mapping, Sequence
 
 from ..plan.epoch import EpochPlan
 from ..plan.lanes import Lane, StreamBook
@@ -86,67 +86,6 @@ FILTERS = "_filters"
 READER_OPTIONS = "_reader_options"
 CANONICAL_LANES = "canonical_lanes"  # C of a state saved with canonical lanes (absent: the planned order)
 MIXTURE = "_mixture"  # a mixture's sources and their rows per epoch (state/mixture.py); absent for a plain dataset
-
-
-class SplitEntry(TypedDict, total=False):
-    path: str
-    row_offset: int | None
-    row_length: int | None
-    rows_done: int  # in_progress entries only
-
-
-class WorkerSplits(TypedDict):
-    worker: int
-    splits: list[SplitEntry]
-
-
-class RankState(TypedDict, total=False):
-    """``dataset.state_dict()`` in the main process (plus the CONFIG_KEYS settings; a compact
-    state holds ``completed_ranges`` and ``files_summary`` where a full one holds ``files``,
-    ``completed_shards`` and ``in_progress``; a table dataset's adds ``table``, a mixture's
-    ``_mixture``). The shape ``state/shape.py`` checks."""
-
-    format_version: int
-    scope: str
-    epoch: int
-    files: list[list[Any]]
-    completed_shards: list[WorkerSplits]
-    in_progress: list[WorkerSplits]
-    rows_delivered: list[int]
-    next_worker: int
-    padding_delivered: int
-    lanes: list[list[list[int]]] | None
-    rows_total: list[int]
-    skipped_splits: list[dict[str, Any]]
-    batches_delivered: int | None
-    chunk_rows: int
-    batch_target: int | None
-    completed_ranges: list[dict[str, Any]]
-    files_summary: dict[str, Any]
-    table: dict[str, Any]
-
-
-class WorkerState(TypedDict, total=False):
-    """``dataset.state_dict()`` inside a DataLoader worker (plus the CONFIG_KEYS settings)."""
-
-    format_version: int
-    scope: str
-    epoch: int
-    worker: int
-    rows_delivered: int
-    files_digest: str
-    deal: str | None
-
-
-class GlobalState(TypedDict):
-    """Every rank's state: ``distributed.merge_states``; ``files`` is kept once, not per rank."""
-
-    format_version: int
-    scope: str
-    epoch: int
-    world_size: int
-    files: list[list[Any]]
-    ranks: list[RankState]
 
 
 def split_entry(split: Split, rows_done: int | None = None) -> dict:
