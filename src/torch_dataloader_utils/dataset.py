@@ -13,10 +13,10 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import dataset_state
 from .catalog.build import Catalog, build_catalog
 from .catalog.memory import return_freed_memory
-from .catalog.mixture import MixCatalog, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
+from .catalog.mixture import MixCatalog, MixtureSettings, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_loader_options, check_options, integer
-from .plan.canonical import CanonicalBook, check_canonical
+from .plan.canonical import CanonicalBook, check_canonical, check_canonical_workers
 from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
 from .plan.lanes import StreamBook
@@ -312,12 +312,7 @@ class StructuredDataset(IterableDataset):
             return self._delivery.deliver(tasks, (reader.read(task) for task in tasks))
         # Settled before the first batch: StatefulDataLoader asks for state_dict() right after iter().
         dataset_state.check_loader_workers(self.num_workers, info.num_workers)
-        if self.canonical_lanes is not None and info.num_workers > 1 and self.chunk_rows != self.batch_size:
-            raise ValueError(
-                f"canonical_lanes with a DataLoader of {info.num_workers} workers that yield batches one by one (torchdata's "
-                f"StatefulDataLoader) needs chunk_rows=batch_size={self.batch_size} (got {self.chunk_rows}): the global steps are "
-                "dealt to the workers in chunks, and such a loader takes one batch from each worker in turn"
-            )
+        check_canonical_workers(self.canonical_lanes, info.num_workers, self.chunk_rows, self.batch_size)
         return self._worker.begin(info.id)
 
     # ------------------------------------------------------------ internals
@@ -325,9 +320,11 @@ class StructuredDataset(IterableDataset):
         """The files to plan (table datasets list a snapshot's files instead of discovering them; a
         list of Sources is a mixture, catalog/mixture.py)."""
         if is_mixture(path):
-            order, defaults = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows), (format, storage_options, self._max_split_rows, self._source)
-            more = (*self._mixture_filters, self.canonical_lanes, self.output_format != "torch" or self.policy.nulls != "raise")  # nulls_ok
-            return build_mixture_catalog(path, defaults, self.columns, split_bytes, io, self._epoch_rows, order, *more)
+            nulls_ok = self.output_format != "torch" or self.policy.nulls != "raise"
+            order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
+            settings = MixtureSettings(split_bytes, format, storage_options, self._max_split_rows, self._source, io, self.columns,
+                                       self._epoch_rows, *order, *self._mixture_filters, self.canonical_lanes, nulls_ok)
+            return build_mixture_catalog(path, settings)
         return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
 
     def _rows_catalog(self, catalog: Catalog) -> Catalog | Callable[[], Catalog]:

@@ -137,36 +137,47 @@ def mixture_book(catalog: Catalog, lanes: int | None = None) -> MixtureBook | No
     return MixtureBook(catalog.plan) if lanes is None else CanonicalMixtureBook(catalog.plan, lanes=lanes)
 
 
-def build_mixture_catalog(
-    sources: Source | Sequence[Source],
-    defaults: tuple[str | None, dict | None, int | None, SourceOptions | None],
-    columns: Sequence[str] | None,
-    split_bytes: int,
-    io: IOOptions,
-    epoch_rows: int | None,
-    order: tuple[bool, int, int],
-    filters: Any = None,
-    count_filtered: Callable[[Catalog, Any], Catalog] | None = None,
-    canonical_lanes: int | None = None,
-    nulls_ok: bool = False,
-) -> MixCatalog:
-    """Catalogue every source, unify their schemas and plan the mixture. ``defaults`` are the
-    dataset's (format, storage_options), for sources without their own, then its split_rows and
-    source options, for every source; ``order`` is (shuffle, seed, shuffle_buffer_rows). With
-    ``filters``, ``count_filtered(catalog, filters)`` (read/filtering.py) plans each source over
-    the rows the filter matches, and the sources' shares are of those rows. ``canonical_lanes``:
-    plan the epoch's blocks for that many canonical lanes (plan/mixing_canonical.py). ``nulls_ok``:
-    the batches hold nulls (nulls="fill" / "mask", or not tensors), so a source may lack a number column."""
+@dataclass(frozen=True)
+class MixtureSettings:
+    """How a mixture is planned: the dataset's settings that apply to every source.
+
+    ``format`` and ``storage_options`` are for sources without their own. With ``filters``,
+    ``count_filtered(catalog, filters)`` (read/filtering.py) plans each source over the rows the
+    filter matches, and the sources' shares are of those rows. ``canonical_lanes``: plan the
+    epoch's blocks for that many canonical lanes (plan/mixing_canonical.py). ``nulls_ok``: the
+    batches hold nulls (nulls="fill" / "mask", or not tensors), so a source may lack a number column.
+    """
+
+    split_bytes: int
+    format: str | None = None
+    storage_options: dict | None = None
+    split_rows: int | None = None
+    source_options: SourceOptions | None = None
+    io: IOOptions = field(default_factory=IOOptions)
+    columns: Sequence[str] | None = None
+    epoch_rows: int | None = None
+    shuffle: bool = False
+    shuffle_seed: int = 0
+    shuffle_buffer_rows: int = 0
+    filters: Any = None
+    count_filtered: Callable[[Catalog, Any], Catalog] | None = None
+    canonical_lanes: int | None = None
+    nulls_ok: bool = False
+
+
+def build_mixture_catalog(sources: Source | Sequence[Source], settings: MixtureSettings) -> MixCatalog:
+    """Catalogue every source, unify their schemas and plan the mixture."""
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")
+    epoch_rows, columns, filters = settings.epoch_rows, settings.columns, settings.filters
     if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, numbers.Integral) or epoch_rows < 1):
         raise ValueError(f"epoch_rows must be a positive integer, got {epoch_rows!r}")
-    format, storage_options, split_rows, options = defaults
     catalogs = [
         build_catalog(
-            s.path, format if s.format is None else s.format, storage_options if s.storage_options is None else s.storage_options,
-            split_bytes, io, split_rows, options,
+            s.path, settings.format if s.format is None else s.format,
+            settings.storage_options if s.storage_options is None else s.storage_options,
+            settings.split_bytes, settings.io, settings.split_rows, settings.source_options,
         )  # fmt: skip
         for s in sources
     ]
@@ -183,11 +194,11 @@ def build_mixture_catalog(
         raise ValueError(f"the mixture's {error}") from None
     stored = catalogs
     if filters is not None:
-        if count_filtered is None:
+        if settings.count_filtered is None:
             raise RuntimeError("internal error: a mixture with filters was planned without the counting pass")
-        catalogs = [count_filtered(catalog, filters) for catalog in catalogs]
+        catalogs = [settings.count_filtered(catalog, filters) for catalog in catalogs]
     sizes = [sum(layout.num_rows for layout in c.layouts) for c in catalogs]
-    if unified is not None and not nulls_ok:
+    if unified is not None and not settings.nulls_ok:
         lacks = [missing_columns(s, unified) if s is not None else tuple(unified.names) for s in projected]
         check_missing_columns(unified, read_columns, lacks, list(zip(labels, sizes)))
     rows = allocate_rows(sizes, [s.rows_per_epoch for s in sources], [s.weight for s in sources], None if epoch_rows is None else int(epoch_rows))
@@ -195,11 +206,11 @@ def build_mixture_catalog(
     if empty:
         matching = f" that match filters={filters!r}" if filters is not None else ""
         raise ValueError(f"{empty[0]} has no rows{matching}, so it cannot contribute rows to an epoch; leave it out of the mixture")
-    mixture = _combine(sources, catalogs, unified, rows, split_bytes, order, canonical_lanes)
+    mixture = _combine(sources, catalogs, unified, rows, settings)
     if filters is not None:
         mixture.row_filter = row_filter(filters, unified)  # the filter on the columns as read (conformed to the unified schema)
         mixture.source_layouts = [layout for c in catalogs for layout in (c.source_layouts or c.layouts)]
-        mixture.unfiltered = _combine(sources, stored, unified, rows, split_bytes, order, canonical_lanes)
+        mixture.unfiltered = _combine(sources, stored, unified, rows, settings)
     return mixture
 
 
@@ -216,9 +227,7 @@ def _combine(
     catalogs: Sequence[Catalog],
     unified: pa.Schema | None,
     rows: Sequence[int],
-    split_bytes: int,
-    order: tuple[bool, int, int],
-    lanes: int | None = None,
+    settings: MixtureSettings,
 ) -> MixCatalog:
     """The sources' catalogs laid end to end (file indices shifted), with the mixture's plan."""
     files: list[Any] = []
@@ -248,11 +257,12 @@ def _combine(
         for name, found in catalog.repeated_columns.items():
             repeated.setdefault(name, found)
     offsets = [o for c in catalogs for o in c.file_offsets]
-    shuffle, seed, buffer_rows = order
+    s = settings
+    plan = MixturePlan(layouts, offsets, s.shuffle, s.shuffle_seed, s.shuffle_buffer_rows, s.canonical_lanes)
     return MixCatalog(
         catalogs[0].fs, catalogs[0].format, files, [x for c in catalogs for x in c.layouts], [x for c in catalogs for x in c.footers],
-        [x for c in catalogs for x in c.splits], split_rows, offsets, split_bytes, unified, missing, repeated,
+        [x for c in catalogs for x in c.splits], split_rows, offsets, s.split_bytes, unified, missing, repeated,
         stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
-        sources=described, plan=MixturePlan(layouts, offsets, shuffle, seed, buffer_rows, lanes), max_split_rows=catalogs[0].max_split_rows,
+        sources=described, plan=plan, max_split_rows=catalogs[0].max_split_rows,
         nulls=[x for c in catalogs for x in (c.nulls or [None] * len(c.files))],
     )  # fmt: skip

@@ -21,10 +21,9 @@ def check_plain_plan(args: argparse.Namespace) -> None:
 
 def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     """The plan of ``tdu plan`` for the sources ``args.path``, with a "sources" table."""
-    from ..catalog.mixture import Source, build_mixture_catalog
+    from ..catalog.mixture import MixtureSettings, Source, build_mixture_catalog
     from ..plan.lanes import StreamKey
     from ..plan.mixing import MixtureBook
-    from ..storage.remote import IOOptions
 
     for name, values in (("--rows-per-epoch", args.rows_per_epoch), ("--weight", args.weight)):
         if values and len(values) != len(args.path):
@@ -33,15 +32,15 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
         raise ValueError("pass --rows-per-epoch or --weight, not both: weights share --epoch-rows, rows per epoch fix each source's rows")
     shares = [dict(rows_per_epoch=n) for n in args.rows_per_epoch] or [dict(weight=w) for w in args.weight] or [{} for _ in args.path]
     sources = [Source(path, **share) for path, share in zip(args.path, shares)]
-    order = (args.shuffle, args.shuffle_seed, args.shuffle_buffer_rows)
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    filtering: tuple = ()
-    if args.filters is not None:  # each source planned over the rows the filter matches, as create_dataloader does
-        from ..read.filtering import filter_catalog
+    from ..read.filtering import filter_catalog  # with filters, each source is planned over the rows they match
 
-        filtering = (args.filters, filter_catalog)
-    defaults = (args.format, storage_options(args), None, None)
-    catalog = build_mixture_catalog(sources, defaults, columns, args.split_bytes, IOOptions(), args.epoch_rows, order, *filtering)
+    settings = MixtureSettings(
+        args.split_bytes, args.format, storage_options(args), columns=columns, epoch_rows=args.epoch_rows,
+        shuffle=args.shuffle, shuffle_seed=args.shuffle_seed, shuffle_buffer_rows=args.shuffle_buffer_rows,
+        filters=args.filters, count_filtered=filter_catalog,
+    )  # fmt: skip
+    catalog = build_mixture_catalog(sources, settings)
     assert catalog.plan is not None
     plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize)
     book = MixtureBook(catalog.plan)

@@ -69,6 +69,17 @@ def check_canonical(lanes: int, world_size: int, num_workers: int, batch_size: i
     )
 
 
+def check_canonical_workers(lanes: int | None, loader_workers: int, chunk_rows: int, batch_size: int) -> None:
+    """ValueError when a DataLoader of ``loader_workers`` workers that yields batches one by one
+    (torchdata's StatefulDataLoader) reads canonical lanes in chunks of more than one batch."""
+    if lanes is not None and loader_workers > 1 and chunk_rows != batch_size:
+        raise ValueError(
+            f"canonical_lanes with a DataLoader of {loader_workers} workers that yield batches one by one (torchdata's "
+            f"StatefulDataLoader) needs chunk_rows=batch_size={batch_size} (got {chunk_rows}): the global steps are "
+            "dealt to the workers in chunks, and such a loader takes one batch from each worker in turn"
+        )
+
+
 def lane_streams(
     split_rows: Sequence[SplitRows],
     file_offsets: Sequence[np.ndarray],
