@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -144,10 +145,10 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
                         continue
                     if entry.name.endswith(_MARKER_SUFFIXES) or not _wanted(entry.name, format):
                         continue
-                    stat = entry.stat()
+                    found = entry.stat()
                 except FileNotFoundError:  # removed while listing, or a dangling link
                     continue
-                yield entry.path, {"size": stat.st_size, "mtime": stat.st_mtime}
+                yield entry.path, {"size": found.st_size, "mtime": found.st_mtime}
 
 
 def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
@@ -163,10 +164,16 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
                 yield path, info
         return
     directory = stripped.rstrip("/") or stripped  # adlfs: "a/b/" is no directory but may be a marker blob
-    if fs.isdir(directory):
-        if is_local(fs):
+    if is_local(fs):  # one stat: a list of 100,000 local files pays fsspec's isdir and info for each otherwise
+        found = os.stat(stripped)
+        if stat.S_ISDIR(found.st_mode):
             _refuse_inside_table(directory)
-        yield from _walk_local(directory, format) if is_local(fs) else _walk(fs, directory, format)
+            yield from _walk_local(directory, format)
+        else:
+            yield stripped, {"size": found.st_size, "mtime": found.st_mtime}
+        return
+    if fs.isdir(directory):
+        yield from _walk(fs, directory, format)
         return
     yield stripped, fs.info(stripped)
 
