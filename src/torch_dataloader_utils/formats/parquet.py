@@ -278,6 +278,10 @@ class ParquetFormat:
         rows = tuple(footer.row_group(i).num_rows for i in range(footer.num_row_groups))
         if any(count < 0 for count in rows):
             raise ValueError(f"its footer gives a row group {min(rows)} rows")
+        chunks = [footer.row_group(i).num_columns for i in range(footer.num_row_groups)]
+        if any(count != footer.num_columns for count in chunks):  # pyarrow aborts the process when asked for the odd chunk
+            odd = next(i for i, count in enumerate(chunks) if count != footer.num_columns)
+            raise ValueError(f"its footer gives row group {odd} {chunks[odd]} column chunks for the {footer.num_columns} columns of its schema")
         sizes = tuple(
             sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (footer.row_group(i) for i in range(footer.num_row_groups))
