@@ -101,10 +101,42 @@ def test_skipped_lines_are_lines_whatever_quotes_they_hold(block, ending):
     assert all(data[offset:].startswith(f'{i},"'.encode()) for offset, i in zip(index.offsets, range(0, 20, 4), strict=True))
 
 
-@pytest.mark.parametrize("data", [b'id,size_in"\n1,2\n3,4\n', b'id,s\n1,a"b\n2,c\n'])
-def test_a_file_ending_inside_quotes_is_refused(data):
+@pytest.mark.parametrize("data", [b'id,s\n1,"abc\n2,c\n', b'id,s\n1,"a""\n2,c\n', b'"id,s\n1,2\n'])
+def test_a_file_ending_inside_a_quoted_field_is_refused(data):
     with pytest.raises(ValueError, match="ends inside quotes.*quote_char=False"):
         scan_records([data], RecordScanner(ord('"'), skip=1, returns=True))
+
+
+def _fields_with_stray_quotes(rows: int, seed: int, delimiter: str) -> bytes:
+    """Unquoted fields holding quote characters (12" ruler) among quoted ones with newlines and doubled quotes."""
+    rng = random.Random(seed)
+    kinds = ['12" ruler', 'a"b"c', 'x"', '"q\nz"', '"say ""hi"""', '"ab"cd"e', '""', "plain", '"a\r\nb"', f'"x{delimiter}y"']
+    lines = [f"id{delimiter}s{delimiter}t"]
+    for i in range(rows):
+        lines.append(delimiter.join([str(i), rng.choice(kinds), rng.choice(kinds)]))
+    return ("\ufeff" if seed % 2 else "").encode() + "\n".join(lines).encode() + b"\n"
+
+
+@pytest.mark.parametrize("block", [1, 3, 64, 1 << 20])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("delimiter", [",", ";"])
+def test_a_quote_inside_an_unquoted_field_is_a_character_as_pyarrow_reads_it(block, seed, delimiter):
+    data = _fields_with_stray_quotes(200, seed, delimiter)
+    options = csv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+    ids = csv.read_csv(pa.BufferReader(data), parse_options=options).column("id").to_pylist()
+    index = scan_records(_blocks(data, block), RecordScanner(ord('"'), skip=1, every=8, returns=True, delimiter=ord(delimiter)))
+    assert index.rows == len(ids) == 200
+    for entry, offset in enumerate(index.offsets):  # every indexed offset starts record entry * every
+        rest = csv.read_csv(pa.BufferReader(data[offset:]), read_options=csv.ReadOptions(column_names=["id", "s", "t"]), parse_options=options)
+        assert rest.column("id")[0].as_py() == ids[entry * 8]
+
+
+def test_without_double_quote_a_quote_after_a_closing_one_is_a_character():
+    data = b'id,s\n1,"a""b\n2,c\n'  # double_quote=False: "a" closes, then "b is unquoted text
+    options = csv.ParseOptions(double_quote=False)
+    rows = csv.read_csv(pa.BufferReader(data), parse_options=options).num_rows
+    index = scan_records([data], RecordScanner(ord('"'), skip=1, returns=True, double_quote=False))
+    assert index.rows == rows == 2
 
 
 def test_json_lines_with_content_but_no_object_are_refused_and_blank_files_are_empty():

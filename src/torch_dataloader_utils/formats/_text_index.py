@@ -7,10 +7,13 @@ byte offset of every ``every``-th record. Byte ranges between kept offsets hold 
 counts, and a read can start at any row by seeking to the kept record before it and dropping
 fewer than ``every`` rows.
 
-Quotes: with a quote character, a newline is a boundary only when an even number of quote
-characters precede it (a doubled quote inside a quoted field counts twice, so RFC 4180 fields
-with newlines are handled). A quote character in the middle of an unquoted field, or an escape
-character before a quote, breaks this count; the reader's row count check then raises.
+Quotes, as pyarrow's CSV parser reads them: a quote character opens a quoted field only at the
+start of a field (after a delimiter or a line end); inside one, a quote closes it, or with
+``double_quote`` a doubled quote stands for itself. A quote in the middle of an unquoted field
+(``12" ruler``) is an ordinary character. A newline is a boundary only outside quoted fields.
+Most files need no more than counting quote characters (the quote that opens or closes a field
+toggles, a doubled one toggles twice); a file with a quote inside an unquoted field is walked
+quote by quote from the first such quote in a block on.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import numpy as np
 
 #: records per index entry: a resume parses and drops fewer than this many rows
 INDEX_EVERY = 256
-#: the version of the scan's rules, in the row index cache's key (2: a lone CR ends a CSV record)
-SCAN_RULES = 3
+#: the version of the scan's rules, in the row index cache's key (2: a lone CR ends a CSV record;
+#: 4: a quote opens a quoted field only at the start of a field)
+SCAN_RULES = 4
 _NEWLINE, _RETURN = 10, 13
 
 
@@ -65,9 +69,10 @@ class RecordScanner:
     lines are records too; ``returns``: a carriage return without a newline after it ends a
     record too (as pyarrow's CSV parser reads it); ``raw_skip``: leading lines skipped before
     ``skip`` records, whose quote characters do not count (pyarrow's ``skip_rows``); ``escape``: a
-    byte that makes the next one literal (a quote or a line end it precedes counts for nothing). A file that
-    ends inside quotes is refused (ValueError): a quote character its fields do not pair up, such as
-    one in the middle of an unquoted field, would put every later record inside quotes.
+    byte that makes the next one literal (a quote or a line end it precedes counts for nothing);
+    ``delimiter`` and ``double_quote``: the CSV's, which decide where a quoted field may open and
+    whether a doubled quote stands for itself. A file that ends inside a quoted field is refused
+    (ValueError): every record after its opening quote would be one field.
     """
 
     def __init__(
@@ -80,8 +85,14 @@ class RecordScanner:
         returns: bool = False,
         raw_skip: int = 0,
         escape: int | None = None,
+        delimiter: int = ord(","),
+        double_quote: bool = True,
     ):
         self._escape = escape
+        self._field_ends = np.array([delimiter, _NEWLINE, _RETURN, -1], dtype=np.int64)  # bytes after which a field starts (-1: none)
+        self._double_quote = double_quote
+        self._closed_at_end = False  # the last byte fed is a quote that closed a quoted field
+        self._bom = False  # the file starts with a UTF-8 byte order mark
         self._pending_escape = False  # the last block ended with an escape that takes the next byte
         self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip + raw_skip, marker, count_empty, returns
         self._raw_skip = raw_skip  # leading lines skipped as lines, quotes in them not counted (pyarrow's skip_rows)
@@ -102,6 +113,8 @@ class RecordScanner:
         data = np.frombuffer(block, dtype=np.uint8)
         if not len(data):
             return
+        if self._pos == 0:
+            self._bom = bytes(data[:3]) == b"\xef\xbb\xbf"
         if self._raw_skip:
             data = self._skip_lines(data)
             if not len(data):
@@ -191,17 +204,53 @@ class RecordScanner:
         return np.concatenate([np.array(lead, dtype=np.int64), taken[taken < len(data)]])
 
     def _outside_quotes(self, data: np.ndarray, newlines: np.ndarray, escaped: np.ndarray | None = None) -> np.ndarray:
-        """Which of ``newlines`` are outside quotes."""
+        """Which of ``newlines`` are outside quoted fields."""
         quotes = np.flatnonzero(data == self._quote)
         if escaped is not None and len(escaped) and len(quotes):
             quotes = quotes[~np.isin(quotes, escaped)]
         if not len(quotes) and not self._in_quote:
+            self._closed_at_end = False
             return np.ones(len(newlines), dtype=bool)
+        quotes = self._toggling(data, quotes)
         inside = ((np.searchsorted(quotes, newlines) + self._in_quote) & 1).astype(bool)
         if inside.any():
             self._quoted_newlines = True
+        closes = (np.arange(len(quotes)) + self._in_quote) & 1  # the quotes that close a field
+        self._closed_at_end = bool(len(quotes)) and int(quotes[-1]) == len(data) - 1 and bool(closes[-1])
         self._in_quote = bool((len(quotes) + self._in_quote) & 1)
         return ~inside
+
+    def _toggling(self, data: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+        """The ``quotes`` that open or close a quoted field, a doubled quote's two counted as a close
+        and an open; the others are characters of unquoted fields."""
+        before = np.where(quotes > 0, data[np.maximum(quotes - 1, 0)].astype(np.int64), self._prev)
+        closes = ((np.arange(len(quotes)) + self._in_quote) & 1).astype(bool)
+        opens_field = self._opens_field(quotes, before)
+        if self._double_quote:  # a quote right after the quote that closed a field: the two stand for one
+            after_close = np.concatenate([[self._closed_at_end and quotes[0] == 0], closes[:-1] & (quotes[1:] == quotes[:-1] + 1)])
+            opens_field |= (before == self._quote) & after_close
+        if bool(np.all(closes | opens_field)):
+            return quotes
+        return self._walk_quotes(quotes, before)
+
+    def _opens_field(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """Whether each quote is the first byte of a field (pyarrow skips a UTF-8 BOM at the file's start)."""
+        starts = np.isin(before, self._field_ends)
+        if self._pos == 0 and len(quotes) and int(quotes[0]) == 3 and self._bom:
+            starts[0] = True
+        return starts
+
+    def _walk_quotes(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """``_toggling`` quote by quote, for a block with a quote inside an unquoted field."""
+        field_ends = set(self._field_ends.tolist())
+        inside, closed_at = self._in_quote, (-1 if self._closed_at_end else -2)
+        toggling = np.zeros(len(quotes), dtype=bool)
+        for index, (at, previous) in enumerate(zip(quotes.tolist(), before.tolist())):
+            if inside:
+                inside, closed_at, toggling[index] = False, at, True
+            elif previous in field_ends or (self._double_quote and closed_at == at - 1) or (at == 3 and self._pos == 0 and self._bom):
+                inside, toggling[index] = True, True
+        return quotes[toggling]
 
     def _non_empty(self, data: np.ndarray, newlines: np.ndarray, line_feeds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         if self._marker is not None:  # a record holds the marker between its start and its end
@@ -231,10 +280,9 @@ class RecordScanner:
             raise ValueError(f"no line holds {chr(self._marker or 0)!r}, so it holds no record (a JSON Lines file holds one object per line)")
         if self._in_quote:
             raise ValueError(
-                "the file ends inside quotes: a quote character that its fields do not pair up (one in the middle of "
-                "an unquoted field, as in a\"b, or in the header) puts every record after it inside quotes, so its "
-                "records cannot be counted. Quote such fields (a\"b as \"a\"\"b\"), or pass quote_char=False in "
-                "csv_options if the file quotes no field"
+                "the file ends inside quotes: a field that starts with a quote character is never closed by another, "
+                "so every record after it would be part of that field. Close the quoted field (a quote inside it is "
+                "written twice: \"a\"\"b\"), or pass quote_char=False in csv_options if the file quotes no field"
             )
         tail = self._pos - self._record_start
         if self._marker is not None:

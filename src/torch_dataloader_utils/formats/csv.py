@@ -81,6 +81,8 @@ class CsvFormat(TextFormat):
             returns=True,
             raw_skip=int(parse.read.get("skip_rows", 0)),
             escape=ord(escape) if (escape := parse.parse.get("escape_char")) else None,
+            delimiter=ord(parse.parse.get("delimiter", ",")),
+            double_quote=bool(parse.parse.get("double_quote", True)),
         )
 
     def with_index(self, parse: CsvParse, index: RecordIndex) -> CsvParse:
