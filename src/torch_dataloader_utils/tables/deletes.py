@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .defaults import fill_defaults, with_defaults
 from .files import TableFile, column_names, named_as_table, viewed_as
 
 #: Iceberg's reserved field ids of a position delete file's columns
@@ -89,9 +90,12 @@ def unmatched_rows(fs: Any, file: TableFile, expression: pc.Expression, table_sc
             column = read.column(physical[name])
             if file.field_names is not None:  # struct fields renamed since the file was written
                 column = viewed_as(column, named_as_table(column.type, file, (physical[name],)))
+            with_fields, added = with_defaults(column.type, kind, (name,), file.defaults)
+            if added:
+                column = fill_defaults(column, with_fields, added, (name,))
             arrays[name] = column.cast(kind)
-        elif name in file.constants or name in file.partition_values:
-            arrays[name] = pa.repeat(file.constants.get(name, file.partition_values.get(name)), rows).cast(kind)
+        elif (value := file.value_if_absent(name)) is not None:
+            arrays[name] = pa.repeat(value, rows).cast(kind)
         else:
             arrays[name] = pa.nulls(rows, kind)
     try:

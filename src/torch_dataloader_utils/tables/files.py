@@ -19,6 +19,7 @@ import pyarrow as pa
 from ..catalog.schema import without_views
 from ..formats import FileFormat, UnitReader
 from ..plan.splits import FileLayout
+from .defaults import fill_defaults, with_defaults
 
 FIELD_ID = b"PARQUET:field_id"
 
@@ -42,6 +43,16 @@ class TableFile:
     # Delta column mapping mode "name": a stored field's path (``stored_path``) of physical names ->
     # its field id; fields are matched by these names, the files' own field ids are not used
     physical_ids: Mapping[tuple[str, ...], int] | None = None
+    # Iceberg: initial defaults by the field's path of table names, for rows written before the field (tables/defaults.py)
+    defaults: Mapping[tuple[str, ...], pa.Scalar] = field(default_factory=dict)
+
+    def value_if_absent(self, name: str) -> pa.Scalar | None:
+        """Column ``name``'s value in every row when the file does not store it: a constant, an
+        identity partition value or the column's default; None: nulls."""
+        for values in (self.constants, self.partition_values):
+            if name in values:
+                return values[name]
+        return self.defaults.get((name,))
 
     def stored_id(self, item: pa.Field, path: tuple[str, ...]) -> int | None:
         """The field id of the stored field ``item`` at ``path`` (``stored_path``), None if unknown."""
@@ -127,6 +138,8 @@ class TableFooter:
     constants: dict[str, pa.Scalar]  # columns added with one value: the file's constants, and partition values it does not store
     renamed_inside: dict[str, pa.DataType] = field(default_factory=dict)  # table column -> its type with struct fields renamed
     cast_to: dict[str, pa.DataType] = field(default_factory=dict)  # table column -> the table's timestamp type, where the file's differs
+    # table column -> (its type with struct fields added for their defaults, those fields' values)
+    filled: dict[str, tuple[pa.DataType, dict[tuple[str, ...], pa.Scalar]]] = field(default_factory=dict)
 
 
 class TableFileFormat:
@@ -155,18 +168,26 @@ class TableFileFormat:
         columns = []
         renamed_inside: dict[str, pa.DataType] = {}
         cast_to: dict[str, pa.DataType] = {}
+        filled: dict[str, tuple[pa.DataType, dict[tuple[str, ...], pa.Scalar]]] = {}
         for stored in (c for c in base_schema if c.name in names):
+            name = names[stored.name]
             kind = stored.type if file.field_names is None else named_as_table(stored.type, file, (stored.name,))
             if not kind.equals(stored.type, check_metadata=True):
-                renamed_inside[names[stored.name]] = kind
-            logged = self._logged_type(names[stored.name])
+                renamed_inside[name] = kind
+            logged = self._logged_type(name)
             if logged is not None and pa.types.is_timestamp(kind) and pa.types.is_timestamp(logged) and kind != logged:
-                kind = cast_to[names[stored.name]] = logged  # writers store one timestamp type otherwise (Spark: INT96, nanoseconds)
-            columns.append(pa.field(names[stored.name], kind))
+                kind = cast_to[name] = logged  # writers store one timestamp type otherwise (Spark: INT96, nanoseconds)
+            if file.defaults:
+                with_fields, added = with_defaults(kind, logged, (name,), file.defaults)
+                if added:
+                    kind, filled[name] = with_fields, (with_fields, added)
+            columns.append(pa.field(name, kind))
         stored = set(names.values())
-        constants = {**{k: v for k, v in file.partition_values.items() if k not in stored}, **file.constants}
+        absent = (name for name in self.table_schema.names if name not in stored)
+        constants = {name: value for name in absent if (value := file.value_if_absent(name)) is not None}
+        constants.update(file.constants)
         columns += [pa.field(name, self._type(name, value)) for name, value in constants.items()]
-        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, renamed_inside, cast_to)
+        table_footer = TableFooter(footer, file, names, starts, pa.schema(columns), constants, renamed_inside, cast_to, filled)
         return FileLayout(layout.path, layout.size, kept, layout.unit_bytes), table_footer
 
     def _logged_type(self, name: str) -> pa.DataType | None:
@@ -175,7 +196,7 @@ class TableFileFormat:
 
     def _type(self, name: str, value: pa.Scalar) -> pa.DataType:
         logged = self._logged_type(name)
-        return value.type if logged is None else logged
+        return value.type if logged is None or isinstance(logged, pa.BaseExtensionType) else logged  # (files store a uuid's bytes)
 
     def schema(self, fs: Any, path: str, footer: TableFooter) -> pa.Schema:
         """The file's schema as the table names it."""
@@ -230,6 +251,10 @@ class TableFileReader:
             index = table.schema.get_field_index(name)
             if index >= 0:
                 table = table.set_column(index, pa.field(name, kind), table.column(index).cast(kind))
+        for name, (kind, added) in self._footer.filled.items():
+            index = table.schema.get_field_index(name)
+            if index >= 0:
+                table = table.set_column(index, pa.field(name, kind), fill_defaults(table.column(index), kind, added, (name,)))
         for name, value in self._footer.constants.items():
             if columns is None or name in columns:
                 column = self._footer.schema.field(name)

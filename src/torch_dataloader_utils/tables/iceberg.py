@@ -124,6 +124,35 @@ def _partition_values(data: Any, identity: list[tuple[int, str]], arrow_schema: 
     return values
 
 
+def _initial_defaults(schema: Any, arrow_schema: Any, table_name: str) -> dict[tuple[str, ...], Any]:
+    """Every top-level column's and struct field's ``initial-default`` (tables/defaults.py) by its
+    path of names, typed as the column's files store it (a uuid as its 16 bytes)."""
+    import uuid
+
+    import pyarrow as pa
+
+    defaults = {}
+
+    def visit(fields: Any, kinds: Any, path: tuple[str, ...]) -> None:
+        for item in fields:
+            kind = kinds.field(item.name).type
+            value = getattr(item, "initial_default", None)
+            if value is not None:
+                stored = kind.storage_type if isinstance(kind, pa.BaseExtensionType) else kind
+                try:
+                    defaults[path + (item.name,)] = pa.scalar(value.bytes if isinstance(value, uuid.UUID) else value, stored)
+                except (pa.ArrowException, TypeError, ValueError) as error:
+                    raise ValueError(
+                        f"Iceberg table {table_name!r}: the default of column {'.'.join((*path, item.name))!r} ({value!r}) cannot be "
+                        f"read as {kind} ({error}); rows written before the column was added hold it"
+                    ) from error
+            if hasattr(item.field_type, "fields") and pa.types.is_struct(kind):
+                visit(item.field_type.fields, kind, (*path, item.name))
+
+    visit(schema.fields, arrow_schema, ())
+    return defaults
+
+
 def _row_filter(scan_filter: Any, schema: Any) -> tuple[Any, Any]:
     """(pyiceberg's row filter for planning, the same filter as a pyarrow expression)."""
     from pyiceberg.expressions import AlwaysTrue, BooleanExpression
@@ -194,6 +223,7 @@ def plan_iceberg(
     every_name = {field_id: nested_field.name for field_id, nested_field in index_by_id(schema).items()}
     mapping = _name_mapping(table)
     identity = {spec_id: _identity_fields(spec, names) for spec_id, spec in table.specs().items()}
+    defaults = _initial_defaults(schema, arrow_schema, table_name)
     files = []
     for task in tasks:
         data = task.file
@@ -209,7 +239,7 @@ def plan_iceberg(
                 "the table's files were removed (orphan file clean-up) or the storage options point elsewhere"
             ) from error
         partition = _partition_values(data, identity.get(data.spec_id, []), arrow_schema)
-        files.append(TableFile(data.file_path, dropped, every_name, mapped_ids=mapping, partition_values=partition))
+        files.append(TableFile(data.file_path, dropped, every_name, mapped_ids=mapping, partition_values=partition, defaults=defaults))
     return with_row_filter(TablePlan(ref, files, arrow_schema, fs), _and(arrow_filter, filters))
 
 

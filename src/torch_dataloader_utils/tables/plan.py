@@ -114,6 +114,21 @@ def _entries(fs: Any, paths: list[str], ref: TableRef) -> list[FileEntry]:
     return [entry(path) for path in paths]
 
 
+def with_table_fields(kind: pa.DataType, table_kind: pa.DataType) -> pa.DataType:
+    """``kind``, a column's type as its files store it, with the struct fields of the table's type
+    ``table_kind`` that no file stores added (a field added to a struct since the last write)."""
+    if not (pa.types.is_struct(kind) and pa.types.is_struct(table_kind)):
+        return kind
+    fields = []
+    for item in kind:
+        index = table_kind.get_field_index(item.name)
+        fields.append(item.with_type(with_table_fields(item.type, table_kind.field(index).type)) if index >= 0 else item)
+    for item in table_kind:
+        if kind.get_field_index(item.name) < 0:
+            fields.append(pa.field(item.name, item.type.storage_type if isinstance(item.type, pa.BaseExtensionType) else item.type))
+    return pa.struct(fields)
+
+
 def table_catalog(plan: TablePlan, split_bytes: int, io: IOOptions | None) -> Catalog:
     """The catalog of a snapshot's files: footers read once, units counting the rows the table keeps."""
     fs = open_store(plan.fs, io)
@@ -125,8 +140,12 @@ def table_catalog(plan: TablePlan, split_bytes: int, io: IOOptions | None) -> Ca
         return replace(catalog, schema=plan.schema)
     if catalog.schema is None:
         return catalog
-    # the table's order; a column no data file holds yet (added since) is read as nulls, as the table's own readers do
-    fields = [catalog.schema.field(name) if name in catalog.schema.names else plan.schema.field(name) for name in plan.schema.names]
+    # the table's order; a column or struct field no data file holds yet (added since) is read as nulls, as the table's own readers do
+    fields = [
+        catalog.schema.field(name).with_type(with_table_fields(catalog.schema.field(name).type, plan.schema.field(name).type))
+        if name in catalog.schema.names else plan.schema.field(name)
+        for name in plan.schema.names
+    ]  # fmt: skip
     absent = tuple(name for name in plan.schema.names if name not in catalog.schema.names)
     if not absent:
         return replace(catalog, schema=pa.schema(fields))
