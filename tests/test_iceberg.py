@@ -396,3 +396,36 @@ def test_locate_numbers_rows_as_the_file_stores_them_deleted_ones_included(table
         for i in range(dataset.num_rows):
             url, row = dataset.locate(i)
             assert pq.read_table(url.removeprefix("file://"), columns=["id"])["id"][row].as_py() == ids[i], (i, url, row)
+
+
+def test_a_deletion_vector_is_refused_naming_the_table_and_files(tmp_path, monkeypatch):
+    """A v3 table's Puffin deletion vector (duckdb-iceberg's test table): read as a Parquet delete
+    file it gave pyarrow's "magic bytes not found" for a '<Buffer>'; the snapshot before it reads."""
+    import shutil
+    from pathlib import Path
+
+    from pyiceberg.catalog import load_catalog
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "duckdb-iceberg" / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    config = iceberg_config(str(tmp_path))
+    catalog = load_catalog(**config)
+    catalog.create_namespace("v3")
+    metadata = "data/persistent/legacy_bare_deletion_vector/warehouse/default/legacy_bare_deletion_vector/metadata/00002-legacy-bare-dv.metadata.json"
+    table = catalog.register_table("v3.t", metadata)
+    with pytest.raises(ValueError, match=r"'v3.t' snapshot .*/legacy-bare-deletion-vector.puffin, a deletion vector"):
+        IcebergDataset.create_dataloader("v3.t", config, batch_size=8, num_workers=0)
+    before = table.snapshot_by_id(table.current_snapshot().parent_snapshot_id)
+    loader, dataset = IcebergDataset.create_dataloader("v3.t", config, batch_size=100, num_workers=0, snapshot_id=before.snapshot_id, nulls="fill")
+    assert len(dataset) == table.scan(snapshot_id=before.snapshot_id).to_arrow().num_rows > 0
+
+
+def test_a_table_before_its_first_commit_is_refused_saying_so(tmp_path):
+    from pyiceberg.catalog import load_catalog
+
+    config = iceberg_config(str(tmp_path))
+    catalog = load_catalog(**config)
+    catalog.create_namespace("db")
+    catalog.create_table("db.new", schema=rows(0, 1).schema)
+    with pytest.raises(ValueError, match="'db.new' has no snapshot yet"):
+        IcebergDataset.create_dataloader("db.new", config, batch_size=8, num_workers=0)

@@ -231,6 +231,13 @@ def plan_iceberg(
             raise ValueError(f"{data.file_path} of Iceberg table {table_name!r} is {data.file_format}: this loader reads Parquet data files only")
         if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
+        vectors = [d.file_path for d in task.delete_files if d.file_format != FileFormat.PARQUET]
+        if vectors:
+            raise ValueError(
+                f"Iceberg table {table_name!r} snapshot {snapshot.snapshot_id} deletes rows of {data.file_path} with {vectors[0]}, a "
+                "deletion vector (Iceberg v3, Puffin), which this loader cannot apply. Compact the table (rewrite its data files) "
+                "and read the compacted snapshot, or read a snapshot from before the deletes (snapshot_id=)"
+            )
         try:
             dropped = deletes.of(data.file_path, [d.file_path for d in task.delete_files])
         except FileNotFoundError as error:
