@@ -54,6 +54,8 @@ class OrcTail:
     column_ids: dict[str, tuple[int, int]]  # top-level name -> [first, last] column ids
     compression: int
     null_counts: dict[str, int] = field(default_factory=dict)  # top-level name -> nulls, where the statistics say
+    # dates counted in the hybrid Julian/Gregorian calendar: ORC's Java writer (Spark, Hive) unless it says proleptic
+    hybrid_calendar: bool = False
 
 
 def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
@@ -197,6 +199,7 @@ def read_tail(source, file_size: int) -> OrcTail:
     types: list[bytes] = []
     statistics: list[bytes] = []
     rows = 0
+    writer, calendar = 0, 0  # (absent: ORC_JAVA, the calendar unknown)
     for number, value in _fields(footer):
         if number == 3:
             info = dict(_fields(cast(bytes, value)))  # (field 3: a StripeInformation message)
@@ -209,8 +212,13 @@ def read_tail(source, file_size: int) -> OrcTail:
             rows = int(value)  # (field 6: numberOfRows)
         elif number == 7:
             statistics.append(cast(bytes, value))  # (field 7: a ColumnStatistics message per column id)
+        elif number == 9:
+            writer = int(value)  # (field 9: the writer, 0 ORC_JAVA)
+        elif number == 11:
+            calendar = int(value)  # (field 11: 1 JULIAN_GREGORIAN, 2 PROLEPTIC_GREGORIAN)
     column_ids = _top_level_column_ids(types)
-    return OrcTail(stripes, column_ids, int(postscript.get(2, 0)), _null_counts(column_ids, statistics, rows))
+    hybrid = writer == 0 and calendar != 2
+    return OrcTail(stripes, column_ids, int(postscript.get(2, 0)), _null_counts(column_ids, statistics, rows), hybrid)
 
 
 def _null_counts(column_ids: dict[str, tuple[int, int]], statistics: list[bytes], rows: int) -> dict[str, int]:

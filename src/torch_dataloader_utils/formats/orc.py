@@ -12,6 +12,7 @@ from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_remote
 from . import FORMATS
+from ._legacy_calendar import HybridCalendarReader
 from ._orc_tail import OrcTail, _fields, read_tail, stream_ranges
 from .io import RangeFile, open_input
 
@@ -33,7 +34,19 @@ def _read_stripe(file: orc.ORCFile, unit: int, columns: list[str] | None) -> pa.
 
 class _OrcReader:
     def __init__(self, source: Any):
+        self._source = source
         self._file = orc.ORCFile(source)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._file.schema
+
+    def hybrid_calendar(self) -> bool:
+        """Whether the file counts dates in the hybrid calendar (``OrcTail.hybrid_calendar``)."""
+        if self._file.writer != "ORC_JAVA":
+            return False
+        self._source.seek(0, 2)
+        return read_tail(self._source, self._source.tell()).hybrid_calendar
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return _read_stripe(self._file, unit, columns)
@@ -134,11 +147,18 @@ class OrcFormat:
         """``null_counts`` of every top-level column (kept at planning when the footer is not)."""
         return dict(footer.layout.null_counts if isinstance(footer, RemoteOrcFooter) else footer.null_counts)
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _OrcReader | _RemoteOrcReader:
-        """A reader of the file's stripes (fetching only the projected streams, for a remote file)."""
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _OrcReader | _RemoteOrcReader | HybridCalendarReader:
+        """A reader of the file's stripes (fetching only the projected streams, for a remote file);
+        the dates of ORC's Java writer (Spark, Hive), in the hybrid calendar, converted as read."""
+        reader: _OrcReader | _RemoteOrcReader
         if is_remote(fs):
-            return _RemoteOrcReader(fs, path, footer)
-        return _OrcReader(open_input(fs, path))
+            reader = _RemoteOrcReader(fs, path, footer)
+            schema = self.schema(fs, path, footer) if footer.layout.hybrid_calendar else None
+        else:
+            local = reader = _OrcReader(open_input(fs, path))
+            schema = local.schema if local.hybrid_calendar() else None
+        dates = frozenset(f.name for f in schema if pa.types.is_date32(f.type)) if schema is not None else frozenset()
+        return HybridCalendarReader(reader, dates) if dates else reader
 
 
 ORC = OrcFormat()

@@ -13,6 +13,7 @@ from ..lru import Lru
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local, is_remote
 from . import FORMATS
+from ._legacy_calendar import HybridCalendarReader, spark_hybrid_columns
 from ._parquet_footer import INT96_DECODE_UNIT, footer_bytes, footer_struct
 from ._parquet_index_cache import PageIndexes
 from ._parquet_page_index import PageBounds, column_pages, index_locations, worth_reading_bounds
@@ -58,6 +59,10 @@ class _ParquetReader:
         self._use_threads = use_threads
         self._pages = PageIndexes()  # the page indexes read_rows and column_pages decoded
         self._schema: pa.Schema | None = None
+
+    @property
+    def footer(self) -> pq.FileMetaData:
+        return self._footer
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return self._file.read_row_group(unit, columns=columns, use_threads=self._threads(unit))
@@ -328,12 +333,16 @@ class ParquetFormat:
                     counts[name] = None if known is None else known + stats.null_count
         return {name: count for name, count in counts.items() if count is not None}
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader:
-        """A reader of the file's row groups (fetching only what it decodes, for a remote file)."""
+    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ParquetReader | HybridCalendarReader:
+        """A reader of the file's row groups (fetching only what it decodes, for a remote file);
+        dates and timestamps Spark wrote in the hybrid calendar are converted as read."""
+        reader: _ParquetReader
         if is_remote(fs):
-            return _RemoteParquetReader(fs, path, metadata(footer), use_threads)
-        # footer None (the catalog keeps none of local files): pyarrow reads it with the file
-        return _ParquetReader(open_input(fs, path), metadata(footer) if footer is not None else None, use_threads)
+            reader = _RemoteParquetReader(fs, path, metadata(footer), use_threads)
+        else:  # footer None (the catalog keeps none of local files): pyarrow reads it with the file
+            reader = _ParquetReader(open_input(fs, path), metadata(footer) if footer is not None else None, use_threads)
+        hybrid = spark_hybrid_columns(reader.footer.metadata, reader.footer.schema)
+        return HybridCalendarReader(reader, hybrid) if hybrid else reader
 
 
 PARQUET = ParquetFormat()

@@ -1,0 +1,118 @@
+"""Private: dates and timestamps stored in the hybrid Julian/Gregorian calendar, as Spark before 3.0
+(and Spark's LEGACY rebase mode) writes them to Parquet and ORC's Java writer (Spark, Hive) to
+ORC: a day before 1582-10-15 counted as the Julian calendar counts it. Spark and Hive convert
+them when reading, pyarrow does not: 1000-01-01 would come out as 1000-01-06. This module
+converts them to the proleptic Gregorian calendar Arrow counts in, the date kept as written.
+
+A timestamp's day is converted in UTC. Spark converts in the writer's time zone, which gives
+another result only for times within the zone's offset of a day where the two calendars' distance
+changes (once a century before 1582).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+#: 1582-10-15, the first day of the Gregorian calendar, in days since 1970-01-01: both calendars agree from it on
+GREGORIAN_START = -141427
+_JULIAN_DAY_OF_EPOCH = 2440588  # the Julian day number of 1970-01-01
+_PER_DAY = {"s": 86_400, "ms": 86_400_000, "us": 86_400_000_000, "ns": 86_400_000_000_000}
+
+SPARK_VERSION = b"org.apache.spark.version"
+SPARK_LEGACY_DATETIME = b"org.apache.spark.legacyDateTime"  # dates and INT64 timestamps written in the hybrid calendar
+SPARK_LEGACY_INT96 = b"org.apache.spark.legacyINT96"  # INT96 timestamps written so
+
+
+def proleptic_days(days: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 of the hybrid calendar -> of the proleptic Gregorian calendar (the
+    same year, month and day); days from 1582-10-15 on are the same in both."""
+    early = days < GREGORIAN_START
+    if not early.any():
+        return days
+    out = days.astype(np.int64)
+    c = out[early] + _JULIAN_DAY_OF_EPOCH + 32082  # Julian day number -> Julian calendar date
+    d = (4 * c + 3) // 1461
+    e = c - (1461 * d) // 4
+    m = (5 * e + 2) // 153
+    day = e - (153 * m + 2) // 5 + 1
+    month = m + 3 - 12 * (m // 10)
+    year = d - 4800 + m // 10
+    year = year - (month <= 2)  # the date -> proleptic Gregorian days (civil-from-days, inverted)
+    era = year // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + np.where(month > 2, -3, 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    out[early] = era * 146097 + day_of_era - 719468
+    return out
+
+
+def _rebased(array: pa.Array) -> pa.Array:
+    kind = array.type
+    per_day = 1 if pa.types.is_date32(kind) else _PER_DAY[kind.unit]
+    storage = pa.int32() if pa.types.is_date32(kind) else pa.int64()
+    values = array.view(storage).to_numpy(zero_copy_only=False) if not array.null_count else array.view(storage).fill_null(0).to_numpy()
+    if not len(values) or values.min() >= GREGORIAN_START * per_day:
+        return array
+    days = values.astype(np.int64) // per_day
+    moved = proleptic_days(days) * per_day + (values.astype(np.int64) - days * per_day)
+    mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+    return pa.array(moved.astype(storage.to_pandas_dtype()), storage, mask=mask).view(kind)
+
+
+def rebase(table: pa.Table, columns: frozenset[str]) -> pa.Table:
+    """``table`` with its top-level ``columns`` (dates, timestamps) in the proleptic calendar."""
+    for name in columns:
+        index = table.schema.get_field_index(name)
+        if index >= 0:
+            column = table.column(index)
+            table = table.set_column(index, table.schema.field(index), pa.chunked_array([_rebased(c) for c in column.chunks], column.type))
+    return table
+
+
+def spark_hybrid_columns(metadata: Mapping[bytes, bytes] | None, schema: Any) -> frozenset[str]:
+    """The top-level columns of a Parquet file that Spark wrote in the hybrid calendar, by Spark's
+    own rule: every date and timestamp of a file from Spark before 3.0; from a later Spark, dates and
+    INT64 timestamps when the footer says ``legacyDateTime``, INT96 ones when it says ``legacyINT96``.
+    ``schema``: the footer's ``ParquetSchema``."""
+    version = (metadata or {}).get(SPARK_VERSION)
+    if version is None:
+        return frozenset()
+    old = version.decode(errors="replace").split(".")[0] in ("1", "2")
+    dates_and_int64 = old or SPARK_LEGACY_DATETIME in metadata  # type: ignore[operator]
+    int96 = old or SPARK_LEGACY_INT96 in metadata  # type: ignore[operator]
+    names = set()
+    for index in range(len(schema)):
+        column = schema.column(index)
+        if len(column.path.split(".")) != 1:
+            continue
+        logical = str(column.logical_type.type) if column.logical_type is not None else ""
+        if (column.physical_type == "INT96" and int96) or (logical in ("DATE", "TIMESTAMP") and dates_and_int64):
+            names.add(column.path)
+    return frozenset(names)
+
+
+class HybridCalendarReader:
+    """A unit reader whose dates and timestamps ``columns`` are converted (``rebase``) as read."""
+
+    def __init__(self, reader: Any, columns: frozenset[str]):
+        self._reader = reader
+        self._columns = columns
+        self.streams = hasattr(reader, "iter_unit")
+
+    def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
+        return rebase(self._reader.read_unit(unit, columns), self._columns)
+
+    def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
+        return (rebase(table, self._columns) for table in self._reader.iter_unit(unit, columns, batch_rows, first_row))
+
+    def seek_from(self, unit: int, columns: list[str] | None, batch_rows: int, row: int, skipped: int) -> Iterator[pa.Table] | None:
+        tables = self._reader.seek_from(unit, columns, batch_rows, row, skipped)
+        return None if tables is None else (rebase(table, self._columns) for table in tables)
+
+    def read_rows(self, unit: int, columns: list[str] | None, start: int, stop: int) -> Any:
+        decoded = self._reader.read_rows(unit, columns, start, stop)
+        return None if decoded is None else decoded._replace(table=rebase(decoded.table, self._columns))
