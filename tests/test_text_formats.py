@@ -360,3 +360,12 @@ def test_quotes_inside_unquoted_fields_read_resume_and_index_as_pyarrow_reads_th
     assert sorted(row for batch in loader for row in zip(batch["id"], batch["name"])) == list(zip(*expected.to_pydict().values()))
     assert [dataset[i]["name"] for i in range(0, 700, 7)] == expected.column("name").to_pylist()[::7]
     assert_resumes_exactly(make, epochs=1, batch_key=lambda b: tuple(b["id"]), stride=3)
+
+
+def test_blank_lines_before_the_header_are_skipped_not_read_as_a_row(tmp_path):
+    """pyarrow skips them; the planning scan took the blank line for the header, and the header
+    arrived as a row (no error: the unit's row count matched)."""
+    (tmp_path / "a.csv").write_bytes(b"\n\r\nname,city\n" + b"".join(b"n%d,c%d\n" % (i, i) for i in range(300)))
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), format="csv", batch_size=64, num_workers=0, output_format="dict", split_bytes=512)
+    names = [name for batch in loader for name in batch["name"]]
+    assert len(dataset) == 300 and names == [f"n{i}" for i in range(300)] and dataset[0]["name"] == "n0"

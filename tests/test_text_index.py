@@ -144,3 +144,29 @@ def test_json_lines_with_content_but_no_object_are_refused_and_blank_files_are_e
         scan_records([b"[1, 2, 3]\n", b"4\n"], RecordScanner(None, 0, marker=ord("{")))
     assert scan_records([b"  \n", b"\r\n\t\n"], RecordScanner(None, 0, marker=ord("{"))).rows == 0
     assert scan_records([b'{"a": 1}'], RecordScanner(None, 0, marker=ord("{"))).rows == 1
+
+
+CASES = [  # (csv bytes, RecordScanner options, pyarrow ReadOptions / ParseOptions)
+    (b"\nname,city\nann,oslo\nbob,rome\n", {}, {}, {}),  # a blank line before the header
+    (b"\xef\xbb\xbf\r\n\nname,city\nann,oslo\n", {}, {}, {}),  # the byte order mark alone on a line, then one blank
+    (b"# note\n\nname,city\nann,oslo\n", {"raw_skip": 1}, {"skip_rows": 1}, {}),  # a blank line after skip_rows
+    (b"\xef\xbb\xbf\n1,x\n", {"skip": 0}, {"column_names": ["n", "s"]}, {}),  # no header: the marked line is blank
+    (b'item,size\nruler\\,"12,30\nbox,5\n', {"escape": ord("\\")}, {}, {"escape_char": "\\"}),  # an escaped delimiter, then a quote
+    (b'item,size\nlid,"2\\\n3"\ncap,"4"\n', {"escape": ord("\\")}, {}, {"escape_char": "\\"}),
+    (b"a,b\n1,x\n\r", {"count_empty": True}, {}, {"ignore_empty_lines": False}),  # an empty last line ended by a lone CR
+    (b"a,b\n1,x\r\r", {"count_empty": True}, {}, {"ignore_empty_lines": False}),
+    (b'\xef\xbb\xbf"x\ny",z\n1,2\n', {}, {}, {}),  # a quoted header field right after the byte order mark
+]
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 5, 1 << 20])
+@pytest.mark.parametrize("data, scanner, read, parse", CASES)
+def test_header_blank_lines_escapes_and_the_byte_order_mark_as_pyarrow_reads_them(data, scanner, read, parse, block):
+    options = {"skip": 1, "returns": True, **scanner}
+    skip = options.pop("skip")
+    index = scan_records(_blocks(data, block), RecordScanner(ord('"'), skip, every=1, **options))
+    table = csv.read_csv(pa.BufferReader(data), read_options=csv.ReadOptions(**read), parse_options=csv.ParseOptions(newlines_in_values=True, **parse))
+    assert index.rows == table.num_rows
+    first = table.column(0)[0].as_py() if table.num_rows else None
+    rest = csv.read_csv(pa.BufferReader(data[index.offsets[0] :]), read_options=csv.ReadOptions(column_names=table.column_names), parse_options=csv.ParseOptions(newlines_in_values=True, **parse))
+    assert rest.column(0)[0].as_py() == first

@@ -93,6 +93,8 @@ class RecordScanner:
         self._double_quote = double_quote
         self._closed_at_end = False  # the last byte fed is a quote that closed a quoted field
         self._bom = False  # the file starts with a UTF-8 byte order mark
+        self._head = b""  # the file's first bytes, up to 3
+        self._escaped_at_end = False  # the last byte fed was taken by an escape
         self._pending_escape = False  # the last block ended with an escape that takes the next byte
         self._quote, self._skip, self._marker, self._count_empty, self._returns = quote, skip + raw_skip, marker, count_empty, returns
         self._raw_skip = raw_skip  # leading lines skipped as lines, quotes in them not counted (pyarrow's skip_rows)
@@ -113,8 +115,9 @@ class RecordScanner:
         data = np.frombuffer(block, dtype=np.uint8)
         if not len(data):
             return
-        if self._pos == 0:
-            self._bom = bytes(data[:3]) == b"\xef\xbb\xbf"
+        if self._pos < 3:  # (the mark may come in blocks of fewer than 3 bytes)
+            self._head += bytes(data[: 3 - self._pos])
+            self._bom = self._head == b"\xef\xbb\xbf"
         if self._raw_skip:
             data = self._skip_lines(data)
             if not len(data):
@@ -130,12 +133,14 @@ class RecordScanner:
         ends = newlines + (self._pos + 1)  # exclusive ends of the records closed in this block
         starts = np.concatenate([[self._record_start], ends[:-1]]).astype(np.int64) if len(ends) else ends
         keep = self._non_empty(data, newlines, line_feeds, starts, ends)
-        if self._skip:
-            taken = min(self._skip, len(ends))
-            self._skip -= taken
-            keep[:taken] = False
-            if not self._skip and taken:
-                self._data_start = int(ends[taken - 1])
+        if self._skip:  # the header: the first records that are not empty lines, as pyarrow skips those before it
+            records = np.flatnonzero(keep)
+            taken = min(self._skip, len(records))
+            if taken:
+                self._skip -= taken
+                keep[: records[taken - 1] + 1] = False
+                if not self._skip:
+                    self._data_start = int(ends[records[taken - 1]])
         self._count(starts[keep])
         if len(ends):
             self._record_start = int(ends[-1])
@@ -144,6 +149,7 @@ class RecordScanner:
             self._content = self._content or bool(np.any((data != 32) & (data != 9) & (data != _NEWLINE) & (data != _RETURN)))
             tail = data[int(newlines[-1]) + 1 :] if len(newlines) else data
             self._marked = self._marked or bool(np.any(tail == self._marker))
+        self._escaped_at_end = escaped is not None and bool(len(escaped)) and int(escaped[-1]) == len(data) - 1
         self._pos += len(data)
         self._prev = int(data[-1])
 
@@ -211,7 +217,7 @@ class RecordScanner:
         if not len(quotes) and not self._in_quote:
             self._closed_at_end = False
             return np.ones(len(newlines), dtype=bool)
-        quotes = self._toggling(data, quotes)
+        quotes = self._toggling(data, quotes, escaped)
         inside = ((np.searchsorted(quotes, newlines) + self._in_quote) & 1).astype(bool)
         if inside.any():
             self._quoted_newlines = True
@@ -220,10 +226,13 @@ class RecordScanner:
         self._in_quote = bool((len(quotes) + self._in_quote) & 1)
         return ~inside
 
-    def _toggling(self, data: np.ndarray, quotes: np.ndarray) -> np.ndarray:
+    def _toggling(self, data: np.ndarray, quotes: np.ndarray, escaped: np.ndarray | None) -> np.ndarray:
         """The ``quotes`` that open or close a quoted field, a doubled quote's two counted as a close
         and an open; the others are characters of unquoted fields."""
         before = np.where(quotes > 0, data[np.maximum(quotes - 1, 0)].astype(np.int64), self._prev)
+        if escaped is not None:  # a delimiter or line end an escape took ends no field
+            taken = np.isin(quotes - 1, escaped) | ((quotes == 0) & self._escaped_at_end)
+            before = np.where(taken, -2, before)
         closes = ((np.arange(len(quotes)) + self._in_quote) & 1).astype(bool)
         opens_field = self._opens_field(quotes, before)
         if self._double_quote:  # a quote right after the quote that closed a field: the two stand for one
@@ -236,8 +245,8 @@ class RecordScanner:
     def _opens_field(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
         """Whether each quote is the first byte of a field (pyarrow skips a UTF-8 BOM at the file's start)."""
         starts = np.isin(before, self._field_ends)
-        if self._pos == 0 and len(quotes) and int(quotes[0]) == 3 and self._bom:
-            starts[0] = True
+        if self._bom:
+            starts |= quotes + self._pos == 3
         return starts
 
     def _walk_quotes(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
@@ -248,7 +257,7 @@ class RecordScanner:
         for index, (at, previous) in enumerate(zip(quotes.tolist(), before.tolist())):
             if inside:
                 inside, closed_at, toggling[index] = False, at, True
-            elif previous in field_ends or (self._double_quote and closed_at == at - 1) or (at == 3 and self._pos == 0 and self._bom):
+            elif previous in field_ends or (self._double_quote and closed_at == at - 1) or (self._bom and at + self._pos == 3):
                 inside, toggling[index] = True, True
         return quotes[toggling]
 
@@ -266,6 +275,8 @@ class RecordScanner:
         if self._count_empty:
             return np.ones(len(ends), dtype=bool)
         length = ends - starts
+        if self._bom:  # the mark alone on the first line: an empty line (pyarrow drops the mark first)
+            length = np.where(starts == 0, length - 3, length)
         before = np.where(newlines > 0, data[np.maximum(newlines - 1, 0)], self._prev)
         return ~((length == 1) | ((length == 2) & (before == _RETURN) & line_feeds))
 
@@ -288,7 +299,8 @@ class RecordScanner:
         if self._marker is not None:
             last = self._marked
         else:
-            last = tail > 0 and not (tail == 1 and self._prev == _RETURN)
+            # a carriage return at the end ends the last line: a record only when empty lines are
+            last = tail > 0 and not (tail == 1 and self._prev == _RETURN and not self._count_empty)
         if last and not self._skip:
             self._count(np.array([self._record_start], dtype=np.int64))
         if self._data_start < 0:  # the header is all there is

@@ -54,8 +54,8 @@ class CsvFormat(TextFormat):
     )
 
     miscount_hint = (
-        ", or its records are not what the planning scan counted: a quote inside an unquoted field, or an escape_char "
-        "before a quote, hides a record boundary from the scan (docs/formats.md, Limits)"
+        ", or its records are not what the planning scan counted (it follows pyarrow's quoting and escape_char; "
+        "docs/formats.md, Limits): please report the file's first lines and csv_options"
     )
 
     def check_options(self, options: dict) -> dict:
