@@ -214,3 +214,23 @@ def test_a_table_directory_is_refused_naming_the_table_dataset(tmp_path, s3):
     s3.fs.invalidate_cache()
     with pytest.raises(ValueError, match=r"lake/delta' is a Delta table"):
         StructuredDataset(s3.url("lake"), num_workers=0, storage_options=s3.options)
+
+
+def test_a_partition_directory_whose_key_starts_with_an_underscore_is_read(tmp_path):
+    """Spark's partitionBy("_key") writes _key=0/ directories and reads them back; other names
+    starting with '_' (_SUCCESS, _temporary/) stay hidden."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from torch_dataloader_utils import StructuredDataset
+
+    for key in (0, 1):
+        (tmp_path / f"_key={key}").mkdir()
+        pq.write_table(pa.table({"id": [key * 10, key * 10 + 1]}), tmp_path / f"_key={key}" / "part-0.parquet")
+    (tmp_path / "_temporary" / "0").mkdir(parents=True)
+    pq.write_table(pa.table({"id": [99]}), tmp_path / "_temporary" / "0" / "part-0.parquet")
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), partitioning="hive", batch_size=8, num_workers=0, output_format="dict")
+    (batch,) = list(loader)
+    assert sorted(zip(batch["id"], batch["_key"])) == [(0, 0), (1, 0), (10, 1), (11, 1)]
+    assert len(dataset.files) == 2

@@ -22,9 +22,15 @@ _GLOB_CHARS = ("*", "?", "[")
 _MARKER_SUFFIXES = (".crc", "_$folder$")  # checksums, Hadoop's folder markers
 
 
+def _hidden(name: str) -> bool:
+    """Hidden as Spark and Hive hide them: a name starting with '.', or with '_' unless it is a
+    ``key=value`` partition directory (Spark writes ``_key=0/`` for a column named ``_key``)."""
+    return name.startswith(".") or (name.startswith("_") and "=" not in name)
+
+
 def _is_ignored(relative: str) -> bool:
     parts = [p for p in relative.split("/") if p]
-    if any(p.startswith((".", "_")) for p in parts):
+    if any(_hidden(p) for p in parts):
         return True
     return relative.endswith(_MARKER_SUFFIXES)
 
@@ -133,7 +139,7 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
         in_metadata = os.path.basename(current) == "metadata"
         with os.scandir(current) as entries:
             for entry in entries:
-                if entry.name.startswith((".", "_")):
+                if _hidden(entry.name):
                     if entry.name == "_delta_log" and entry.is_dir():
                         raise _table_error(current, "delta")
                     continue
@@ -283,7 +289,7 @@ def _nothing_found(paths: list[str], format: str | None, other: str | None = Non
     patterns = ", ".join(f"*{suffix}" for suffix in suffixes)
     return (
         f"no {kind or 'data'} files found under {paths!r}{found_other} (a directory keeps {patterns} files; hidden files, "
-        "names starting with '_' (_SUCCESS, _metadata, _temporary/) and *.crc files are skipped). "
+        "names starting with '_' (_SUCCESS, _metadata, _temporary/, but not _key=value/ directories) and *.crc files are skipped). "
         "For data files without these extensions (Hive's 000000_0), pass a glob that matches them (e.g. 'table/*_0') "
         "or their paths, with format='parquet' or format='orc'"
     )
