@@ -222,8 +222,6 @@ def test_a_partition_directory_whose_key_starts_with_an_underscore_is_read(tmp_p
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from torch_dataloader_utils import StructuredDataset
-
     for key in (0, 1):
         (tmp_path / f"_key={key}").mkdir()
         pq.write_table(pa.table({"id": [key * 10, key * 10 + 1]}), tmp_path / f"_key={key}" / "part-0.parquet")
