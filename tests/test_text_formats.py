@@ -369,3 +369,25 @@ def test_blank_lines_before_the_header_are_skipped_not_read_as_a_row(tmp_path):
     loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), format="csv", batch_size=64, num_workers=0, output_format="dict", split_bytes=512)
     names = [name for batch in loader for name in batch["name"]]
     assert len(dataset) == 300 and names == [f"n{i}" for i in range(300)] and dataset[0]["name"] == "n0"
+
+
+def test_a_parse_error_says_where_the_parse_started_and_fits_its_cause(tmp_path):
+    """pyarrow numbers rows from the block it was given: the error says which data row that is; a
+    value of another type than an explicit schema's gets advice about the type, not a missing field."""
+    lines = [f"{i},{i}" for i in range(3000)]
+    lines[2500] = "2500,1,extra"
+    (tmp_path / "a.csv").write_text("id,v\n" + "\n".join(lines) + "\n")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "a.csv"), format="csv", batch_size=500, num_workers=0, split_bytes=4096,
+                                                    csv_options={"block_size": 4096})  # fmt: skip
+    with pytest.raises(DataReadError, match=r"Expected 2 columns, got 3.*this parse started at data row 2,\d{3} of the file") as error:
+        list(loader)
+    started = int(str(error.value).split("started at data row ")[1].split(" ")[0].replace(",", ""))
+    row = int(str(error.value).split("Row #")[1].split(":")[0])
+    assert started + row - 1 == 2500
+    (tmp_path / "b.jsonl").write_text('{"x": 1.5}\n{"x": "NaN"}\n')
+    schema = pa.schema([("x", pa.float64())])
+    with pytest.raises(ValueError, match=r"another JSON type than the column's type in json_options' explicit_schema"):
+        list(StructuredDataset.create_dataloader(str(tmp_path / "b.jsonl"), format="jsonl", num_workers=0, json_options={"explicit_schema": schema})[0])
+    (tmp_path / "c.jsonl").write_text('{"x": 1}\n' * 3000 + '{"x": 1,,}\n')
+    with pytest.raises(DataReadError, match=r"not valid JSON \(a truncated or damaged line\)"):
+        list(StructuredDataset.create_dataloader(str(tmp_path / "c.jsonl"), format="jsonl", num_workers=0, json_options={"block_size": 4096})[0])

@@ -260,6 +260,15 @@ def _entry_bytes(index: RecordIndex, schema: pa.Schema) -> bytes:
     return len(packed).to_bytes(8, "big") + packed + schema.serialize().to_pybytes()
 
 
+def _from_row(error: pa.ArrowInvalid, first: int) -> pa.ArrowInvalid:
+    """``error`` saying where the parse started: pyarrow numbers rows from the start of the block it
+    was given, not from the file's first row."""
+    return pa.ArrowInvalid(
+        f"{error} (pyarrow's row numbers count from the start of the block it parsed; this parse started at data row "
+        f"{first:,} of the file, counted from 0 after the header)"
+    )
+
+
 class TextReader:
     """Reads units (byte ranges of records) of one text file."""
 
@@ -273,9 +282,12 @@ class TextReader:
         return self._fmt.miscount_hint
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        if self._footer.compression is not None:
-            return self._fmt.parse(self._decompressed(), self._footer, columns, self._use_threads)
-        return self._fmt.parse(self._bytes(*self._footer.unit_bytes(unit)), self._footer, columns, self._use_threads)
+        whole = self._footer.compression is not None
+        data = self._decompressed() if whole else self._bytes(*self._footer.unit_bytes(unit))
+        try:
+            return self._fmt.parse(data, self._footer, columns, self._use_threads)
+        except pa.ArrowInvalid as error:
+            raise _from_row(error, 0 if whole else self._footer.unit_first_row(unit)) from error
 
     def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
         """The unit's rows from ``first_row``, parsed a block at a time from the indexed record at
@@ -289,13 +301,17 @@ class TextReader:
             _, indexed_row = footer.index.record_offset(footer.unit_first_row(unit) + first_row)
             data = self._bytes(*footer.unit_bytes(unit, indexed_row // footer.index.every))
             drop = footer.unit_first_row(unit) + first_row - indexed_row
-        for table in self._fmt.parse_blocks(data, footer, columns):
-            if drop >= table.num_rows:
-                drop -= table.num_rows
-                continue
-            table, drop = table.slice(drop), 0
-            for start in range(0, table.num_rows, batch_rows):
-                yield table.slice(start, batch_rows)
+        first = footer.unit_first_row(unit) + first_row - drop  # the data row the parse starts at
+        try:
+            for table in self._fmt.parse_blocks(data, footer, columns):
+                if drop >= table.num_rows:
+                    drop -= table.num_rows
+                    continue
+                table, drop = table.slice(drop), 0
+                for start in range(0, table.num_rows, batch_rows):
+                    yield table.slice(start, batch_rows)
+        except pa.ArrowInvalid as error:
+            raise _from_row(error, first) from error
 
     def _decompressed(self) -> Any:
         """The decompressed records: the stream after the header."""

@@ -92,7 +92,22 @@ def _source(data: Any) -> Any:
 
 
 def _advice(error: Exception, parse: JsonParse) -> pa.ArrowInvalid:
-    if "explicit_schema" in parse.parse:
+    text, explicit = str(error), "explicit_schema" in parse.parse
+    if "changed from" in text and explicit:  # a value of another JSON type than its column's
+        return pa.ArrowInvalid(
+            f"{error}. A value of that column has another JSON type than the column's type in json_options' explicit_schema "
+            "(Spark writes a double's NaN and Infinity as strings): give the column a type that holds every value (such as "
+            "pyarrow.string()), or leave it out of explicit_schema with {'unexpected_field_behavior': 'ignore'}"
+        )
+    if "changed from" in text:
+        return pa.ArrowInvalid(
+            f"{error}. The column's type was inferred from the file's first block (json_options block_size), and a later "
+            "value has another JSON type: pass json_options={'explicit_schema': pyarrow.schema([...])} with a type that "
+            "holds every value (such as pyarrow.string()), or leave the column out"
+        )
+    if "unexpected field" not in text:
+        return pa.ArrowInvalid(f"{error}. The record is not valid JSON (a truncated or damaged line)")
+    if explicit:
         return pa.ArrowInvalid(
             f"{error}. The file does not fit json_options' explicit_schema: add the field (with its type) to it, or pass "
             "{'unexpected_field_behavior': 'ignore'} to leave fields out that it lacks"
