@@ -101,7 +101,6 @@ class HybridCalendarReader:
     def __init__(self, reader: Any, columns: frozenset[str]):
         self._reader = reader
         self._columns = columns
-        self.streams = hasattr(reader, "iter_unit")
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         return rebase(self._reader.read_unit(unit, columns), self._columns)
