@@ -429,3 +429,31 @@ def test_a_table_before_its_first_commit_is_refused_saying_so(tmp_path):
     catalog.create_table("db.new", schema=rows(0, 1).schema)
     with pytest.raises(ValueError, match="'db.new' has no snapshot yet"):
         IcebergDataset.create_dataloader("db.new", config, batch_size=8, num_workers=0)
+
+
+def test_a_manifest_pyiceberg_cannot_parse_is_named_with_the_table(tmp_path, monkeypatch):
+    """BigQuery's manifest of duckdb-iceberg's test data: pyiceberg raises a bare TypeError."""
+    import shutil
+    from pathlib import Path
+
+    from pyiceberg.catalog import load_catalog
+
+    shutil.copytree(Path(__file__).parent / "fixtures" / "duckdb-iceberg" / "data", tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    config = iceberg_config(str(tmp_path))
+    catalog = load_catalog(**config)
+    catalog.create_namespace("bq")
+    catalog.register_table("bq.t", "data/persistent/big_query_error/metadata/v1749025517.metadata.json")
+    with pytest.raises(ValueError, match=r"pyiceberg cannot read the manifests of Iceberg table 'bq.t' snapshot \d+: TypeError"):
+        IcebergDataset.create_dataloader("bq.t", config, batch_size=8, num_workers=0)
+
+
+def test_metadata_pyiceberg_cannot_parse_is_named_with_the_table(table):
+    config, iceberg = table
+    metadata = iceberg.metadata_location.removeprefix("file://")
+    with open(metadata) as handle:
+        text = handle.read()
+    with open(metadata, "w") as handle:
+        handle.write(text.replace('"format-version"', '"format-versio"', 1))
+    with pytest.raises(ValueError, match=r"pyiceberg cannot load Iceberg table 'db.t' of catalog 'test'"):
+        IcebergDataset.create_dataloader("db.t", config, batch_size=8, num_workers=0)

@@ -49,6 +49,11 @@ def load_table(table: str, catalog_config: Mapping[str, Any] | None) -> Any:
     except Exception as error:
         if type(error).__name__ == "NoSuchTableError":
             raise ValueError(f"Iceberg catalog {name!r} has no table {table!r} ({error}); check table= and catalog_config") from error
+        if isinstance(error, (TypeError, KeyError, ValueError)) or type(error).__name__ == "ValidationError":  # they name no table
+            raise ValueError(
+                f"pyiceberg cannot load Iceberg table {table!r} of catalog {name!r}: {type(error).__name__}: {error} (its metadata "
+                "JSON is damaged, or of a form pyiceberg does not read)"
+            ) from error
         raise
 
 
@@ -214,6 +219,11 @@ def plan_iceberg(
         if "equality deletes" in str(error):
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id)) from error
         raise
+    except (TypeError, KeyError) as error:  # pyiceberg's own on manifests it cannot parse name nothing
+        raise ValueError(
+            f"pyiceberg cannot read the manifests of Iceberg table {table_name!r} snapshot {snapshot.snapshot_id}: "
+            f"{type(error).__name__}: {error} (a manifest of a form pyiceberg does not read, or damaged)"
+        ) from error
     arrow_schema = schema_to_pyarrow(schema, include_field_ids=False)
     ref = TableRef("iceberg", table_name, snapshot.snapshot_id, str(table.metadata.table_uuid), schema.schema_id)
     example = tasks[0].file.file_path if tasks else table.location()
