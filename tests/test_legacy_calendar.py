@@ -91,3 +91,44 @@ def test_files_of_other_writers_are_not_converted(tmp_path):
     for name in ("a.parquet", "b.orc"):
         loader, _ = StructuredDataset.create_dataloader(str(tmp_path / name), format=None, batch_size=4, num_workers=0, output_format="dict")
         assert next(iter(loader))["date"] == [dt.date(1000, 1, 1)]
+
+
+def test_every_value_of_a_legacy_file_equals_sparks_own_read_timestamp_ntz_unconverted():
+    """Random dates and timestamps from 0001 to 1600, with nulls; Spark converts `timestamp` and
+    `date` but never `timestamp_ntz` (it stores it proleptic)."""
+    import json
+
+    expected = json.loads((SPARK / "spark_legacy_ntz.read_by_spark.json").read_text())["rows"]
+    loader, _ = StructuredDataset.create_dataloader(str(SPARK / "spark_legacy_ntz.parquet"), batch_size=1000, num_workers=0, output_format="arrow")
+    (batch,) = list(loader)
+    columns = [batch.column(name).cast(pa.int64()) if name != "d" else batch.column(name).cast(pa.int32()).cast(pa.int64()) for name in ("id", "d", "ts", "ntz")]
+    got = sorted(zip(*(column.to_pylist() for column in columns)), key=lambda row: row[0])
+    assert [list(row) for row in got] == expected and len(expected) == 667
+
+
+@pytest.mark.parametrize("name", ["rebase_LEGACY_TIMESTAMP_MICROS.parquet"])
+def test_filters_on_a_converted_date_column_see_the_written_dates(tmp_path, name):
+    """The files' statistics bound the stored days (0001-01-01 stored as a day before year 1, which
+    Python's date cannot hold): filters read the converted values instead of trusting them."""
+    loader, dataset = StructuredDataset.create_dataloader(str(SPARK / name), format=None, batch_size=10, num_workers=0,
+                                                          output_format="dict", columns=["id", "date"], filters=[("date", ">=", dt.date(1000, 1, 3))])  # fmt: skip
+    (batch,) = list(loader)
+    assert len(dataset) == 4 and sorted(batch["date"]) == sorted(d for d in WRITTEN.values() if d >= dt.date(1000, 1, 3))
+
+
+def test_a_top_level_column_with_a_dot_in_its_name_is_converted(tmp_path):
+    import pyarrow.parquet as pq
+
+    julian = _julian_days(1000, 1, 1)  # as Spark 2 stored 1000-01-01
+    table = pa.table({"plain": pa.array([julian], pa.date32()), "a.b": pa.array([julian], pa.date32())})
+    pq.write_table(table.replace_schema_metadata({"org.apache.spark.version": "2.4.8"}), tmp_path / "spark2.parquet")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "spark2.parquet"), batch_size=4, num_workers=0, output_format="dict")
+    assert next(iter(loader)) == {"plain": [dt.date(1000, 1, 1)], "a.b": [dt.date(1000, 1, 1)]}
+
+
+def test_orc_stripe_statistics_of_hybrid_dates_do_not_decide_a_filter():
+    """Stored 1000-01-06 to 1000-01-15: the statistics said every row matched d >= 1000-01-04."""
+    loader, dataset = StructuredDataset.create_dataloader(str(SPARK / "orc_dates_1000.orc"), format="orc", batch_size=20, num_workers=0,
+                                                          output_format="dict", filters=[("d", ">=", dt.date(1000, 1, 4))])  # fmt: skip
+    (batch,) = list(loader)
+    assert len(dataset) == 7 and batch["id"] == [3, 4, 5, 6, 7, 8, 9] and batch["d"][0] == dt.date(1000, 1, 4)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..formats._legacy_calendar import spark_hybrid_columns
 from ..formats._orc_tail import read_stripe_statistics, read_tail
 from ..formats.io import open_input
 
@@ -201,6 +202,8 @@ class _ParquetFile:
         self.footer = footer
         self.arrow = footer.schema.to_arrow_schema()
         self.leaf = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
+        # converted from the hybrid calendar as read (formats/_legacy_calendar.py): the statistics bound the stored values
+        self.hybrid = spark_hybrid_columns(footer.metadata, footer.schema)
 
 
 def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str]) -> pc.Expression:
@@ -219,7 +222,10 @@ def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], un
         if stats is None:
             continue
         nulls = stats.null_count if stats.has_null_count else None
-        bounds = (stats.min, stats.max) if stats.has_min_max else None
+        try:
+            bounds = (stats.min, stats.max) if stats.has_min_max and name not in file.hybrid else None
+        except (OverflowError, ValueError):  # a bound Python cannot hold (a date before year 1): not known
+            bounds = None
         term = column_term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)
         if term is not None:
             terms.append(term)
@@ -274,7 +280,8 @@ def orc_statistics(fs: Any, files: Sequence[Any]) -> list[list[dict[str, Any]]]:
     def read(entry: Any) -> list[dict[str, Any]]:
         try:
             with open_input(fs, entry.fs_path) as source:
-                return read_stripe_statistics(source, entry.size, read_tail(source, entry.size).column_ids)
+                tail = read_tail(source, entry.size)
+                return read_stripe_statistics(source, entry.size, tail.column_ids, tail.hybrid_calendar)
         except (OSError, ValueError, IndexError, KeyError, TypeError) as error:  # no pruning in this file, still exact
             log.debug("no stripe statistics from %s: %s", entry.url, error)
             return []

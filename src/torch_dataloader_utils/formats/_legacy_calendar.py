@@ -11,6 +11,7 @@ changes (once a century before 1582).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -77,22 +78,35 @@ def spark_hybrid_columns(metadata: Mapping[bytes, bytes] | None, schema: Any) ->
     """The top-level columns of a Parquet file that Spark wrote in the hybrid calendar, by Spark's
     own rule: every date and timestamp of a file from Spark before 3.0; from a later Spark, dates and
     INT64 timestamps when the footer says ``legacyDateTime``, INT96 ones when it says ``legacyINT96``.
-    ``schema``: the footer's ``ParquetSchema``."""
+    Timestamps without a time zone (``TIMESTAMP_NTZ``) Spark never converts. ``schema``: the
+    footer's ``ParquetSchema``."""
     version = (metadata or {}).get(SPARK_VERSION)
     if version is None:
         return frozenset()
     old = version.decode(errors="replace").split(".")[0] in ("1", "2")
     dates_and_int64 = old or SPARK_LEGACY_DATETIME in metadata  # type: ignore[operator]
     int96 = old or SPARK_LEGACY_INT96 in metadata  # type: ignore[operator]
-    names = set()
-    for index in range(len(schema)):
-        column = schema.column(index)
-        if len(column.path.split(".")) != 1:
-            continue
-        logical = str(column.logical_type.type) if column.logical_type is not None else ""
-        if (column.physical_type == "INT96" and int96) or (logical in ("DATE", "TIMESTAMP") and dates_and_int64):
-            names.add(column.path)
+    names, leaf = set(), 0
+    for top in schema.to_arrow_schema():  # (a top-level column's leaves come in order; a dotted name is one column)
+        if _leaves(top.type) == 1 and (pa.types.is_date32(top.type) or pa.types.is_timestamp(top.type)):
+            column = schema.column(leaf)
+            logical = json.loads(column.logical_type.to_json()) if column.logical_type is not None else {}
+            zoned = logical.get("Type") == "Date" or (logical.get("Type") == "Timestamp" and logical.get("isAdjustedToUTC", True))
+            if (column.physical_type == "INT96" and int96) or (column.physical_type != "INT96" and zoned and dates_and_int64):
+                names.add(top.name)
+        leaf += _leaves(top.type)
     return frozenset(names)
+
+
+def _leaves(kind: pa.DataType) -> int:
+    """The Parquet leaf columns of an Arrow type."""
+    if pa.types.is_struct(kind):
+        return sum(_leaves(field.type) for field in kind)
+    if pa.types.is_map(kind):
+        return _leaves(kind.key_type) + _leaves(kind.item_type)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _leaves(kind.value_type)
+    return 1
 
 
 class HybridCalendarReader:

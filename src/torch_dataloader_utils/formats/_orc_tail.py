@@ -251,8 +251,10 @@ def _zigzag(value: int) -> int:
     return (value >> 1) ^ -(value & 1)
 
 
-def _column_statistics(message: bytes) -> ColumnStatistics:
+def _column_statistics(message: bytes, hybrid_dates: bool = False) -> ColumnStatistics:
     fields = dict(_fields(message))
+    if hybrid_dates and 7 in fields:  # days of the hybrid calendar (OrcTail.hybrid_calendar): no bounds of the dates read
+        del fields[7]
     values = int(cast(int, fields[1])) if 1 in fields else None
     has_null = bool(fields[10]) if 10 in fields else None
     low: object = None
@@ -271,9 +273,10 @@ def _column_statistics(message: bytes) -> ColumnStatistics:
     return ColumnStatistics(low, high, values, has_null)
 
 
-def read_stripe_statistics(source, file_size: int, columns: dict[str, tuple[int, int]]) -> list[dict[str, ColumnStatistics]]:
+def read_stripe_statistics(source, file_size: int, columns: dict[str, tuple[int, int]], hybrid_dates: bool = False) -> list[dict[str, ColumnStatistics]]:
     """Per stripe, the statistics of each top-level column of ``columns`` that is one ORC column
-    (a primitive), from the file's Metadata section (before the footer). Empty when there is none."""
+    (a primitive), from the file's Metadata section (before the footer). Empty when there is none.
+    ``hybrid_dates``: the file's dates are of the hybrid calendar, so their bounds are left out."""
     source.seek(file_size - 1)
     ps_len = source.read(1)[0]
     source.seek(file_size - 1 - ps_len)
@@ -290,7 +293,7 @@ def read_stripe_statistics(source, file_size: int, columns: dict[str, tuple[int,
         if number != 1:
             continue
         stats = [cast(bytes, v) for n, v in _fields(cast(bytes, value)) if n == 1]
-        found = {name: _column_statistics(stats[column]) for name, column in single.items() if column < len(stats)}
+        found = {name: _column_statistics(stats[column], hybrid_dates) for name, column in single.items() if column < len(stats)}
         if not strings:
             found = {name: c if not isinstance(c.minimum, str) else ColumnStatistics(None, None, c.values, c.has_null) for name, c in found.items()}
         stripes.append(found)
