@@ -49,6 +49,9 @@ from .page_ranges import Range, candidate_ranges, range_rows
 log = logging.getLogger(__name__)
 _COUNT_THREADS = 8
 _COUNTS_DIR = "filter_counts"  # under cache_dir (the range cache sweeps only its own top-level entries)
+#: the version of how values are read, in the counts' key: counts kept by a version that read a
+#: column otherwise are not taken (2: dates of the hybrid calendar converted, formats/_legacy_calendar.py)
+_COUNT_RULES = 2
 _MEMO: dict[str, tuple[int, ...]] = {}  # count key -> matching rows per unit, for this process
 
 
@@ -172,7 +175,8 @@ def _count_key(catalog: Catalog, file: int) -> str:
     lacking = sorted(set(catalog.missing_columns[file] if catalog.missing_columns else ()) & set(rows_filter.columns))
     reader = getattr(catalog.format_of(file), "options", None)
     options = options_identity(reader) if reader else None
-    text = json.dumps([entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.identity, types, lacking, *([options] if options else [])])
+    identity = [_COUNT_RULES, entry.url, entry.size, entry.tag, rows_filter.digest, rows_filter.identity, types, lacking]
+    text = json.dumps([*identity, *([options] if options else [])])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
