@@ -12,12 +12,13 @@ start of a field (after a delimiter or a line end); inside one, a quote closes i
 ``double_quote`` a doubled quote stands for itself. A quote in the middle of an unquoted field
 (``12" ruler``) is an ordinary character. A newline is a boundary only outside quoted fields.
 Most files need no more than counting quote characters (the quote that opens or closes a field
-toggles, a doubled one toggles twice); a file with a quote inside an unquoted field is walked
-quote by quote from the first such quote in a block on.
+toggles, a doubled one toggles twice); a block with a quote inside an unquoted field is walked
+quoted field by quoted field.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,7 +90,9 @@ class RecordScanner:
         double_quote: bool = True,
     ):
         self._escape = escape
-        self._field_ends = np.array([delimiter, _NEWLINE, _RETURN, -1], dtype=np.int64)  # bytes after which a field starts (-1: none)
+        # by the byte before a quote, plus 2: whether a field starts there (a delimiter, a line end, the file's start: -1)
+        self._field_start = np.zeros(258, dtype=bool)
+        self._field_start[[delimiter + 2, _NEWLINE + 2, _RETURN + 2, 1]] = True
         self._double_quote = double_quote
         self._closed_at_end = False  # the last byte fed is a quote that closed a quoted field
         self._bom = False  # the file starts with a UTF-8 byte order mark
@@ -124,8 +127,8 @@ class RecordScanner:
                 return
         newlines, line_feeds = self._line_ends(data)
         escaped = self._escaped(data) if self._escape is not None else None
-        if escaped is not None and len(escaped):
-            free = ~np.isin(newlines, escaped)
+        if escaped is not None and (len(escaped) or self._escaped_at_end):
+            free = ~np.isin(newlines, escaped) & ~((newlines == -1) & self._escaped_at_end)  # (-1: the block before's last byte)
             newlines, line_feeds = newlines[free], line_feeds[free]
         if self._quote is not None:
             outside = self._outside_quotes(data, newlines, escaped)
@@ -228,38 +231,63 @@ class RecordScanner:
 
     def _toggling(self, data: np.ndarray, quotes: np.ndarray, escaped: np.ndarray | None) -> np.ndarray:
         """The ``quotes`` that open or close a quoted field, a doubled quote's two counted as a close
-        and an open; the others are characters of unquoted fields."""
-        before = np.where(quotes > 0, data[np.maximum(quotes - 1, 0)].astype(np.int64), self._prev)
-        if escaped is not None:  # a delimiter or line end an escape took ends no field
-            taken = np.isin(quotes - 1, escaped) | ((quotes == 0) & self._escaped_at_end)
-            before = np.where(taken, -2, before)
-        closes = ((np.arange(len(quotes)) + self._in_quote) & 1).astype(bool)
-        opens_field = self._opens_field(quotes, before)
-        if self._double_quote:  # a quote right after the quote that closed a field: the two stand for one
-            after_close = np.concatenate([[self._closed_at_end and quotes[0] == 0], closes[:-1] & (quotes[1:] == quotes[:-1] + 1)])
-            opens_field |= (before == self._quote) & after_close
-        if bool(np.all(closes | opens_field)):
-            return quotes
-        return self._walk_quotes(quotes, before)
+        and an open; the others are characters of unquoted fields. Counting every quote is right
+        when each quote that would open a field by the count is at a field's start or doubles the
+        quote before it; else the block is walked field by field."""
+        first = int(self._in_quote)  # quotes[first::2] open fields by the count
+        openers = quotes[first::2]
+        wrong = np.flatnonzero(~self._starts_field(data, openers, escaped))
+        if len(wrong) and self._double_quote:
+            at = first + 2 * wrong  # their index among the quotes: a doubled quote follows the closing one
+            previous = np.where(at > 0, quotes[np.maximum(at - 1, 0)], -1 - int(not (self._closed_at_end and quotes[0] == 0)))
+            wrong = wrong[previous != quotes[at] - 1]
+        return quotes if not len(wrong) else self._walk_fields(data, quotes, escaped)
 
-    def _opens_field(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
-        """Whether each quote is the first byte of a field (pyarrow skips a UTF-8 BOM at the file's start)."""
-        starts = np.isin(before, self._field_ends)
+    def _starts_field(self, data: np.ndarray, positions: np.ndarray, escaped: np.ndarray | None) -> np.ndarray:
+        """Whether each quote at ``positions`` is the first byte of a field (pyarrow skips a UTF-8
+        BOM at the file's start; a delimiter or line end an escape took ends no field)."""
+        before = data[np.maximum(positions - 1, 0)].astype(np.int16)
+        if len(positions) and positions[0] == 0:
+            before[0] = self._prev
+        starts = self._field_start[before + 2]
+        if escaped is not None and len(positions):
+            if len(escaped):
+                starts &= ~np.isin(positions - 1, escaped)
+            if positions[0] == 0 and self._escaped_at_end:
+                starts[0] = False
         if self._bom:
-            starts |= quotes + self._pos == 3
+            starts |= positions + self._pos == 3
         return starts
 
-    def _walk_quotes(self, quotes: np.ndarray, before: np.ndarray) -> np.ndarray:
-        """``_toggling`` quote by quote, for a block with a quote inside an unquoted field."""
-        field_ends = set(self._field_ends.tolist())
-        inside, closed_at = self._in_quote, (-1 if self._closed_at_end else -2)
-        toggling = np.zeros(len(quotes), dtype=bool)
-        for index, (at, previous) in enumerate(zip(quotes.tolist(), before.tolist())):
+    def _walk_fields(self, data: np.ndarray, quotes: np.ndarray, escaped: np.ndarray | None) -> np.ndarray:
+        """``_toggling`` field by field, for a block with a quote inside an unquoted field: outside
+        quotes, the next quote at a field's start opens one; inside, the next quote closes it (with
+        the quote right after it, a doubled quote: both counted)."""
+        opening = np.flatnonzero(self._starts_field(data, quotes, escaped)).tolist()
+        doubled = set(np.flatnonzero(quotes[1:] == quotes[:-1] + 1).tolist()) if self._double_quote else set()  # quote i, then i + 1
+        toggling: list[int] = []
+        inside, index = self._in_quote, 0
+        if not inside and self._double_quote and self._closed_at_end and quotes[0] == 0:
+            toggling.append(0)
+            inside, index = True, 1
+        while True:
             if inside:
-                inside, closed_at, toggling[index] = False, at, True
-            elif previous in field_ends or (self._double_quote and closed_at == at - 1) or (self._bom and at + self._pos == 3):
-                inside, toggling[index] = True, True
-        return quotes[toggling]
+                if index >= len(quotes):
+                    break
+                if index in doubled:
+                    toggling += [index, index + 1]
+                    index += 2
+                    continue
+                toggling.append(index)
+                inside, index = False, index + 1
+            else:
+                found = bisect.bisect_left(opening, index)
+                if found == len(opening):
+                    break
+                index = opening[found]
+                toggling.append(index)
+                inside, index = True, index + 1
+        return quotes[np.array(toggling, dtype=np.int64)] if toggling else quotes[:0]
 
     def _non_empty(self, data: np.ndarray, newlines: np.ndarray, line_feeds: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         if self._marker is not None:  # a record holds the marker between its start and its end
