@@ -102,3 +102,37 @@ def test_a_struct_field_no_data_file_holds_yet_is_read_as_nulls(tmp_path):
     assert dataset.schema.names == ["id", "st.a", "st.c", "top"]
     (batch,) = list(loader)
     assert batch == {"id": [1, 2], "st.a": [1, 2], "st.c": [None, None], "top": [None, None]}
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_field_added_to_a_struct_in_a_list_or_a_map_holds_its_default_or_nulls(tmp_path, workers):
+    """As pyiceberg reads them: before any file stores the fields, and next to a file that does."""
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import ListType, LongType, MapType, NestedField, StringType, StructType
+
+    config = iceberg_config(str(tmp_path))
+    catalog = load_catalog(**config)
+    catalog.create_namespace("db")
+    element = StructType(NestedField(6, "b", LongType()))
+    value = StructType(NestedField(9, "v", LongType()))
+    schema = Schema(NestedField(1, "id", LongType()), NestedField(4, "ls", ListType(5, element)), NestedField(7, "m", MapType(8, StringType(), 10, value)))
+    table = catalog.create_table("db.t", schema=schema)
+    table.append(pa.Table.from_pydict({"id": [1], "ls": [[{"b": 1}, {"b": 3}]], "m": [[("k", {"v": 1})]]}, schema=table.schema().as_arrow()))
+    with table.update_schema() as update:
+        update.add_column(("ls", "element", "f"), LongType(), default_value=9)
+        update.add_column(("ls", "element", "g"), LongType())
+        update.add_column(("m", "value", "w"), LongType(), default_value=7)
+
+    def rows() -> list[tuple]:
+        loader, _ = IcebergDataset.create_dataloader("db.t", config, batch_size=8, num_workers=workers, output_format="dict")
+        return sorted((i, ls, list(zip(keys, values))) for batch in loader for i, ls, keys, values in zip(batch["id"], batch["ls"], batch["m.keys"], batch["m.values"]))
+
+    def expected() -> list[tuple]:
+        read = catalog.load_table("db.t").scan().to_arrow().to_pylist()
+        return sorted((row["id"], row["ls"], row["m"]) for row in read)
+
+    assert rows() == expected() == [(1, [{"b": 1, "f": 9, "g": None}, {"b": 3, "f": 9, "g": None}], [("k", {"v": 1, "w": 7})])]
+    table = catalog.load_table("db.t")
+    table.append(pa.Table.from_pydict({"id": [2], "ls": [[{"b": 2, "f": 5, "g": 6}]], "m": [[("j", {"v": 2, "w": 8})]]}, schema=table.schema().as_arrow()))
+    assert rows() == expected() and rows()[0][1][0]["f"] == 9

@@ -2,9 +2,9 @@
 added (the field's ``initial-default``; without one, those rows hold nulls).
 
 A top-level column's default is a constant of each file that does not store the column
-(``TableFile.value_if_absent``). A struct field's default is added to the struct of each file
-whose struct lacks that field: ``with_defaults`` gives the type the file's column is read as,
-``fill_defaults`` builds the column so.
+(``TableFile.value_if_absent``). A struct field's default (also of a struct in a list's elements
+or a map's values) is added to the struct of each file whose struct lacks that field:
+``with_defaults`` gives the type the file's column is read as, ``fill_defaults`` builds it so.
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-Path = tuple[str, ...]  # a field's names from its top-level column down, as the table names them
+#: a field's names from its top-level column down, as the table names them; "[]" is a list's
+#: element, "{value}" a map's value (as ``files.stored_path`` names them)
+Path = tuple[str, ...]
+ELEMENT, VALUE = "[]", "{value}"
 
 
 def with_defaults(
@@ -21,17 +24,25 @@ def with_defaults(
 ) -> tuple[pa.DataType, dict[Path, pa.Scalar]]:
     """``kind`` (a stored column's type, named as the table names it) with every struct field the
     table gives a default and ``kind`` lacks added, typed as its default; and the fields added."""
-    if not (pa.types.is_struct(kind) and table_kind is not None and pa.types.is_struct(table_kind)):
+    if table_kind is None:
         return kind, {}
-    added: dict[Path, pa.Scalar] = {}
+    if _is_list(kind) and _is_list(table_kind):
+        inner, added = with_defaults(kind.value_type, table_kind.value_type, path + (ELEMENT,), defaults)
+        return (_list_of(kind, kind.value_field.with_type(inner)) if added else kind), added
+    if pa.types.is_map(kind) and pa.types.is_map(table_kind):
+        inner, added = with_defaults(kind.item_type, table_kind.item_type, path + (VALUE,), defaults)
+        return (pa.map_(kind.key_field, kind.item_field.with_type(inner), kind.keys_sorted) if added else kind), added
+    if not (pa.types.is_struct(kind) and pa.types.is_struct(table_kind)):
+        return kind, {}
+    added = {}
     fields = []
     for item in kind:
         index = table_kind.get_field_index(item.name)
-        inner, found = with_defaults(item.type, table_kind.field(index).type if index >= 0 else None, (*path, item.name), defaults)
+        inner, found = with_defaults(item.type, table_kind.field(index).type if index >= 0 else None, path + (item.name,), defaults)
         added.update(found)
         fields.append(item.with_type(inner))
     for item in table_kind:
-        value = defaults.get((*path, item.name))
+        value = defaults.get(path + (item.name,))
         if value is not None and kind.get_field_index(item.name) < 0:
             fields.append(pa.field(item.name, value.type))
             added[path + (item.name,)] = value
@@ -46,13 +57,28 @@ def fill_defaults(column: pa.ChunkedArray, kind: pa.DataType, added: Mapping[Pat
 def _filled(array: pa.Array, kind: pa.DataType, added: Mapping[Path, pa.Scalar], path: Path) -> pa.Array:
     if array.type == kind:
         return array
+    mask = array.is_null() if array.null_count else None
+    if _is_list(kind):  # (offsets into the whole values array, as a slice's are)
+        values = _filled(array.values, kind.value_type, added, path + (ELEMENT,))
+        build = pa.LargeListArray if pa.types.is_large_list(kind) else pa.ListArray
+        return build.from_arrays(array.offsets, values, type=kind, mask=mask)
+    if pa.types.is_map(kind):
+        items = _filled(array.items, kind.item_type, added, path + (VALUE,))
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=mask)
     children = array.flatten()  # (the parent's offset applied; its nulls are set again below)
     arrays = []
     for item in kind:
         index = array.type.get_field_index(item.name)
         if index >= 0:
-            arrays.append(_filled(children[index], item.type, added, (*path, item.name)))
+            arrays.append(_filled(children[index], item.type, added, path + (item.name,)))
         else:
             arrays.append(pa.repeat(added[path + (item.name,)], len(array)).cast(item.type))
-    mask = array.is_null() if array.null_count else None
     return pa.StructArray.from_arrays(arrays, fields=list(kind), mask=mask)
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def _list_of(kind: pa.DataType, element: pa.Field) -> pa.DataType:
+    return pa.large_list(element) if pa.types.is_large_list(kind) else pa.list_(element)

@@ -131,7 +131,8 @@ def _partition_values(data: Any, identity: list[tuple[int, str]], arrow_schema: 
 
 def _initial_defaults(schema: Any, arrow_schema: Any, table_name: str) -> dict[tuple[str, ...], Any]:
     """Every top-level column's and struct field's ``initial-default`` (tables/defaults.py) by its
-    path of names, typed as the column's files store it (a uuid as its 16 bytes)."""
+    path of names, typed as the column's files store it (a uuid as its 16 bytes): also of a struct
+    in a list's elements or a map's values."""
     import uuid
 
     import pyarrow as pa
@@ -151,8 +152,16 @@ def _initial_defaults(schema: Any, arrow_schema: Any, table_name: str) -> dict[t
                         f"Iceberg table {table_name!r}: the default of column {'.'.join((*path, item.name))!r} ({value!r}) cannot be "
                         f"read as {kind} ({error}); rows written before the column was added hold it"
                     ) from error
-            if hasattr(item.field_type, "fields") and pa.types.is_struct(kind):
-                visit(item.field_type.fields, kind, (*path, item.name))
+            visit_inside(item.field_type, kind, path + (item.name,))
+
+    def visit_inside(field_type: Any, kind: Any, path: tuple[str, ...]) -> None:
+        """A struct's fields; those of a struct in a list's elements or a map's values (tables/defaults.py's paths)."""
+        if hasattr(field_type, "fields") and pa.types.is_struct(kind):
+            visit(field_type.fields, kind, path)
+        elif hasattr(field_type, "element_type") and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
+            visit_inside(field_type.element_type, kind.value_type, path + ("[]",))
+        elif hasattr(field_type, "value_type") and pa.types.is_map(kind):
+            visit_inside(field_type.value_type, kind.item_type, path + ("{value}",))
 
     visit(schema.fields, arrow_schema, ())
     return defaults
@@ -238,7 +247,11 @@ def plan_iceberg(
     for task in tasks:
         data = task.file
         if data.file_format != FileFormat.PARQUET:
-            raise ValueError(f"{data.file_path} of Iceberg table {table_name!r} is {data.file_format}: this loader reads Parquet data files only")
+            raise ValueError(
+                f"{data.file_path} of Iceberg table {table_name!r} snapshot {snapshot.snapshot_id} is {data.file_format}: this loader "
+                "reads Parquet data files only. Rewrite the table's files as Parquet (write.format.default=parquet and "
+                "rewrite_data_files), or read a snapshot of Parquet files only (snapshot_id=)"
+            )
         if any(d.content == DataFileContent.EQUALITY_DELETES for d in task.delete_files):
             raise ValueError(_equality_message(table_name, snapshot.snapshot_id))
         vectors = [d.file_path for d in task.delete_files if d.file_format != FileFormat.PARQUET]
