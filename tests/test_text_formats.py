@@ -379,15 +379,21 @@ def test_a_parse_error_says_where_the_parse_started_and_fits_its_cause(tmp_path)
     (tmp_path / "a.csv").write_text("id,v\n" + "\n".join(lines) + "\n")
     loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "a.csv"), format="csv", batch_size=500, num_workers=0, split_bytes=4096,
                                                     csv_options={"block_size": 4096})  # fmt: skip
-    with pytest.raises(DataReadError, match=r"Expected 2 columns, got 3.*this parse started at data row 2,\d{3} of the file") as error:
+    with pytest.raises(DataReadError, match=r"Expected 2 columns, got 3.*its Row #1 is data row 2,\d{3} of the file") as error:
         list(loader)
-    started = int(str(error.value).split("started at data row ")[1].split(" ")[0].replace(",", ""))
+    started = int(str(error.value).split("Row #1 is data row ")[1].split(" ")[0].replace(",", ""))
     row = int(str(error.value).split("Row #")[1].split(":")[0])
     assert started + row - 1 == 2500
     (tmp_path / "b.jsonl").write_text('{"x": 1.5}\n{"x": "NaN"}\n')
     schema = pa.schema([("x", pa.float64())])
     with pytest.raises(ValueError, match=r"another JSON type than the column's type in json_options' explicit_schema"):
         list(StructuredDataset.create_dataloader(str(tmp_path / "b.jsonl"), format="jsonl", num_workers=0, json_options={"explicit_schema": schema})[0])
-    (tmp_path / "c.jsonl").write_text('{"x": 1}\n' * 3000 + '{"x": 1,,}\n')
-    with pytest.raises(DataReadError, match=r"not valid JSON \(a truncated or damaged line\)"):
-        list(StructuredDataset.create_dataloader(str(tmp_path / "c.jsonl"), format="jsonl", num_workers=0, json_options={"block_size": 4096})[0])
+    (tmp_path / "c.jsonl").write_text('{"x": 1}\n' * 3000 + '{"x": 1,,}\n' + '{"x": 2}\n' * 100)
+    for split_bytes in (1 << 20, 4096):  # the unit read whole, and streamed from an indexed record
+        loader = StructuredDataset.create_dataloader(str(tmp_path / "c.jsonl"), format="jsonl", num_workers=0, split_bytes=split_bytes,
+                                                     json_options={"block_size": 4096})[0]  # fmt: skip
+        with pytest.raises(DataReadError, match=r"not valid JSON \(a truncated or damaged line\)") as error:
+            list(loader)
+        row = int(str(error.value).split(" in row ")[1].split(".")[0])
+        block = int(str(error.value).split("its row 0 is data row ")[1].split(" ")[0].replace(",", ""))
+        assert block + row == 3000

@@ -143,6 +143,8 @@ class TextFormat:
     streams_units = True
     schema_advice = ""
     miscount_hint = ""  # what else than a changed file makes a unit parse to another row count
+    #: pyarrow's error messages number rows from the block that failed (JSON), not from the parse's start (CSV)
+    numbers_rows_by_block = False
 
     def __init__(self, options: dict | None = None, unit_bytes: int = TEXT_UNIT_BYTES, unit_rows: int | None = None):
         self.options = self.check_options(dict(options or {}))
@@ -260,13 +262,23 @@ def _entry_bytes(index: RecordIndex, schema: pa.Schema) -> bytes:
     return len(packed).to_bytes(8, "big") + packed + schema.serialize().to_pybytes()
 
 
-def _from_row(error: pa.ArrowInvalid, first: int) -> pa.ArrowInvalid:
-    """``error`` saying where the parse started: pyarrow numbers rows from the start of the block it
-    was given, not from the file's first row."""
-    return pa.ArrowInvalid(
-        f"{error} (pyarrow's row numbers count from the start of the block it parsed; this parse started at data row "
-        f"{first:,} of the file, counted from 0 after the header)"
-    )
+def _from_row(error: pa.ArrowInvalid, first: int, by_block: bool) -> pa.ArrowInvalid:
+    """``error`` saying which row of the file pyarrow's row numbers count from: the parse's first
+    row (``first``, a data row counted from 0 after any header), or with ``by_block`` the first
+    row of the block that failed."""
+    if by_block:
+        where = f"the block that failed: its row 0 is data row {first:,} of the file, counted from 0"
+    else:
+        where = f"where this parse started: its Row #1 is data row {first:,} of the file, counted from 0 after the header"
+    return pa.ArrowInvalid(f"{error} (pyarrow's row numbers count from {where})")
+
+
+def _until_error(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``tables`` up to the first that fails to parse."""
+    try:
+        yield from tables
+    except pa.ArrowInvalid:
+        return
 
 
 class TextReader:
@@ -287,7 +299,10 @@ class TextReader:
         try:
             return self._fmt.parse(data, self._footer, columns, self._use_threads)
         except pa.ArrowInvalid as error:
-            raise _from_row(error, 0 if whole else self._footer.unit_first_row(unit)) from error
+            first = 0 if whole else self._footer.unit_first_row(unit)
+            if self._fmt.numbers_rows_by_block:  # parsed again a block at a time, to find the block that fails
+                first += sum(table.num_rows for table in _until_error(self.iter_unit(unit, columns, 1 << 30)))
+            raise _from_row(error, first, self._fmt.numbers_rows_by_block) from error
 
     def iter_unit(self, unit: int, columns: list[str] | None, batch_rows: int, first_row: int = 0) -> Iterator[pa.Table]:
         """The unit's rows from ``first_row``, parsed a block at a time from the indexed record at
@@ -302,8 +317,10 @@ class TextReader:
             data = self._bytes(*footer.unit_bytes(unit, indexed_row // footer.index.every))
             drop = footer.unit_first_row(unit) + first_row - indexed_row
         first = footer.unit_first_row(unit) + first_row - drop  # the data row the parse starts at
+        parsed = 0  # rows of the blocks parsed before
         try:
             for table in self._fmt.parse_blocks(data, footer, columns):
+                parsed += table.num_rows
                 if drop >= table.num_rows:
                     drop -= table.num_rows
                     continue
@@ -311,7 +328,8 @@ class TextReader:
                 for start in range(0, table.num_rows, batch_rows):
                     yield table.slice(start, batch_rows)
         except pa.ArrowInvalid as error:
-            raise _from_row(error, first) from error
+            by_block = self._fmt.numbers_rows_by_block
+            raise _from_row(error, first + parsed if by_block else first, by_block) from error
 
     def _decompressed(self) -> Any:
         """The decompressed records: the stream after the header."""

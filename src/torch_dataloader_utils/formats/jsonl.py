@@ -27,6 +27,7 @@ class JsonLinesFormat(TextFormat):
 
     name = "jsonl"
     suffixes = FORMATS["jsonl"].suffixes
+    numbers_rows_by_block = True
     schema_advice = (
         "JSON types are inferred per file from its first block: give every file one schema with "
         "json_options={'explicit_schema': pyarrow.schema([...])}."
