@@ -146,6 +146,10 @@ class TextFormat:
     #: pyarrow's error messages number rows from the block that failed (JSON), not from the parse's start (CSV)
     numbers_rows_by_block = False
 
+    def skips_empty_lines(self, parse: Any) -> bool:
+        """Whether pyarrow parses an empty line into no row (and a byte order mark would be dropped: CSV)."""
+        return False
+
     def __init__(self, options: dict | None = None, unit_bytes: int = TEXT_UNIT_BYTES, unit_rows: int | None = None):
         self.options = self.check_options(dict(options or {}))
         self._unit_bytes = unit_bytes
@@ -267,10 +271,12 @@ def _from_row(error: pa.ArrowInvalid, first: int, by_block: bool) -> pa.ArrowInv
     row (``first``, a data row counted from 0 after any header), or with ``by_block`` the first
     row of the block that failed."""
     if by_block:
-        where = f"the block that failed: its row 0 is data row {first:,} of the file, counted from 0"
+        where = f"pyarrow's row numbers count from the block that failed: its row 0 is data row {first:,} of the file, counted from 0"
+    elif "Row #" in str(error):
+        where = f"pyarrow's row numbers count from where this parse started: its Row #1 is data row {first:,} of the file, counted from 0 after the header"
     else:
-        where = f"where this parse started: its Row #1 is data row {first:,} of the file, counted from 0 after the header"
-    return pa.ArrowInvalid(f"{error} (pyarrow's row numbers count from {where})")
+        where = f"the rows parsed start at data row {first:,} of the file, counted from 0 after the header"
+    return pa.ArrowInvalid(f"{error} ({where})")
 
 
 def _until_error(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
@@ -295,7 +301,7 @@ class TextReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         whole = self._footer.compression is not None
-        data = self._decompressed() if whole else self._bytes(*self._footer.unit_bytes(unit))
+        data = self._decompressed() if whole else self._records(*self._footer.unit_bytes(unit))
         try:
             return self._fmt.parse(data, self._footer, columns, self._use_threads)
         except pa.ArrowInvalid as error:
@@ -311,10 +317,10 @@ class TextReader:
         if footer.compression is not None:
             data, drop = self._decompressed(), first_row
         elif footer.whole:
-            data, drop = self._bytes(*footer.unit_bytes(0)), first_row
+            data, drop = self._records(*footer.unit_bytes(0)), first_row
         else:
             _, indexed_row = footer.index.record_offset(footer.unit_first_row(unit) + first_row)
-            data = self._bytes(*footer.unit_bytes(unit, indexed_row // footer.index.every))
+            data = self._records(*footer.unit_bytes(unit, indexed_row // footer.index.every))
             drop = footer.unit_first_row(unit) + first_row - indexed_row
         first = footer.unit_first_row(unit) + first_row - drop  # the data row the parse starts at
         parsed = 0  # rows of the blocks parsed before
@@ -339,6 +345,15 @@ class TextReader:
 
     def _size(self) -> int:
         return self._fs.ident(self._path)[2] if is_remote(self._fs) else int(self._fs.size(self._path))
+
+    def _records(self, start: int, end: int) -> pa.Buffer:
+        """Bytes [start, end) of whole records. pyarrow's CSV parser drops a UTF-8 byte order mark at
+        the start of what it is given, which only the file's own first bytes may be: a record that
+        starts with one is given from the line end before it (an empty line, which it skips)."""
+        data = self._bytes(start, end)
+        if start > 0 and self._fmt.skips_empty_lines(self._footer.parse) and data[:3].to_pybytes() == b"\xef\xbb\xbf":
+            return self._bytes(start - 1, end)
+        return data
 
     def _bytes(self, start: int, end: int) -> pa.Buffer:
         if is_local(self._fs):

@@ -115,6 +115,9 @@ class CsvFormat(TextFormat):
             "convert_options": csv.ConvertOptions(**convert),
         }
 
+    def skips_empty_lines(self, parse: CsvParse) -> bool:
+        return bool(parse.parse.get("ignore_empty_lines", True))
+
     def parse(self, data: Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
         try:
             table = csv.read_csv(_source(data), **self._options(footer, columns, use_threads))
