@@ -232,3 +232,29 @@ def test_a_partition_directory_whose_key_starts_with_an_underscore_is_read(tmp_p
     (batch,) = list(loader)
     assert sorted(zip(batch["id"], batch["_key"])) == [(0, 0), (1, 0), (10, 1), (11, 1)]
     assert len(dataset.files) == 2
+
+
+def test_a_local_path_that_exists_is_read_as_that_path_whatever_characters_it_holds(tmp_path):
+    """'exp[2024]' and 'run?.parquet' were globs: the directory found nothing, the file found its neighbour too."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "exp[2024]").mkdir()
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "exp[2024]" / "a.parquet")
+    pq.write_table(pa.table({"id": [2]}), tmp_path / "run?.parquet")
+    pq.write_table(pa.table({"id": [3]}), tmp_path / "run1.parquet")
+    for path, ids in ((tmp_path / "exp[2024]", [1]), (tmp_path / "run?.parquet", [2]), (str(tmp_path) + "/run*.parquet", [2, 3])):
+        loader, _ = StructuredDataset.create_dataloader(str(path), batch_size=8, num_workers=0)
+        assert sorted(i for batch in loader for i in batch["id"].tolist()) == ids
+
+
+def test_a_symbolic_link_to_a_directory_above_it_is_named(tmp_path):
+    """The walk followed it until the OS refused a path of about 40 links (a bare ELOOP OSError)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "sub").mkdir()
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "sub" / "a.parquet")
+    os.symlink(str(tmp_path), tmp_path / "sub" / "up")
+    with pytest.raises(ValueError, match=r"'.*sub/up' is a symbolic link to .*, a directory that holds it"):
+        StructuredDataset(str(tmp_path), num_workers=0)

@@ -164,3 +164,18 @@ def test_a_value_python_cannot_hold_names_its_column_in_dict_output(tmp_path):
     with pytest.raises(ValueError, match=r"column 'far' holds a value that Python cannot hold .* in rows read from \S*a\.parquet"):
         list(StructuredDataset(str(tmp_path), num_workers=0, output_format="dict"))
     assert [b["id"].tolist() for b in StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy")] == [[1, 2]]
+
+
+def test_numpy_batches_check_mask_and_fill_names_as_tensors_do(tmp_path):
+    """nulls= applies to numpy batches: a mask named like a column silently replaced it (the
+    nulls of 'x' were lost), and a fill value for a column that does not exist was ignored."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": pa.array([1, None, 3]), "x.valid": [7, 8, 9]}), tmp_path / "a.parquet")
+    with pytest.raises(ValueError, match=r"would name the masks of \['x'\] like existing columns"):
+        StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy", nulls="mask")
+    with pytest.raises(ValueError, match="X"):
+        StructuredDataset(str(tmp_path), num_workers=0, output_format="numpy", nulls="fill", fill_values={"X": -1}, columns=["x"])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=4, num_workers=0, output_format="numpy", nulls="fill",
+                                                    fill_values={"x": -1}, columns=["x"])  # fmt: skip
+    assert next(iter(loader))["x"].tolist() == [1, -1, 3]

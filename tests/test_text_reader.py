@@ -84,3 +84,15 @@ def test_a_byte_order_mark_inside_a_file_is_kept_wherever_a_parse_starts(tmp_pat
                                                           split_bytes=split_bytes)  # fmt: skip
     assert [n for batch in loader for n in batch["name"]] == expected
     assert [dataset[i]["name"] for i in (256, 512, 255)] == [expected[256], expected[512], expected[255]]
+
+
+@pytest.mark.parametrize("fmt, line", [("csv", "{i},{big}\n"), ("jsonl", '{{"i": {i}, "s": "{big}"}}\n')])
+def test_a_record_longer_than_the_parse_block_is_named_with_the_option_that_reads_it(tmp_path, fmt, line):
+    big = "x" * (2 << 20)
+    (tmp_path / f"a.{fmt}").write_text(("i,s\n" if fmt == "csv" else "") + "".join(line.format(i=i, big=big if i == 1 else "y") for i in range(3)))
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format=fmt, batch_size=8, num_workers=0)
+    with pytest.raises((DataReadError, ValueError), match=r"the file is not damaged: pass \w+_options=\{'block_size': N\}"):
+        list(loader)
+    options = {f"{'csv' if fmt == 'csv' else 'json'}_options": {"block_size": 4 << 20}}
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), format=fmt, batch_size=8, num_workers=0, output_format="dict", **options)
+    assert [len(s) for batch in loader for s in batch["s"]] == [1, 2 << 20, 1]

@@ -377,7 +377,8 @@ class StructuredDataset(IterableDataset):
         return PlanCheck(self._base_plan, self._config, self._catalog.fingerprint, self._catalog.splits, self._catalog.splits_at)
 
     def _check_columns(self) -> None:
-        selected = column_check.checked_selection(self._catalog, self.columns, self.output_format == "torch", self.policy)
+        tensors, nulls_apply = self.output_format == "torch", self.output_format in ("torch", "numpy")
+        selected = column_check.checked_selection(self._catalog, self.columns, tensors, self.policy, nulls_apply)
         if selected is not None:
             self._selected = selected
 

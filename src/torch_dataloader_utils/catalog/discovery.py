@@ -133,9 +133,10 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
     """``_walk`` for the local filesystem with os.scandir: the size and modification time come
     with the directory entry (fsspec's find builds a dict of eleven fields per file, several
     seconds for 100,000 files)."""
-    stack = [directory]
+    top = os.stat(directory)
+    stack: list[tuple[str, tuple[tuple[int, int], ...]]] = [(directory, ((top.st_dev, top.st_ino),))]  # with its ancestors' identities
     while stack:
-        current = stack.pop()
+        current, ancestors = stack.pop()
         in_metadata = os.path.basename(current) == "metadata"
         with os.scandir(current) as entries:
             for entry in entries:
@@ -147,7 +148,13 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
                     raise _table_error(os.path.dirname(current), "iceberg")
                 try:
                     if entry.is_dir():
-                        stack.append(entry.path)
+                        found = entry.stat()
+                        if (found.st_dev, found.st_ino) in ancestors:
+                            raise ValueError(
+                                f"{entry.path!r} is a symbolic link to {os.path.realpath(entry.path)!r}, a directory that holds it: "
+                                "a walk would never end. Remove the link, or pass the directories to read as a list"
+                            )
+                        stack.append((entry.path, (*ancestors, (found.st_dev, found.st_ino))))
                         continue
                     if entry.name.endswith(_MARKER_SUFFIXES) or not _wanted(entry.name, format):
                         continue
@@ -159,7 +166,8 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
 
 def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
     stripped = fs._strip_protocol(user_path)
-    if any(c in user_path for c in _GLOB_CHARS):
+    # a local path that exists is that path, whatever characters it holds (exp[2024]/, run?.parquet)
+    if any(c in user_path for c in _GLOB_CHARS) and not (is_local(fs) and os.path.lexists(stripped)):
         root = _glob_root(stripped)
         for path, info in fs.glob(stripped, detail=True).items():
             if _is_ignored(_relative(path, root)) or path.endswith("/"):  # "a/b/": a console's folder marker

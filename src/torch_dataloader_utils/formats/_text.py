@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 #: the largest unit of an uncompressed text file: large enough that parsing a unit costs far
 #: more than starting one, small enough that a worker holds little of it decoded
 TEXT_UNIT_BYTES = 16 * 1024 * 1024
+#: the advice for pyarrow's "straddling object" error: a record longer than the block it parses in
+LONG_RECORD = (
+    "A record is longer than the block pyarrow parses records in (block_size, 1 MiB by default); the file is not "
+    "damaged: pass {options}={{'block_size': N}} with N larger than the file's longest record, in bytes"
+)
 SCAN_BLOCK = 8 * 1024 * 1024
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyarrow import csv
 
 from . import FORMATS
-from ._text import TextFooter, TextFormat
+from ._text import LONG_RECORD, TextFooter, TextFormat
 from ._text_index import RecordIndex, RecordScanner
 from ._text_options import check_values, sort_options
 
@@ -35,6 +35,8 @@ class CsvParse(NamedTuple):
 
 def _advice(error: Exception) -> pa.ArrowInvalid:
     """The error, with the fix for a value that does not fit the type inferred from the first block."""
+    if "straddl" in str(error):
+        return pa.ArrowInvalid(f"{error}. {LONG_RECORD.format(options='csv_options')}")
     if "conversion error" not in str(error):
         return pa.ArrowInvalid(str(error))
     return pa.ArrowInvalid(

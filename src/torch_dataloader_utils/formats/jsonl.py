@@ -10,7 +10,7 @@ import pyarrow as pa
 from pyarrow import json
 
 from . import FORMATS
-from ._text import TextFooter, TextFormat
+from ._text import LONG_RECORD, TextFooter, TextFormat
 from ._text_index import RecordScanner
 from ._text_options import check_values, sort_options
 
@@ -94,6 +94,8 @@ def _source(data: Any) -> Any:
 
 def _advice(error: Exception, parse: JsonParse) -> pa.ArrowInvalid:
     text, explicit = str(error), "explicit_schema" in parse.parse
+    if "straddl" in text:
+        return pa.ArrowInvalid(f"{error}. {LONG_RECORD.format(options='json_options')}")
     if "changed from" in text and explicit:  # a value of another JSON type than its column's
         return pa.ArrowInvalid(
             f"{error}. A value of that column has another JSON type than the column's type in json_options' explicit_schema "

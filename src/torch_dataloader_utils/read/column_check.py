@@ -173,11 +173,12 @@ def check_fill_names(every: Sequence[BatchColumn], policy: ColumnPolicy) -> None
     raise ValueError(f"fill_values names column(s) {unknown} that the files do not have{hint}. The batch columns are {names}")
 
 
-def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, policy: ColumnPolicy) -> list[BatchColumn] | None:
+def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, policy: ColumnPolicy, nulls_apply: bool = False) -> list[BatchColumn] | None:
     """The batch columns ``columns`` select from ``catalog`` (None: the catalog has no schema),
-    after every check planning can make: types that do not unify, repeated columns, and, for
-    batches of tensors (``tensors``), columns without a batch form, mask names, missing columns
-    and nulls the statistics show."""
+    after every check planning can make: types that do not unify, repeated columns; where
+    ``nulls=`` applies (``nulls_apply``: tensors and numpy), the names of fill values and masks;
+    for batches of tensors (``tensors``), columns without a batch form, missing columns and nulls
+    the statistics show."""
     if catalog.schema is None:
         return None
     selected = nested.select(catalog.schema, columns)
@@ -186,11 +187,12 @@ def checked_selection(catalog: Any, columns: list[str] | None, tensors: bool, po
     check_conflicts(catalog, selected)
     check_repeated_columns(catalog.schema, nested.top_columns(selected), catalog.repeated_columns)
     check_batch_names(selected)
-    if tensors:  # the other forms hold every type, and nulls
-        every = nested.batch_columns(catalog.schema)
-        check_forms(catalog, selected, every)
+    every = nested.batch_columns(catalog.schema) if tensors or nulls_apply else []
+    if tensors or nulls_apply:
         check_fill_names(every, policy)
         check_mask_names(selected, policy)
+    if tensors:  # the other forms hold every type, and nulls
+        check_forms(catalog, selected, every)
         check_missing(catalog, selected, policy)
         if catalog.row_filter is None:  # statistics count the nulls of rows a filter may leave out
             check_statistics_nulls(catalog, selected, policy)
