@@ -203,7 +203,7 @@ class _ParquetFile:
         self.arrow = footer.schema.to_arrow_schema()
         self.leaf = {footer.schema.column(i).path: i for i in range(footer.num_columns)}
         # converted from the hybrid calendar as read (formats/_legacy_calendar.py): the statistics bound the stored values
-        self.hybrid = spark_hybrid_columns(footer.metadata, footer.schema)
+        self.hybrid = spark_hybrid_columns(footer)
 
 
 def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], unified: pa.Schema, lacking: Sequence[str]) -> pc.Expression:

@@ -12,11 +12,13 @@ changes (once a century before 1582).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from ._parquet_seek import single_leaf_columns
 
 #: 1582-10-15, the first day of the Gregorian calendar, in days since 1970-01-01: both calendars agree from it on
 GREGORIAN_START = -141427
@@ -74,39 +76,30 @@ def rebase(table: pa.Table, columns: frozenset[str]) -> pa.Table:
     return table
 
 
-def spark_hybrid_columns(metadata: Mapping[bytes, bytes] | None, schema: Any) -> frozenset[str]:
-    """The top-level columns of a Parquet file that Spark wrote in the hybrid calendar, by Spark's
-    own rule: every date and timestamp of a file from Spark before 3.0; from a later Spark, dates and
-    INT64 timestamps when the footer says ``legacyDateTime``, INT96 ones when it says ``legacyINT96``.
-    Timestamps without a time zone (``TIMESTAMP_NTZ``) Spark never converts. ``schema``: the
-    footer's ``ParquetSchema``."""
-    version = (metadata or {}).get(SPARK_VERSION)
+def spark_hybrid_columns(footer: Any) -> frozenset[str]:
+    """The top-level columns of a Parquet file (``footer``: its ``FileMetaData``) that Spark wrote in
+    the hybrid calendar, by Spark's own rule: every date and timestamp of a file from Spark before
+    3.0; from a later Spark, dates and INT64 timestamps when the footer says ``legacyDateTime``,
+    INT96 ones when it says ``legacyINT96``. Timestamps without a time zone (``TIMESTAMP_NTZ``)
+    Spark never converts."""
+    metadata = footer.metadata or {}
+    version = metadata.get(SPARK_VERSION)
     if version is None:
         return frozenset()
     old = version.decode(errors="replace").split(".")[0] in ("1", "2")
-    dates_and_int64 = old or SPARK_LEGACY_DATETIME in metadata  # type: ignore[operator]
-    int96 = old or SPARK_LEGACY_INT96 in metadata  # type: ignore[operator]
-    names, leaf = set(), 0
-    for top in schema.to_arrow_schema():  # (a top-level column's leaves come in order; a dotted name is one column)
-        if _leaves(top.type) == 1 and (pa.types.is_date32(top.type) or pa.types.is_timestamp(top.type)):
-            column = schema.column(leaf)
-            logical = json.loads(column.logical_type.to_json()) if column.logical_type is not None else {}
-            zoned = logical.get("Type") == "Date" or (logical.get("Type") == "Timestamp" and logical.get("isAdjustedToUTC", True))
-            if (column.physical_type == "INT96" and int96) or (column.physical_type != "INT96" and zoned and dates_and_int64):
-                names.add(top.name)
-        leaf += _leaves(top.type)
+    dates_and_int64 = old or SPARK_LEGACY_DATETIME in metadata
+    int96 = old or SPARK_LEGACY_INT96 in metadata
+    arrow = footer.schema.to_arrow_schema()
+    names = set()
+    for name, leaf in single_leaf_columns(arrow)[0].items():  # (a dotted name is one top-level column)
+        if not (pa.types.is_date32(arrow.field(name).type) or pa.types.is_timestamp(arrow.field(name).type)):
+            continue
+        column = footer.schema.column(leaf)
+        logical = json.loads(column.logical_type.to_json()) if column.logical_type is not None else {}
+        zoned = logical.get("Type") == "Date" or (logical.get("Type") == "Timestamp" and logical.get("isAdjustedToUTC", True))
+        if (column.physical_type == "INT96" and int96) or (column.physical_type != "INT96" and zoned and dates_and_int64):
+            names.add(name)
     return frozenset(names)
-
-
-def _leaves(kind: pa.DataType) -> int:
-    """The Parquet leaf columns of an Arrow type."""
-    if pa.types.is_struct(kind):
-        return sum(_leaves(field.type) for field in kind)
-    if pa.types.is_map(kind):
-        return _leaves(kind.key_type) + _leaves(kind.item_type)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return _leaves(kind.value_type)
-    return 1
 
 
 class HybridCalendarReader:

@@ -129,15 +129,21 @@ def _leaves(schema: pa.Schema, columns: list[str] | None, num_leaves: int) -> di
     wanted = names if columns is None else list(columns)
     if len(set(names)) != len(names) or len(set(wanted)) != len(wanted) or not set(wanted) <= set(names):
         return None
-    first_leaf: dict[str, int] = {}  # of the columns with one leaf
+    first_leaf, leaves = single_leaf_columns(schema)
+    if leaves != num_leaves or any(name not in first_leaf for name in wanted):
+        return None
+    return {name: first_leaf[name] for name in wanted}
+
+
+def single_leaf_columns(schema: pa.Schema) -> tuple[dict[str, int], int]:
+    """The top-level columns of one Parquet leaf column -> that leaf's index; and the leaf count."""
+    first_leaf: dict[str, int] = {}
     leaf = 0
     for field in schema:
         if _leaf_count(field.type) == 1:
             first_leaf[field.name] = leaf
         leaf += _leaf_count(field.type)
-    if leaf != num_leaves or any(name not in first_leaf for name in wanted):
-        return None
-    return {name: first_leaf[name] for name in wanted}
+    return first_leaf, leaf
 
 
 def _leaf_count(kind: pa.DataType) -> int:

@@ -341,7 +341,7 @@ class ParquetFormat:
             reader = _RemoteParquetReader(fs, path, metadata(footer), use_threads)
         else:  # footer None (the catalog keeps none of local files): pyarrow reads it with the file
             reader = _ParquetReader(open_input(fs, path), metadata(footer) if footer is not None else None, use_threads)
-        hybrid = spark_hybrid_columns(reader.footer.metadata, reader.footer.schema)
+        hybrid = spark_hybrid_columns(reader.footer)
         return HybridCalendarReader(reader, hybrid) if hybrid else reader
 
 
