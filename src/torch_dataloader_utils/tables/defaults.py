@@ -13,10 +13,11 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 
-#: a field's names from its top-level column down, as the table names them; "[]" is a list's
-#: element, "{value}" a map's value (as ``files.stored_path`` names them)
+from .nested import child_type, same_nesting, stored_path, with_children
+
+#: a field's names from its top-level column down, as the table names them (``nested.stored_path``:
+#: "[]" is a list's element, "{value}" a map's value)
 Path = tuple[str, ...]
-ELEMENT, VALUE = "[]", "{value}"
 
 
 def with_defaults(
@@ -26,15 +27,18 @@ def with_defaults(
     table gives a default and ``kind`` lacks added, typed as its default; and the fields added."""
     if table_kind is None:
         return kind, {}
-    if _is_list(kind) and _is_list(table_kind):
-        inner, added = with_defaults(kind.value_type, table_kind.value_type, path + (ELEMENT,), defaults)
-        return (_list_of(kind, kind.value_field.with_type(inner)) if added else kind), added
-    if pa.types.is_map(kind) and pa.types.is_map(table_kind):
-        inner, added = with_defaults(kind.item_type, table_kind.item_type, path + (VALUE,), defaults)
-        return (pa.map_(kind.key_field, kind.item_field.with_type(inner), kind.keys_sorted) if added else kind), added
+    added: dict[Path, pa.Scalar] = {}
+    if same_nesting(kind, table_kind):  # a list's element, a map's key and value
+
+        def child(item: pa.Field, index: int) -> pa.Field:
+            inner, found = with_defaults(item.type, child_type(table_kind, index), stored_path(path, kind, index), defaults)
+            added.update(found)
+            return item.with_type(inner)
+
+        rebuilt = with_children(kind, child)
+        return (rebuilt if added else kind), added
     if not (pa.types.is_struct(kind) and pa.types.is_struct(table_kind)):
         return kind, {}
-    added = {}
     fields = []
     for item in kind:
         index = table_kind.get_field_index(item.name)
@@ -58,13 +62,13 @@ def _filled(array: pa.Array, kind: pa.DataType, added: Mapping[Path, pa.Scalar],
     if array.type == kind:
         return array
     mask = array.is_null() if array.null_count else None
-    if _is_list(kind):  # (offsets into the whole values array, as a slice's are)
-        values = _filled(array.values, kind.value_type, added, path + (ELEMENT,))
+    if pa.types.is_map(kind):  # (offsets into the whole values array, as a slice's are)
+        items = _filled(array.items, kind.item_type, added, stored_path(path, kind, 1))
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=mask)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        values = _filled(array.values, kind.value_type, added, stored_path(path, kind, 0))
         build = pa.LargeListArray if pa.types.is_large_list(kind) else pa.ListArray
         return build.from_arrays(array.offsets, values, type=kind, mask=mask)
-    if pa.types.is_map(kind):
-        items = _filled(array.items, kind.item_type, added, path + (VALUE,))
-        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=kind, mask=mask)
     children = array.flatten()  # (the parent's offset applied; its nulls are set again below)
     arrays = []
     for item in kind:
@@ -75,10 +79,3 @@ def _filled(array: pa.Array, kind: pa.DataType, added: Mapping[Path, pa.Scalar],
             arrays.append(pa.repeat(added[path + (item.name,)], len(array)).cast(item.type))
     return pa.StructArray.from_arrays(arrays, fields=list(kind), mask=mask)
 
-
-def _is_list(kind: pa.DataType) -> bool:
-    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
-
-
-def _list_of(kind: pa.DataType, element: pa.Field) -> pa.DataType:
-    return pa.large_list(element) if pa.types.is_large_list(kind) else pa.list_(element)

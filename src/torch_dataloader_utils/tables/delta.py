@@ -11,7 +11,8 @@ import pyarrow as pa
 
 from ..errors import CheckpointMismatchError
 from .deletes import merge_dropped
-from .files import TableFile, stored_path, with_children
+from .files import TableFile
+from .nested import stored_path, with_children
 from .plan import TablePlan, TableRef, table_filesystem
 
 #: fsspec storage options (s3fs, adlfs) -> the deltalake (object_store) option they set

@@ -9,7 +9,7 @@ splits and an exact resume work on those rows as on a plain file's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from ..catalog.schema import without_views
 from ..formats import FileFormat, UnitReader
 from ..plan.splits import FileLayout
 from .defaults import fill_defaults, with_defaults
+from .nested import stored_path, with_children
 
 FIELD_ID = b"PARQUET:field_id"
 
@@ -62,30 +63,6 @@ class TableFile:
         if raw is not None:
             return int(raw)
         return self.mapped_ids.get(item.name) if self.mapped_ids is not None and len(path) == 1 else None
-
-
-def stored_path(path: tuple[str, ...], kind: pa.DataType, child: int) -> tuple[str, ...]:
-    """The path of a nested field: the names of the structs' fields leading to it, with ``[]`` for
-    a list's element and ``{key}`` / ``{value}`` for a map's (their own names differ by writer)."""
-    if pa.types.is_struct(kind):
-        return (*path, kind.field(child).name)
-    if pa.types.is_map(kind):
-        return (*path, "{key}" if child == 0 else "{value}")
-    return (*path, "[]")
-
-
-def with_children(kind: pa.DataType, child: Callable[[pa.Field, int], pa.Field]) -> pa.DataType:
-    """``kind`` with each child field (a struct's fields, a list's value, a map's key and item)
-    replaced by ``child(field, index)``; other types as they are."""
-    if pa.types.is_struct(kind):
-        return pa.struct([child(kind.field(i), i) for i in range(kind.num_fields)])
-    if pa.types.is_map(kind):
-        return pa.map_(child(kind.key_field, 0), child(kind.item_field, 1), kind.keys_sorted)
-    if pa.types.is_fixed_size_list(kind):
-        return pa.list_(child(kind.value_field, 0), kind.list_size)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
-        return (pa.list_ if pa.types.is_list(kind) else pa.large_list)(child(kind.value_field, 0))
-    return kind
 
 
 def named_as_table(kind: pa.DataType, file: TableFile, path: tuple[str, ...]) -> pa.DataType:

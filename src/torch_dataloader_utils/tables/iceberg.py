@@ -8,6 +8,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import CheckpointMismatchError
 from .deletes import PositionDeletes
 from .files import TableFile
+from .nested import stored_path
 from .plan import TablePlan, TableRef, table_filesystem, with_row_filter
 
 #: catalog_config properties of pyiceberg's S3 FileIO -> the s3fs storage option they set
@@ -159,9 +160,9 @@ def _initial_defaults(schema: Any, arrow_schema: Any, table_name: str) -> dict[t
         if hasattr(field_type, "fields") and pa.types.is_struct(kind):
             visit(field_type.fields, kind, path)
         elif hasattr(field_type, "element_type") and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-            visit_inside(field_type.element_type, kind.value_type, path + ("[]",))
+            visit_inside(field_type.element_type, kind.value_type, stored_path(path, kind, 0))
         elif hasattr(field_type, "value_type") and pa.types.is_map(kind):
-            visit_inside(field_type.value_type, kind.item_type, path + ("{value}",))
+            visit_inside(field_type.value_type, kind.item_type, stored_path(path, kind, 1))
 
     visit(schema.fields, arrow_schema, ())
     return defaults

@@ -21,6 +21,7 @@ from ..storage.retry import store_error
 from ..storage.versions import FileEntry, content_tag
 from .deletes import merge_dropped, unmatched_rows
 from .files import TableFile, TableFileFormat
+from .nested import child_type, same_nesting, with_children
 
 
 @dataclass(frozen=True)
@@ -118,11 +119,8 @@ def with_table_fields(kind: pa.DataType, table_kind: pa.DataType) -> pa.DataType
     """``kind``, a column's type as its files store it, with the struct fields of the table's type
     ``table_kind`` that no file stores added (a field added to a struct since the last write, also
     to a struct of a list's elements or a map's values)."""
-    if pa.types.is_list(kind) and pa.types.is_list(table_kind) or pa.types.is_large_list(kind) and pa.types.is_large_list(table_kind):
-        element = kind.value_field.with_type(with_table_fields(kind.value_type, table_kind.value_type))
-        return pa.list_(element) if pa.types.is_list(kind) else pa.large_list(element)
-    if pa.types.is_map(kind) and pa.types.is_map(table_kind):
-        return pa.map_(kind.key_field, kind.item_field.with_type(with_table_fields(kind.item_type, table_kind.item_type)), kind.keys_sorted)
+    if same_nesting(kind, table_kind):
+        return with_children(kind, lambda item, index: item.with_type(with_table_fields(item.type, child_type(table_kind, index))))
     if not (pa.types.is_struct(kind) and pa.types.is_struct(table_kind)):
         return kind
     fields = []
