@@ -258,3 +258,16 @@ def test_a_symbolic_link_to_a_directory_above_it_is_named(tmp_path):
     os.symlink(str(tmp_path), tmp_path / "sub" / "up")
     with pytest.raises(ValueError, match=r"'.*sub/up' is a symbolic link to .*, a directory that holds it"):
         StructuredDataset(str(tmp_path), num_workers=0)
+
+
+@pytest.mark.parametrize("form", ["directory", "path", "glob"])
+def test_a_named_pipe_named_like_a_data_file_is_refused_naming_it(tmp_path, form):
+    """Planning opened it to read a footer and waited for a writer forever."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "a.parquet")
+    os.mkfifo(tmp_path / "b.parquet")
+    path = {"directory": str(tmp_path), "path": str(tmp_path / "b.parquet"), "glob": str(tmp_path / "*.parquet")}[form]
+    with pytest.raises(ValueError, match=r"'.*b\.parquet' is a named pipe \(FIFO\), not a regular file"):
+        StructuredDataset(path, num_workers=0)

@@ -161,7 +161,19 @@ def _walk_local(directory: str, format: str | None) -> Iterable[tuple[str, dict]
                     found = entry.stat()
                 except FileNotFoundError:  # removed while listing, or a dangling link
                     continue
-                yield entry.path, {"size": found.st_size, "mtime": found.st_mtime}
+                yield entry.path, _local_file_info(entry.path, found)
+
+
+def _local_file_info(path: str, found: os.stat_result) -> dict:
+    """Size and modification time of a local data file; a named pipe, socket or device is refused
+    (reading one would wait for a writer forever, and no read of it can be repeated)."""
+    if not stat.S_ISREG(found.st_mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(found.st_mode) else "a socket" if stat.S_ISSOCK(found.st_mode) else "a device"
+        raise ValueError(
+            f"{path!r} is {kind}, not a regular file: the loader reads files it can read again from any offset. "
+            "Write the data to a file, or leave this path out"
+        )
+    return {"size": found.st_size, "mtime": found.st_mtime}
 
 
 def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, dict]]:
@@ -174,6 +186,8 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
                 continue
             if info.get("type") == "directory":
                 yield from _walk(fs, path, format)
+            elif info.get("type") == "other":
+                yield path, _local_file_info(path, os.stat(path))
             else:
                 yield path, info
         return
@@ -184,7 +198,7 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
             _refuse_inside_table(directory)
             yield from _walk_local(directory, format)
         else:
-            yield stripped, {"size": found.st_size, "mtime": found.st_mtime}
+            yield stripped, _local_file_info(stripped, found)
         return
     if fs.isdir(directory):
         yield from _walk(fs, directory, format)
