@@ -71,6 +71,8 @@ def test_usage_errors_exit_2(capsys):
         (["demo", "--checkpoint-at", "1"], "tdu demo: error: --checkpoint-at must be a fraction"),
         (["bench", "x", "--seconds", "inf"], "got inf"),
         (["plan", "x", "--split-bytes", "99999999999999999999999"], "argument --split-bytes: size must be <= 4,611,686,018,427,387,904 bytes"),
+        (["plan", "--rows-per-epoch", "5", "9", "a/", "b/"], "not an integer: 'a/'; if it is a PATH, write the PATHs before --rows-per-epoch, or end its values with --"),
+        (["plan", "--weight", "0.5", "b/"], "not a number: 'b/'; if it is a PATH, write the PATHs before --weight"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

@@ -212,6 +212,8 @@ def test_tdu_plan_shows_each_sources_rows_per_epoch(data, capsys):
     assert plan["ranks"][1]["rows"] == dataset._delivery.plan().total_rows() - dataset._delivery.plan().padding_rows
     assert main(["plan", data["a"], data["b"], "--weight", "3"]) == 2
     assert "one value per PATH" in capsys.readouterr().err
+    assert main(["plan", "--json", "--rows-per-epoch", "100", "60", "70", "--", data["a"], data["b"], data["c"]]) == 0, "values first, ended by --"
+    assert [s["rows_per_epoch"] for s in json.loads(capsys.readouterr().out)["sources"]] == [100, 60, 70]
 
 
 def test_merge_positions_are_the_order_of_the_keys():

@@ -46,6 +46,22 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def one_per_path(parse: Callable[[str], Any], option: str) -> Callable[[str], Any]:
+    """An argparse type for an option that takes a value per PATH: a value that does not parse is
+    most often a PATH written after the values, so the error says where PATHs go."""
+
+    def parse_value(text: str) -> Any:
+        try:
+            return parse(text)
+        except (argparse.ArgumentTypeError, ValueError) as error:
+            reason = str(error) if isinstance(error, argparse.ArgumentTypeError) else f"not a number: {text!r}"
+            raise argparse.ArgumentTypeError(
+                f"{reason}; if it is a PATH, write the PATHs before {option}, or end its values with --"
+            ) from None
+
+    return parse_value
+
+
 def storage_option(text: str) -> tuple[str, Any]:
     """An argparse type: ``KEY=VALUE``, the value parsed as JSON where it parses."""
     key, sep, value = text.partition("=")

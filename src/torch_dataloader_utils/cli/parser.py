@@ -14,7 +14,7 @@ from ..plan.splits import MAX_SEED_WORD
 from .bench import cmd_bench
 from .demo import cmd_demo
 from .inspect import cmd_inspect
-from .options import int_at_least, non_negative_int, parse_filters, parse_size, positive_int, storage_option
+from .options import int_at_least, non_negative_int, one_per_path, parse_filters, parse_size, positive_int, storage_option
 from .plan import cmd_plan
 from .rows import cmd_rows, parse_rows
 
@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--epoch", type=int_at_least(0, MAX_SEED_WORD), default=0, metavar="E", help="epoch to show (matters with --shuffle)")
     plan.add_argument("--equalize", choices=EQUALIZE_POLICIES, default="pad",
                       help="how ranks get equal batch counts under DDP (default pad)")
-    plan.add_argument("--rows-per-epoch", type=positive_int, nargs="+", default=[], metavar="N",
+    plan.add_argument("--rows-per-epoch", type=one_per_path(positive_int, "--rows-per-epoch"), nargs="+", default=[], metavar="N",
                       help="plan a mixture: rows each PATH (a source) contributes per epoch, one per PATH")
-    plan.add_argument("--weight", type=float, nargs="+", default=[], metavar="W", help="plan a mixture: a weight per PATH")
+    plan.add_argument("--weight", type=one_per_path(float, "--weight"), nargs="+", default=[], metavar="W", help="plan a mixture: a weight per PATH")
     plan.add_argument("--epoch-rows", type=positive_int, default=None, metavar="N", help="rows per epoch the weights share")
     plan.add_argument("--shuffle-buffer-rows", type=positive_int, default=1 << 18, metavar="N", help="a mixture's window rows")
     plan.add_argument("--columns", help="a mixture's columns, comma-separated (default: all; sources that lack some need it)")
