@@ -1,5 +1,7 @@
-"""Arrow IPC files (.arrow, .ipc, .feather v2): record batches are the units, with row counts
-from the batches' metadata; local files are memory-mapped (reading a batch copies nothing)."""
+"""Arrow IPC files (.arrow, .ipc, .feather v2) in the file or the stream format: record batches
+are the units, with row counts from the batches' metadata; local files are memory-mapped (reading
+a batch copies nothing). A stream has no footer: planning walks its messages for each batch's
+offset."""
 
 from __future__ import annotations
 
@@ -12,21 +14,31 @@ from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local
 from . import FORMATS
+from ._arrow_stream import StreamIndex, StreamReader, scan_stream
 from .io import open_input
 
 
-def _open(fs: Any, path: str) -> pa.ipc.RecordBatchFileReader:
-    source = pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
+def _source(fs: Any, path: str) -> pa.NativeFile:
+    return pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
+
+
+def _open(fs: Any, path: str) -> pa.ipc.RecordBatchFileReader | None:
+    """The file's reader, or None for an Arrow IPC stream (read by ``scan_stream``)."""
     try:
-        return pa.ipc.open_file(source)
+        return pa.ipc.open_file(_source(fs, path))
     except pa.ArrowInvalid as error:
         kind = _other_arrow_kind(fs, path)
         if kind is None:
             raise
+        if kind == _STREAM:
+            return None
         raise UnsupportedFileError(
-            f"it is {kind}, which is not read (only the Arrow IPC file format, Feather v2, is): convert it with "
+            f"it is {kind}, which is not read (only the Arrow IPC file and stream formats, Feather v2, are): convert it with "
             "pyarrow.feather.write_feather(table, path)"
         ) from error
+
+
+_STREAM = "an Arrow IPC stream"
 
 
 def _other_arrow_kind(fs: Any, path: str) -> str | None:
@@ -36,12 +48,12 @@ def _other_arrow_kind(fs: Any, path: str) -> str | None:
     if head.startswith(b"FEA1"):
         return "a Feather v1 file"
     if head.startswith(b"\xff\xff\xff\xff") and len(head) == 8:  # a stream's first message: continuation marker, length
-        return "an Arrow IPC stream (the stream format)"
+        return _STREAM
     return None
 
 
 class _ArrowReader:
-    def __init__(self, reader: pa.ipc.RecordBatchFileReader):
+    def __init__(self, reader: pa.ipc.RecordBatchFileReader | StreamReader):
         self._reader = reader
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
@@ -51,10 +63,12 @@ class _ArrowReader:
 
 class ArrowFooter(NamedTuple):
     """What planning keeps of an Arrow IPC file: its schema and the nulls of each top-level
-    column, summed from the record batches' metadata (no data is read for them)."""
+    column, summed from the record batches' metadata (no data is read for them); for a stream,
+    where its messages are (None for the file format)."""
 
     schema: pa.Schema
     null_counts: dict[str, int]
+    stream: StreamIndex | None = None
 
 
 class ArrowIpcFormat:
@@ -68,15 +82,19 @@ class ArrowIpcFormat:
         """Rows and bytes of every record batch (a remote file's batches are read for them), the
         schema and the nulls per column."""
         reader = _open(fs, path)
-        batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        stream = None
+        if reader is None:
+            schema, batches, stream = scan_stream(_source(fs, path))
+        else:
+            schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
         layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
         nulls = {}
-        for i, name in enumerate(reader.schema.names):
+        for i, name in enumerate(schema.names):
             try:
                 nulls[name] = sum(b.column(i).null_count for b in batches)
             except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # a type pyarrow has no Python array for (intervals)
                 continue  # its nulls are not known here; the column is refused when it is selected
-        return layout, ArrowFooter(reader.schema, nulls)
+        return layout, ArrowFooter(schema, nulls, stream)
 
     def schema(self, fs: Any, path: str, footer: ArrowFooter) -> pa.Schema:
         return footer.schema
@@ -89,8 +107,13 @@ class ArrowIpcFormat:
         """``null_counts`` of every top-level column."""
         return dict(footer.null_counts)
 
-    def open(self, fs: Any, path: str, footer: Any, use_threads: bool) -> _ArrowReader:
-        return _ArrowReader(_open(fs, path))
+    def open(self, fs: Any, path: str, footer: ArrowFooter, use_threads: bool) -> _ArrowReader:
+        if footer.stream is not None:
+            return _ArrowReader(StreamReader(_source(fs, path), footer.schema, footer.stream))
+        reader = _open(fs, path)
+        if reader is None:
+            raise UnsupportedFileError("it was an Arrow IPC file at planning and is a stream now: the file changed")
+        return _ArrowReader(reader)
 
 
 ARROW = ArrowIpcFormat()
