@@ -221,6 +221,39 @@ def test_every_compression_is_one_unit_read_whole(tmp_path, suffix, codec):
     assert sorted(i for batch in dataset for i in ids(batch)) == list(range(120))
 
 
+SPARK_DEFLATE = os.path.join(os.path.dirname(__file__), "fixtures", "spark", "deflate")
+
+
+@pytest.mark.parametrize("kind", ["csv", "json"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_spark_deflate_files_are_read_exactly_once_and_resume(kind, workers):
+    """Spark's compression="deflate" (Hive's compressed text too) writes zlib streams, *.csv.deflate
+    and *.json.deflate: found with format=None and read as the rows Spark wrote."""
+
+    def make():
+        return StructuredDataset.create_dataloader(
+            os.path.join(SPARK_DEFLATE, kind), format=None, num_workers=workers, batch_size=32, chunk_rows=64, shuffle=True, shuffle_buffer_rows=100
+        )
+
+    dataset = make()[1]
+    assert dataset._catalog.layouts[0].unit_rows == (300,) and len(dataset) == 300
+    reference = assert_resumes_exactly(make, epochs=1, stride=2, batch_key=lambda batch: tuple(zip(batch["id"].tolist(), batch["name"], batch["x"].tolist())))
+    assert sorted(row for batch in reference.batches[0] for row in batch) == [(i, f"name {i}", i * 0.5) for i in range(300)]
+    row = dataset[299]
+    assert (row["id"].item(), row["name"], row["x"].item()) == (299, "name 299", 149.5)
+
+
+def test_zlib_streams_one_after_another_and_a_damaged_one(tmp_path):
+    import zlib
+
+    (tmp_path / "two.csv.deflate").write_bytes(zlib.compress(b"id,s\n0,a\n1,b\n") + zlib.compress(b"2,c\n"))
+    assert sorted(i for batch in StructuredDataset(str(tmp_path), format=None, num_workers=0) for i in ids(batch)) == [0, 1, 2]
+    whole = zlib.compress(b"id\n" + b"".join(b"%d\n" % i for i in range(5000)))
+    (tmp_path / "two.csv.deflate").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cannot read .*two\.csv\.deflate as csv .*Truncated compressed stream"):
+        StructuredDataset(str(tmp_path), format=None, num_workers=0)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_csv_with_carriage_return_line_ends_reads_every_row(tmp_path, workers):
     """Old Mac files (and pandas' lineterminator="\\r") end lines with a lone CR, which pyarrow reads."""

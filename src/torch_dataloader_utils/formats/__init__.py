@@ -75,8 +75,8 @@ FORMATS: dict[str, FormatEntry] = {
     "parquet": FormatEntry(".parquet", "PARQUET", (".parquet", ".pq", ".parq")),
     "orc": FormatEntry(".orc", "ORC", (".orc",)),
     "arrow": FormatEntry(".arrow_ipc", "ARROW", (".arrow", ".ipc", ".feather")),
-    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in ("", ".gz", ".bz2", ".zst"))),
-    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in ("", ".gz", ".bz2", ".zst"))),
+    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in ("", ".gz", ".bz2", ".zst", ".deflate"))),
+    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in ("", ".gz", ".bz2", ".zst", ".deflate"))),
 }
 ALIASES = {"json": "jsonl"}  # other names format= takes
 

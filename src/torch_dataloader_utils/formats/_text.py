@@ -4,7 +4,7 @@ row index (_text_index.py), which is built by one scan at planning and kept in t
 
 An uncompressed file's units hold about ``min(split_bytes, TEXT_UNIT_BYTES)`` bytes (and at
 most ``split_rows`` rows), cut at indexed records; a read from any row starts at the indexed
-record before it. A compressed file (.gz, .bz2, .zst) cannot be entered in the middle: it is
+record before it. A compressed file (.gz, .bz2, .zst, .deflate) cannot be entered in the middle: it is
 one unit, and a read from a row inside it decompresses and parses from the start and drops the
 rows before.
 """
@@ -40,7 +40,9 @@ LONG_RECORD = (
     "damaged: pass {options}={{'block_size': N}} with N larger than the file's longest record, in bytes"
 )
 SCAN_BLOCK = 8 * 1024 * 1024
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
+# .deflate: zlib streams (Hadoop's DefaultCodec: Spark's compression="deflate", Hive's compressed
+# text), which pyarrow's gzip decompressor reads too: it tells zlib's header from gzip's
+COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".deflate": "gzip"}
 
 
 class ScanCounter:

@@ -22,7 +22,7 @@ _GROUPS = {
         "quoted_strings_can_be_null", "auto_dict_encode", "auto_dict_max_cardinality", "timestamp_parsers",
     ),
 }  # fmt: skip
-_TSV_SUFFIXES = (".tsv", ".tsv.gz", ".tsv.bz2", ".tsv.zst")
+_TSV_SUFFIXES = (".tsv", ".tsv.gz", ".tsv.bz2", ".tsv.zst", ".tsv.deflate")
 
 
 class CsvParse(NamedTuple):
