@@ -69,14 +69,16 @@ class FormatEntry(NamedTuple):
     suffixes: tuple[str, ...]
 
 
+_TEXT_PACKINGS = ("", ".gz", ".bz2", ".zst", ".deflate")  # a text file's compressions (formats/_text.py's COMPRESSIONS)
+
 #: The formats, by name, in the order error messages list them. A format module is imported
 #: when its format is first asked for (pyarrow.orc alone is slow to import).
 FORMATS: dict[str, FormatEntry] = {
     "parquet": FormatEntry(".parquet", "PARQUET", (".parquet", ".pq", ".parq")),
     "orc": FormatEntry(".orc", "ORC", (".orc",)),
     "arrow": FormatEntry(".arrow_ipc", "ARROW", (".arrow", ".ipc", ".feather")),
-    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in ("", ".gz", ".bz2", ".zst", ".deflate"))),
-    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in ("", ".gz", ".bz2", ".zst", ".deflate"))),
+    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in _TEXT_PACKINGS)),
+    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in _TEXT_PACKINGS)),
 }
 ALIASES = {"json": "jsonl"}  # other names format= takes
 
