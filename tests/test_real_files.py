@@ -39,6 +39,9 @@ REFUSED = {
     "clusterfuzz-testcase-parquet-arrow-fuzz-5004902418481152.parquet": "'utf-8' codec can't decode",  # a column name
     # a row group of more column chunks than the schema has columns: pyarrow aborts the process on the odd one
     "clusterfuzz-testcase-minimized-parquet-arrow-fuzz-4914963406389248.parquet": "row group 0 4 column chunks for the 3 columns",
+    # a column chunk of another physical type than its column's: pyarrow aborts the process reading its statistics
+    "clusterfuzz-testcase-minimized-parquet-arrow-fuzz-5634349073694720.parquet": "chunk of column 'value' in row group 0 the type FIXED_LEN_BYTE_ARRAY, where its schema says BOOLEAN",
+    "clusterfuzz-testcase-parquet-arrow-fuzz-5076612654301184.parquet": "chunk of column 'c0' in row group 0 the type INT64, where its schema says INT96",
 }
 #: files pyarrow reads at planning but not whole: the read error names the file and pyarrow's reason
 UNREADABLE = {

@@ -255,6 +255,26 @@ class _RemoteParquetReader(_ParquetReader):
             return []
 
 
+def _row_group_bytes(footer: pq.FileMetaData) -> tuple[int, ...]:
+    """Compressed bytes of each row group. A column chunk whose type is not its schema column's
+    is refused here: pyarrow aborts the process when such a chunk's statistics are read."""
+    types = [footer.schema.column(c).physical_type for c in range(footer.num_columns)]
+    sizes = []
+    for group in range(footer.num_row_groups):
+        chunks = footer.row_group(group)
+        total = 0
+        for c in range(chunks.num_columns):
+            chunk = chunks.column(c)
+            if chunk.physical_type != types[c]:
+                raise ValueError(
+                    f"its footer gives the chunk of column {chunk.path_in_schema!r} in row group {group} the type "
+                    f"{chunk.physical_type}, where its schema says {types[c]}"
+                )
+            total += chunk.total_compressed_size
+        sizes.append(total)
+    return tuple(sizes)
+
+
 class ParquetFormat:
     """Parquet files: row groups are the units (``FileFormat``)."""
 
@@ -287,11 +307,7 @@ class ParquetFormat:
         if any(count != footer.num_columns for count in chunks):  # pyarrow aborts the process when asked for the odd chunk
             odd = next(i for i, count in enumerate(chunks) if count != footer.num_columns)
             raise ValueError(f"its footer gives row group {odd} {chunks[odd]} column chunks for the {footer.num_columns} columns of its schema")
-        sizes = tuple(
-            sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
-            for rg in (footer.row_group(i) for i in range(footer.num_row_groups))
-        )
-        return FileLayout(url, size, rows, sizes)
+        return FileLayout(url, size, rows, _row_group_bytes(footer))
 
     def schema(self, fs: Any, path: str, footer: Any) -> pa.Schema:
         """The Arrow schema the footer gives."""
