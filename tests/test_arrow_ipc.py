@@ -11,6 +11,7 @@ from pyarrow import feather
 from servers import s3, store_registry  # noqa: F401 - fixtures
 
 from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.errors import DataReadError
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
 ROWS = 500
@@ -213,3 +214,65 @@ def test_a_hugging_face_split_gives_strings_nulls_and_random_access_as_datasets_
     assert [dataset[i]["text"] for i in (0, 1, 1999)] == [None, "row 1", "row 1999"]
     with pytest.raises(ValueError, match=r"several formats \['arrow', 'jsonl'\].*pass format="):
         StructuredDataset(str(HF_DATASETS), format=None, num_workers=0)  # (datasets' JSON files beside the shards)
+
+
+def _write_batch_with_offsets_out_of_bounds(path) -> None:
+    """An IPC file whose second batch's string offsets point past its data (as damage leaves them)."""
+    n = 100
+    offsets = np.arange(0, 4 * n + 1, 4, dtype=np.int32)
+    offsets[50] = 1_000_000
+    damaged = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(b"v%03d" % i for i in range(n)))])
+    with pa.ipc.new_file(str(path), pa.schema([("id", pa.int64()), ("s", pa.string())])) as writer:
+        writer.write_batch(pa.record_batch({"id": pa.array(np.arange(n, 2 * n)), "s": pa.array([f"w{i}" for i in range(n)])}))
+        writer.write_batch(pa.record_batch({"id": pa.array(np.arange(n)), "s": damaged}))
+
+
+@pytest.mark.parametrize("read", ["loader", "random access"])
+def test_a_batch_with_damaged_offsets_is_an_error_naming_the_file(tmp_path, read):
+    """The loop's process died with SIGSEGV, following the offsets out of the buffers."""
+    import subprocess
+    import sys
+
+    _write_batch_with_offsets_out_of_bounds(tmp_path / "damaged.arrow")
+    script = f"""
+from torch_dataloader_utils import StructuredDataset
+from torch_dataloader_utils.errors import DataReadError
+from torch_dataloader_utils.errors import DataReadError
+loader, dataset = StructuredDataset.create_dataloader({str(tmp_path / "damaged.arrow")!r}, "arrow", num_workers=0, batch_size=30, output_format="dict")
+try:
+    {"list(loader)" if read == "loader" else "dataset[0:200]"}
+except DataReadError as error:
+    print(error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "damaged.arrow" in done.stdout and "unit 1" in done.stdout and "Offset invariant failure" in done.stdout
+
+
+def test_rows_of_a_batch_stay_those_read_when_the_file_is_rewritten_in_place(tmp_path):
+    """A memory-mapped batch changed under the loop: the rest of it came from the new content."""
+    path = tmp_path / "a.arrow"
+    table = pa.table({"id": np.arange(2000)})
+    with pa.ipc.new_file(str(path), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=1000):
+            writer.write_batch(batch)
+    loader, _ = StructuredDataset.create_dataloader(str(path), "arrow", num_workers=0, batch_size=100, chunk_rows=100)
+    delivered = []
+    with pytest.raises(DataReadError, match=r"a\.arrow .*unit 1.*the file changed after planning"):
+        for number, batch in enumerate(loader):
+            delivered += batch["id"].tolist()
+            if number == 0:
+                with pa.ipc.new_file(str(path), table.schema) as writer:  # the same size, other values
+                    for rewritten in pa.table({"id": np.arange(2000) + 10**6}).to_batches(max_chunksize=1000):
+                        writer.write_batch(rewritten)
+    assert delivered == list(range(1000)), "unit 0 as it was read"
+
+
+def test_a_stream_without_its_end_mark_is_read_with_a_warning(tmp_path, caplog):
+    """A stream cut between two messages reads like a whole one: the missing end mark is the only sign."""
+    _stream(tmp_path / "whole.arrow", pa.table({"id": np.arange(100)}), 10)
+    whole = (tmp_path / "whole.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(whole[:-8])
+    assert len(StructuredDataset(str(tmp_path / "whole.arrow"), "arrow", num_workers=0)) == 100 and "end mark" not in caplog.text
+    assert len(StructuredDataset(str(tmp_path / "cut.arrow"), "arrow", num_workers=0)) == 100
+    assert "cut.arrow: the Arrow IPC stream has no end mark" in caplog.text

@@ -7,11 +7,15 @@ it: it is read from a small stream of the schema message, those dictionary messa
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
 from ..errors import UnsupportedFileError
+
+log = logging.getLogger(__name__)
+_END_MARK = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's last 8 bytes: a message of length 0
 
 
 class StreamIndex(NamedTuple):
@@ -24,7 +28,7 @@ class StreamIndex(NamedTuple):
     dictionaries_before: tuple[int, ...]
 
 
-def scan_stream(source: Any) -> tuple[pa.Schema, list[pa.RecordBatch], StreamIndex]:
+def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch], StreamIndex]:
     """A stream's schema, its record batches (a memory-mapped stream's buffers are not read; a
     remote one is read once) and the index its reader needs."""
     messages = pa.ipc.MessageReader.open_stream(source)
@@ -55,6 +59,10 @@ def scan_stream(source: Any) -> tuple[pa.Schema, list[pa.RecordBatch], StreamInd
             raise UnsupportedFileError(f"it is an Arrow IPC stream with a second {message.type} message")
     if schema is None:
         raise UnsupportedFileError("it is an Arrow IPC stream without a schema message (an empty or cut file)")
+    end = source.tell()
+    source.seek(max(0, end - len(_END_MARK)))
+    if source.read(len(_END_MARK)) != _END_MARK:
+        log.warning("%s: the Arrow IPC stream has no end mark, so its writer may not have finished it: its %d record batches are read", url, len(batch_ranges))
     if dictionaries:
         source.seek(0)
         batches = list(pa.ipc.open_stream(source))

@@ -1,6 +1,6 @@
 """Arrow IPC files (.arrow, .ipc, .feather v2) in the file or the stream format: record batches
-are the units, with row counts from the batches' metadata; local files are memory-mapped (reading
-a batch copies nothing). A stream has no footer: planning walks its messages for each batch's
+are the units, with row counts from the batches' metadata (planning maps a local file into memory
+and reads no column). A stream has no footer: planning walks its messages for each batch's
 offset."""
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from ._arrow_stream import StreamIndex, StreamReader, scan_stream
 from .io import open_input
 
 
-def _source(fs: Any, path: str) -> pa.NativeFile:
+def _planning_source(fs: Any, path: str) -> Any:
+    """Planning reads a local file memory-mapped: the batches' metadata, not their columns."""
     return pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
 
 
-def _open(fs: Any, path: str) -> pa.ipc.RecordBatchFileReader | None:
+def _open(fs: Any, path: str, source: Any) -> pa.ipc.RecordBatchFileReader | None:
     """The file's reader, or None for an Arrow IPC stream (read by ``scan_stream``)."""
     try:
-        return pa.ipc.open_file(_source(fs, path))
+        return pa.ipc.open_file(source)
     except pa.ArrowInvalid as error:
         kind = _other_arrow_kind(fs, path)
         if kind is None:
@@ -58,7 +59,10 @@ class _ArrowReader:
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
         batch = self._reader.get_batch(unit)
-        return pa.Table.from_batches([batch if columns is None else batch.select(columns)])
+        if columns is not None:
+            batch = batch.select(columns)
+        batch.validate(full=True)  # damaged offsets would be followed out of the buffers: a crash, not an error
+        return pa.Table.from_batches([batch])
 
 
 class ArrowFooter(NamedTuple):
@@ -81,10 +85,10 @@ class ArrowIpcFormat:
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, ArrowFooter]:
         """Rows and bytes of every record batch (a remote file's batches are read for them), the
         schema and the nulls per column."""
-        reader = _open(fs, path)
+        reader = _open(fs, path, _planning_source(fs, path))
         stream = None
         if reader is None:
-            schema, batches, stream = scan_stream(_source(fs, path))
+            schema, batches, stream = scan_stream(_planning_source(fs, path), url)
         else:
             schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
         layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
@@ -108,9 +112,12 @@ class ArrowIpcFormat:
         return dict(footer.null_counts)
 
     def open(self, fs: Any, path: str, footer: ArrowFooter, use_threads: bool) -> _ArrowReader:
+        """A reader of the file's record batches. Batches are read into memory, not memory-mapped:
+        rows of a mapped file rewritten in place would change under the loop, and a file cut
+        short would end the process with SIGBUS instead of an error naming it."""
         if footer.stream is not None:
-            return _ArrowReader(StreamReader(_source(fs, path), footer.schema, footer.stream))
-        reader = _open(fs, path)
+            return _ArrowReader(StreamReader(open_input(fs, path), footer.schema, footer.stream))
+        reader = _open(fs, path, open_input(fs, path))
         if reader is None:
             raise UnsupportedFileError("it was an Arrow IPC file at planning and is a stream now: the file changed")
         return _ArrowReader(reader)
