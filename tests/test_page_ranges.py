@@ -226,3 +226,24 @@ def test_elastic_resume_with_pruned_pages_delivers_every_matching_row_once(files
     for rank in range(3):
         run(rank, 3, merged)
     assert max(seen.values()) == 1 and sorted(seen) == ALL.filter(config["filters"])["id"].to_pylist()
+
+
+def test_a_damaged_column_index_prunes_nothing(tmp_path):
+    """Zeros over one page's max in the column index (the data intact) pruned that page: its
+    matching rows were missing without an error; pyarrow's filtered read has them all. Bounds that
+    disagree with the chunk's statistics or with each other leave the column unpruned."""
+    from torch_dataloader_utils.formats._parquet_footer import CHUNK_INDEXES, GROUP_COLUMNS, footer_struct, row_group
+
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(table(0), path, row_group_size=ROWS, write_page_index=True, data_page_size=256, write_batch_size=50)
+    chunk = row_group(footer_struct(pq.ParquetFile(path).metadata, 0), 0).structs(GROUP_COLUMNS)[0]  # "id"
+    at, length = chunk.get(CHUNK_INDEXES[2]), chunk.get(CHUNK_INDEXES[3])
+    data = bytearray(path.read_bytes())
+    page_max = (7 * 50 + 49).to_bytes(8, "little")  # page 7 holds ids 350..399
+    where = data.index(page_max, at, at + length)
+    data[where : where + 8] = bytes(8)
+    path.write_bytes(bytes(data))
+    filters = [("id", ">=", 360), ("id", "<", 380)]
+    assert pq.read_table(path, filters=filters)["id"].to_pylist() == list(range(360, 380))
+    loader, dataset = StructuredDataset.create_dataloader(str(path), num_workers=0, batch_size=64, filters=filters, columns=["id"])
+    assert [i for batch in loader for i in batch["id"].tolist()] == list(range(360, 380)) and len(dataset) == 20

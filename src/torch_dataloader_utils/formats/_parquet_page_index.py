@@ -81,8 +81,27 @@ def column_pages(
         if pages.bounds is None:
             index = decode_struct(read_exact(source, column_at, column_length))[0]
             pages.bounds = _pages(index, pages.firsts, rows, footer.schema.column(leaf).physical_type, kind)
-        found[name] = (kind, pages.bounds)
+        if _agrees(pages.bounds, footer.row_group(unit).column(leaf).statistics, kind):
+            found[name] = (kind, pages.bounds)
     return found
+
+
+def _agrees(pages: list[PageBounds], stats: Any, kind: pa.DataType) -> bool:
+    """Whether the pages' bounds fit each other and the column chunk's statistics: a damaged
+    column index would otherwise prune pages that hold matching rows (such a column is read
+    unpruned). String bounds are only checked for order: writers may truncate them."""
+    bounds = [page.bounds for page in pages if page.bounds is not None]
+    if any(low > high for low, high in bounds):
+        return False
+    if stats is None:
+        return True
+    nulls = [page.nulls for page in pages]
+    if stats.has_null_count and None not in nulls and sum(nulls) != stats.null_count:  # type: ignore[arg-type]
+        return False
+    if not bounds or not stats.has_min_max or isinstance(bounds[0][0], str):
+        return True
+    low, high = (stats.min_raw, stats.max_raw) if pa.types.is_date32(kind) else (stats.min, stats.max)
+    return all(low <= page_low and page_high <= high for page_low, page_high in bounds)
 
 
 def index_locations(thrift: Struct, footer: pq.FileMetaData, unit: int, names: list[str]) -> list[tuple[int, int]]:
