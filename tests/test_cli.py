@@ -142,7 +142,7 @@ def test_errors_give_advice_in_tdu_options(capsys, tmp_path):
     write_dataset(mixed / "a", [[5]], "orc")
     write_dataset(mixed / "b", [[5]])
     code, _, err = run(capsys, "plan", mixed)
-    assert code == 2 and "pass --format or a path holding one format" in err and "format=" not in err
+    assert code == 2 and "pass --format with the one to read, or a path holding one format" in err and "format=" not in err
     code, _, err = run(capsys, "bench", tmp_path / "orc", "--columns", ",")
     assert code == 2 and "leave out --columns for all columns" in err and "None" not in err
 

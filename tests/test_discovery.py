@@ -46,8 +46,11 @@ def test_format_inferred_from_extension(tmp_path):
 def test_mixed_formats_need_an_explicit_format(tmp_path):
     write_dataset(tmp_path / "m", [[4]], fmt="orc")
     write_dataset(tmp_path / "m" / "p", [[4]])
-    with pytest.raises(ValueError, match="several formats"):
+    with pytest.raises(ValueError, match=r"several formats \['orc', 'parquet'\] found \(1 orc file\(s\), such as '.*m/part-00000\.orc'; 1 parquet"):
         StructuredDataset(str(tmp_path / "m"), format=None, num_workers=0)
+    (tmp_path / "m" / "state.json").write_text('{"x": 1}\n')
+    with pytest.raises(FileNotFoundError, match=r"files of parquet, orc, jsonl are there: pass format= the one to read \(format=None reads one format only\)"):
+        StructuredDataset(str(tmp_path / "m"), format="csv", num_workers=0)
     assert len(StructuredDataset(str(tmp_path / "m"), format="orc", num_workers=0)) == 4
 
 

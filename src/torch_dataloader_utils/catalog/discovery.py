@@ -281,32 +281,39 @@ def discover_files(paths: list[str], fs: Any, format: str | None) -> list[FileEn
                 raise
             raise store_error(f"listing {user_path!r}", error, fs.storage_options) from error
     if not found:
-        raise FileNotFoundError(_nothing_found(paths, format, _other_format_found(paths, fs, format)))
+        raise FileNotFoundError(_nothing_found(paths, format, _other_formats_found(paths, fs, format)))
     entries = [found[url] for url in sorted(found)]
     if is_remote(fs):
         fs.register(entries)
     return entries
 
 
-def _other_format_found(paths: list[str], fs: Any, format: str | None) -> str | None:
-    """The other format, when ``paths`` hold files of it (for the message of a wrong ``format``)."""
+def _other_formats_found(paths: list[str], fs: Any, format: str | None) -> list[str]:
+    """The other formats whose files ``paths`` hold (for the message of a wrong ``format``)."""
     kind = canonical_name(format) if format else None
     if kind not in FORMATS:
-        return None
+        return []
+    found = []
     for other in (name for name in FORMATS if name != kind):
         for user_path in paths:
             try:
                 if next(iter(_list(fs, user_path, other)), None) is not None:
-                    return other
+                    found.append(other)
+                    break
             except (OSError, ValueError):  # only a hint: the error being raised says what was not found
                 continue
-    return None
+    return found
 
 
-def _nothing_found(paths: list[str], format: str | None, other: str | None = None) -> str:
+def _nothing_found(paths: list[str], format: str | None, others: Sequence[str] = ()) -> str:
     """The message for paths that hold no data file: what was skipped and what to do."""
     kind = canonical_name(format) if format else None
-    found_other = f"; {other} files are there: to read those, pass format='{other}' (or format=None to infer it)" if other else ""
+    if len(others) == 1:
+        found_other = f"; {others[0]} files are there: to read those, pass format='{others[0]}' (or format=None to infer it)"
+    elif others:
+        found_other = f"; files of {', '.join(others)} are there: pass format= the one to read (format=None reads one format only)"
+    else:
+        found_other = ""
     suffixes = FORMATS[kind].suffixes if kind in FORMATS else [suffix for entry in FORMATS.values() for suffix in entry.suffixes]
     patterns = ", ".join(f"*{suffix}" for suffix in suffixes)
     return (
@@ -325,5 +332,7 @@ def infer_format(files: list[FileEntry]) -> str:
         raise ValueError(f"cannot infer the format of {unknown[:3]} from the extension; pass format= one of {', '.join(FORMATS)}")
     distinct = sorted({k for k in kinds.values() if k is not None})
     if len(distinct) > 1:
-        raise ValueError(f"files of several formats {distinct} found; pass format= or a path holding one format")
+        counts = {kind: [url for url, k in kinds.items() if k == kind] for kind in distinct}
+        listed = "; ".join(f"{len(urls)} {kind} file(s), such as {urls[0]!r}" for kind, urls in counts.items())
+        raise ValueError(f"files of several formats {distinct} found ({listed}); pass format= the one to read, or a path holding one format")
     return distinct[0]
