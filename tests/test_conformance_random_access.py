@@ -109,3 +109,7 @@ def test_tdu_rows_refuses_a_range_that_selects_no_row(tmp_path, capsys):
     code, out, err = run(capsys, "rows", path, "1000:1010")
     assert code == 2 and out == ""
     assert "1000:1010 selects no row of the dataset's 1,000 rows" in err
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"id": pa.array([], pa.int64())}), empty)
+    code, out, err = run(capsys, "rows", empty, "0:5")
+    assert code == 2 and "0:5 selects no row: the dataset has no rows" in err and "-0" not in err

@@ -87,6 +87,8 @@ def cmd_rows(args: argparse.Namespace) -> int:
             raise UsageError(f"{_text(args.rows)} selects more than --limit {args.limit} rows; narrow it or raise --limit")
         if count == 0:
             total = dataset.num_rows
+            if total == 0:
+                raise UsageError(f"{_text(args.rows)} selects no row: the dataset has no rows")
             raise UsageError(f"{_text(args.rows)} selects no row of the dataset's {total:,} rows (valid: -{total} to {total - 1})")
     rows = select_rows(dataset, args.rows, 0 if args.json else args.width, masked)
     if args.json:
