@@ -135,3 +135,21 @@ def test_a_timestamp_past_nanoseconds_is_named_without_the_damaged_file_advice(t
     assert "damaged" not in str(error.value) and "on_error" not in str(error.value)
     (batch,) = list(StructuredDataset.create_dataloader(str(tmp_path), format="orc", batch_size=3, num_workers=0, columns=["id"])[0])
     assert batch["id"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("damage", ["wire type", "footer length"])
+def test_a_tail_that_does_not_decode_says_so_naming_the_file(tmp_path, damage):
+    """The message was the decoder's detail alone: ': 1.', 'index out of range', 'invalid literal for int()'."""
+    path = tmp_path / "damaged.orc"
+    orc.write_table(pa.table({"id": np.arange(100)}), str(path), compression="uncompressed")
+    data = bytearray(path.read_bytes())
+    ps_len = data[-1]
+    postscript = dict(_fields(bytes(data[-1 - ps_len : -1])))
+    footer_end = len(data) - 1 - ps_len
+    if damage == "wire type":
+        data[footer_end - int(postscript[1]) : footer_end] = b"\x0f" * int(postscript[1])  # field 1, wire type 7
+    else:
+        data[-1 - ps_len : -1 - ps_len + 2] = bytes([0x0A, 0x00])  # footerLength (field 1) as 0 bytes instead of a varint
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"damaged\.orc: its tail \(postscript and footer\) does not decode as ORC's: \w+"):
+        StructuredDataset(str(path), format="orc", num_workers=0)

@@ -177,9 +177,24 @@ def stream_ranges(stripe: Stripe, footer: bytes, tail: OrcTail, columns: list[st
 
 
 def read_tail(source, file_size: int) -> OrcTail:
-    """The stripes and columns of an ORC file, read from its tail through a seekable binary file."""
+    """The stripes and columns of an ORC file, read from its tail through a seekable binary file;
+    ValueError saying what is wrong for a tail that does not decode."""
+    try:
+        return _read_tail(source, file_size)
+    except _NotOrc as error:
+        raise ValueError(str(error)) from None
+    except (ValueError, IndexError, KeyError, TypeError, zlib.error, pa.ArrowException) as error:
+        detail = f"field {error} is missing" if isinstance(error, KeyError) else str(error)[:120]
+        raise ValueError(f"its tail (postscript and footer) does not decode as ORC's: {type(error).__name__}: {detail}") from error
+
+
+class _NotOrc(Exception):
+    """A file that is no ORC file at all (the message says why)."""
+
+
+def _read_tail(source, file_size: int) -> OrcTail:
     if file_size < 4:
-        raise ValueError(f"the file has {file_size} bytes, too few for an ORC file")
+        raise _NotOrc(f"the file has {file_size} bytes, too few for an ORC file")
     tail_len = min(file_size, _TAIL_GUESS)
     source.seek(file_size - tail_len)
     tail = source.read(tail_len)
@@ -188,7 +203,7 @@ def read_tail(source, file_size: int) -> OrcTail:
     if postscript.get(8000) != b"ORC":  # ORC 0.11 files have the magic only at the start (Hive 0.11 wrote them)
         source.seek(0)
         if source.read(3) != b"ORC" or 1 not in postscript:
-            raise ValueError("not an ORC file (no 'ORC' magic in the postscript or at the start)")
+            raise _NotOrc("not an ORC file (no 'ORC' magic in the postscript or at the start)")
     footer_len = int(postscript[1])
     need = footer_len + ps_len + 1
     if need > len(tail):
