@@ -40,6 +40,7 @@ LONG_RECORD = (
     "damaged: pass {options}={{'block_size': N}} with N larger than the file's longest record, in bytes"
 )
 SCAN_BLOCK = 8 * 1024 * 1024
+DEFAULT_BLOCK_SIZE = 1 << 20  # pyarrow's ReadOptions.block_size, for CSV and JSON
 # .deflate: zlib streams (Hadoop's DefaultCodec: Spark's compression="deflate", Hive's compressed
 # text), which pyarrow's gzip decompressor reads too: it tells zlib's header from gzip's
 COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".deflate": "gzip"}
@@ -177,8 +178,9 @@ class TextFormat:
         """A scanner of this file's records."""
         raise NotImplementedError
 
-    def infer_schema(self, stream: Any, parse: Any) -> pa.Schema:
-        """The schema pyarrow infers from the start of a file (``stream``: the file from its first byte)."""
+    def infer_schema(self, stream: Any, parse: Any, count_rows: bool) -> tuple[pa.Schema, int | None]:
+        """The schema pyarrow infers from the start of a file (``stream``: the file from its first
+        byte), and with ``count_rows`` the rows pyarrow parses from the whole stream."""
         raise NotImplementedError
 
     def parse(self, data: pa.Buffer | Any, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> pa.Table:
@@ -207,7 +209,7 @@ class TextFormat:
         if found is None:
             index = scan_records(_blocks(fs, path, size, compression), self.scanner(parse))
             # a header without rows still names the columns (of the null type: other files' types win)
-            schema = self._infer(fs, path, size, compression, self.with_index(parse, index)) if index.rows or index.data_start else pa.schema([])
+            schema = self._infer(fs, path, size, compression, self.with_index(parse, index), index.rows) if index.rows or index.data_start else pa.schema([])
             if key is not None and self._cache is not None:
                 self._cache.put(key, _entry_bytes(index, schema))
         else:
@@ -223,10 +225,17 @@ class TextFormat:
         sizes = (size,) * count if compression is not None else tuple(end - start for start, end in map(footer.unit_bytes, range(count)))
         return FileLayout(url, size, rows, sizes), footer
 
-    def _infer(self, fs: Any, path: str, size: int, compression: str | None, parse: Any) -> pa.Schema:
+    def _infer(self, fs: Any, path: str, size: int, compression: str | None, parse: Any, rows: int) -> pa.Schema:
+        """The file's schema. A file within pyarrow's first block is parsed whole for it anyway: its
+        rows are checked against the scan's count here, so that a file the scan miscounts (a
+        pretty-printed JSON document) is refused at planning, not at its first read."""
         stream = open_decompressed(fs, path, size, compression) if compression else open_input(fs, path)
+        whole = compression is None and size <= parse.read.get("block_size", DEFAULT_BLOCK_SIZE)
         with stream:
-            return self.infer_schema(stream, parse)
+            schema, parsed = self.infer_schema(stream, parse, whole)
+        if parsed is not None and parsed != rows:
+            raise ValueError(f"pyarrow parses it to {parsed} rows where the planning scan counted {rows}: the scan does not read it as pyarrow does{self.miscount_hint}")
+        return schema
 
     def whole_file(self, parse: Any) -> bool:
         """Whether the scan may miscount this file's records (CSV: an escape_char), so that it is one

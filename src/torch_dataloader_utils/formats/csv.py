@@ -92,7 +92,7 @@ class CsvFormat(TextFormat):
             return parse._replace(parse={**parse.parse, "newlines_in_values": True})
         return parse
 
-    def infer_schema(self, stream: Any, parse: CsvParse) -> pa.Schema:
+    def infer_schema(self, stream: Any, parse: CsvParse, count_rows: bool) -> tuple[pa.Schema, int | None]:
         try:
             reader = csv.open_csv(
                 stream,
@@ -100,9 +100,9 @@ class CsvFormat(TextFormat):
                 parse_options=csv.ParseOptions(**parse.parse),
                 convert_options=csv.ConvertOptions(**parse.convert),
             )
+            return reader.schema, sum(batch.num_rows for batch in reader) if count_rows else None
         except pa.ArrowInvalid as error:
             raise _advice(error) from error
-        return reader.schema
 
     def _options(self, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> dict[str, Any]:
         parse: CsvParse = footer.parse

@@ -59,13 +59,13 @@ class JsonLinesFormat(TextFormat):
         # a line without an object is blank: pyarrow skips it; a lone carriage return ends a line, as for pyarrow
         return RecordScanner(None, 0, marker=ord("{"), returns=True)
 
-    def infer_schema(self, stream: Any, parse: JsonParse) -> pa.Schema:
+    def infer_schema(self, stream: Any, parse: JsonParse, count_rows: bool) -> tuple[pa.Schema, int | None]:
         options = json.ParseOptions(**{"unexpected_field_behavior": "error", **parse.parse})  # pyarrow's default would infer
         try:
             reader = json.open_json(stream, read_options=json.ReadOptions(**parse.read, use_threads=False), parse_options=options)
+            return reader.schema, sum(batch.num_rows for batch in reader) if count_rows else None
         except pa.ArrowInvalid as error:
             raise _advice(error, parse) from error
-        return reader.schema
 
     def _options(self, footer: TextFooter, use_threads: bool) -> dict[str, Any]:
         parse: JsonParse = footer.parse
