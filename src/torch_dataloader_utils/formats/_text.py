@@ -234,7 +234,9 @@ class TextFormat:
         with stream:
             schema, parsed = self.infer_schema(stream, parse, whole)
         if parsed is not None and parsed != rows:
-            raise ValueError(f"pyarrow parses it to {parsed} rows where the planning scan counted {rows}: the scan does not read it as pyarrow does{self.miscount_hint}")
+            raise ValueError(
+                f"pyarrow parses it to {parsed} rows where the planning scan counted {rows}: the scan does not read it as pyarrow does{self.miscount_hint}"
+            )
         return schema
 
     def whole_file(self, parse: Any) -> bool:
