@@ -157,7 +157,14 @@ def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str])
             raise ValueError(f"filters={expression} names a column the files do not have; their columns are {names}{hint}") from error
         raise ValueError(f"filters={expression} cannot be applied to the data: {error}") from error
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
-        raise ValueError(f"filters={expression} does not fit the columns' types ({schema.remove_metadata()}): {error}") from error
+        raise ValueError(f"filters={expression} does not fit the columns' types ({_types_named(expression, schema)}): {error}") from error
+
+
+def _types_named(expression: pc.Expression, schema: pa.Schema) -> str:
+    """The types of the columns whose names the expression's text mentions (all, if none is)."""
+    text = str(expression)
+    named = [field for field in schema if field.name in text] or list(schema)
+    return ", ".join(f"{field.name}: {field.type}" for field in named)
 
 
 def _referenced_columns(expression: pc.Expression, schema: pa.Schema) -> tuple[str, ...]:
@@ -352,5 +359,5 @@ def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unifie
         some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
         other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:  # e.g. a time zone against none
-        raise ValueError(f"filters={rows_filter.expression} does not fit the columns' types ({unified.remove_metadata()}): {error}") from error
+        raise ValueError(f"filters={rows_filter.expression} does not fit the columns' types ({_types_named(rows_filter.expression, unified)}): {error}") from error
     return [NONE if index not in some else SOME if index in other else ALL for index in range(len(guarantees))]
