@@ -359,5 +359,6 @@ def classify(rows_filter: RowFilter, guarantees: Sequence[pc.Expression], unifie
         some = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=rows_filter.expression)}
         other = {int(fragment.path.rsplit("/", 1)[1]) for fragment in dataset.get_fragments(filter=~rows_filter.expression)}
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:  # e.g. a time zone against none
-        raise ValueError(f"filters={rows_filter.expression} does not fit the columns' types ({_types_named(rows_filter.expression, unified)}): {error}") from error
+        types = _types_named(rows_filter.expression, unified)
+        raise ValueError(f"filters={rows_filter.expression} does not fit the columns' types ({types}): {error}") from error
     return [NONE if index not in some else SOME if index in other else ALL for index in range(len(guarantees))]
