@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyarrow import feather
 from servers import s3, store_registry  # noqa: F401 - fixtures
@@ -276,3 +277,66 @@ def test_a_stream_without_its_end_mark_is_read_with_a_warning(tmp_path, caplog):
     assert len(StructuredDataset(str(tmp_path / "whole.arrow"), "arrow", num_workers=0)) == 100 and "end mark" not in caplog.text
     assert len(StructuredDataset(str(tmp_path / "cut.arrow"), "arrow", num_workers=0)) == 100
     assert "cut.arrow: the Arrow IPC stream has no end mark" in caplog.text
+
+
+def test_a_batch_reads_only_the_dictionary_messages_it_needs():
+    """Each batch read every dictionary message before it: a stream with a new dictionary per
+    batch (pyarrow writes one when chunks carry different dictionaries) took quadratic time."""
+    from torch_dataloader_utils.formats._arrow_stream import DictionaryMessage, needed_dictionaries
+
+    messages = (
+        DictionaryMessage(0, 1, id=0, delta=False), DictionaryMessage(1, 2, id=1, delta=False), DictionaryMessage(2, 3, id=0, delta=True),
+        DictionaryMessage(3, 4, id=1, delta=False), DictionaryMessage(4, 5, id=0, delta=True), DictionaryMessage(5, 6, id=1, delta=True),
+    )  # fmt: skip
+    assert [m.start for m in needed_dictionaries(messages, 6)] == [0, 2, 3, 4, 5]  # id 0 from its only replacement, id 1 from its last
+    assert [m.start for m in needed_dictionaries(messages, 2)] == [0, 1]
+    assert needed_dictionaries(messages, 0) == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_streams_with_replaced_and_growing_dictionaries_and_the_old_framing(tmp_path, workers, caplog):
+    """A replacement dictionary per batch (concatenated pandas categoricals), and a stream in the
+    framing before Arrow 0.15 (its end mark is 4 bytes: no warning for it)."""
+    words = [pa.array([f"{k}-{j}" for j in range(4)]) for k in range(30)]
+    chunks = [pa.DictionaryArray.from_arrays(pa.array(np.arange(10) % 4, pa.int8()), words[k]) for k in range(30)]
+    table = pa.table({"id": np.arange(300), "w": pa.chunked_array(chunks)})
+    _stream(tmp_path / "replaced.arrow", table, 10)
+    _stream(tmp_path / "legacy.arrow", pa.table({"id": np.arange(300, 330)}), 7, use_legacy_format=True)
+    loader, dataset = StructuredDataset.create_dataloader(str(tmp_path), "arrow", num_workers=workers, shuffle=True, batch_size=16, output_format="dict")
+    got = {i: w for batch in loader for i, w in zip(batch["id"], batch["w"])}
+    assert got == {**_by_id(table, "w"), **{i: None for i in range(300, 330)}}
+    assert [dataset[30 + i]["w"] for i in (0, 155, 299)] == ["0-0", "15-1", "29-1"]  # (legacy.arrow's 30 rows come first)
+    assert "end mark" not in caplog.text
+
+
+def test_a_stream_cut_inside_a_message_and_a_parquet_file_named_arrow_are_named(tmp_path):
+    _stream(tmp_path / "whole.arrow", pa.table({"id": np.arange(1000)}), 100)
+    whole = (tmp_path / "whole.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match=r"cut\.arrow.*the Arrow IPC stream is cut short or damaged at byte \d+, after \d+ record batches"):
+        StructuredDataset(str(tmp_path / "cut.arrow"), "arrow", num_workers=0)
+    pq.write_table(pa.table({"id": [1]}), tmp_path / "table.arrow")
+    with pytest.raises(ValueError, match=r"table\.arrow: it is a Parquet file, not Arrow IPC: read it with format='parquet'"):
+        StructuredDataset(str(tmp_path / "table.arrow"), "arrow", num_workers=0)
+    (tmp_path / "notes.arrow").write_text("id,name\n1,a\n")
+    with pytest.raises(ValueError, match=r"notes\.arrow: it is neither an Arrow IPC file nor a stream"):
+        StructuredDataset(str(tmp_path / "notes.arrow"), "arrow", num_workers=0)
+
+
+def test_values_that_only_break_their_types_rule_are_read_as_pyarrow_reads_them(tmp_path):
+    """Full validation refuses a decimal wider than its precision and a date64 that is no whole
+    day (Arrow's integration files hold both); pyarrow reads them, and so does the loader, while a
+    damaged offsets buffer next to them is still refused."""
+    values = np.array([12810, 5, -99999], dtype=np.int64)
+    words = np.zeros(6, dtype=np.int64)
+    words[0::2], words[1::2] = values, np.where(values < 0, -1, 0)
+    wide = pa.Array.from_buffers(pa.decimal128(3, 2), 3, [None, pa.py_buffer(words.tobytes())])
+    partial_day = pa.array(np.array([86_400_000 * 3 + 5, 0, 86_400_000], dtype=np.int64)).view(pa.date64())
+    table = pa.table({"id": [0, 1, 2], "dec": wide, "d64": partial_day})
+    _ipc(tmp_path / "rules.arrow", table)
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "rules.arrow"), "arrow", num_workers=0, batch_size=10, output_format="arrow")
+    assert pa.Table.from_batches(list(loader)).equals(table)
+    _write_batch_with_offsets_out_of_bounds(tmp_path / "rules.arrow")
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path / "rules.arrow"), "arrow", num_workers=0, batch_size=10, output_format="arrow")
+    with pytest.raises(DataReadError, match=r"column 's': .*Offset invariant failure"):
+        list(loader)

@@ -1,13 +1,17 @@
 """Arrow IPC streams (what ``pyarrow.ipc.new_stream``, Hugging Face ``datasets``' ``save_to_disk``
 and polars' ``write_ipc_stream`` write): a stream has no footer, so planning walks its messages
-once for the byte offset of each record batch, and a batch is read by seeking to its message.
+once for where each record batch is. A batch is read as a small stream of its own: the schema
+message, the dictionary messages it needs (the last replacement of each dictionary before it and
+the deltas after that) and the batch's message, so that pyarrow's stream reader sees byte order
+and dictionaries as in a whole read.
 
-A batch of a stream with dictionary-encoded columns needs the dictionary messages written before
-it: it is read from a small stream of the schema message, those dictionary messages and its own."""
+pyarrow does not say which dictionary a dictionary message holds, nor whether it is a delta:
+``_dictionary_key`` reads the two fields from the message's flatbuffer (Arrow's Message.fbs)."""
 
 from __future__ import annotations
 
 import logging
+import struct
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -15,7 +19,16 @@ import pyarrow as pa
 from ..errors import UnsupportedFileError
 
 log = logging.getLogger(__name__)
-_END_MARK = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # a stream's last 8 bytes: a message of length 0
+
+
+class DictionaryMessage(NamedTuple):
+    """A dictionary message of a stream: its [start, end) bytes, the dictionary's id, and whether
+    it adds to that dictionary (a delta) or replaces it."""
+
+    start: int
+    end: int
+    id: int
+    delta: bool
 
 
 class StreamIndex(NamedTuple):
@@ -23,7 +36,7 @@ class StreamIndex(NamedTuple):
 
     schema_end: int
     batches: tuple[tuple[int, int], ...]
-    dictionaries: tuple[tuple[int, int], ...]
+    dictionaries: tuple[DictionaryMessage, ...]
     #: per record batch, how many dictionary messages come before it
     dictionaries_before: tuple[int, ...]
 
@@ -33,10 +46,10 @@ def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch],
     remote one is read once) and the index its reader needs."""
     messages = pa.ipc.MessageReader.open_stream(source)
     schema: pa.Schema | None = None
-    schema_end = 0
+    schema_end = last_end = 0
     batches: list[pa.RecordBatch] = []
     batch_ranges: list[tuple[int, int]] = []
-    dictionaries: list[tuple[int, int]] = []
+    dictionaries: list[DictionaryMessage] = []
     dictionaries_before: list[int] = []
     while True:
         start = source.tell()
@@ -44,24 +57,27 @@ def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch],
             message = messages.read_next_message()
         except StopIteration:
             break
+        except (pa.ArrowInvalid, OSError) as error:
+            if schema is None:
+                raise UnsupportedFileError(f"it is neither an Arrow IPC file nor a stream: {error}") from None
+            raise ValueError(f"the Arrow IPC stream is cut short or damaged at byte {start}, after {len(batch_ranges)} record batches: {error}") from None
+        last_end = source.tell()
         if schema is None:
             if message.type != "schema":
-                raise UnsupportedFileError(f"it is an Arrow IPC stream whose first message is a {message.type}, not its schema")
-            schema, schema_end = pa.ipc.read_schema(message), source.tell()
+                raise UnsupportedFileError(f"it is neither an Arrow IPC file nor a stream (its first message is a {message.type}, not a schema)")
+            schema, schema_end = pa.ipc.read_schema(message), last_end
         elif message.type == "dictionary":
-            dictionaries.append((start, source.tell()))
+            dictionaries.append(DictionaryMessage(start, last_end, *_dictionary_key(message.metadata)))
         elif message.type == "record batch":
             if not dictionaries:  # (with dictionaries, the batches are read below with them)
                 batches.append(pa.ipc.read_record_batch(message, schema))
-            batch_ranges.append((start, source.tell()))
+            batch_ranges.append((start, last_end))
             dictionaries_before.append(len(dictionaries))
         else:
             raise UnsupportedFileError(f"it is an Arrow IPC stream with a second {message.type} message")
     if schema is None:
-        raise UnsupportedFileError("it is an Arrow IPC stream without a schema message (an empty or cut file)")
-    end = source.tell()
-    source.seek(max(0, end - len(_END_MARK)))
-    if source.read(len(_END_MARK)) != _END_MARK:
+        raise UnsupportedFileError("it is neither an Arrow IPC file nor a stream (it has no schema message)")
+    if source.tell() == last_end:  # (reading the end mark moves past it: 8 bytes, 4 in the format before Arrow 0.15)
         log.warning("%s: the Arrow IPC stream has no end mark, so its writer may not have finished it: its %d record batches are read", url, len(batch_ranges))
     if dictionaries:
         source.seek(0)
@@ -69,23 +85,66 @@ def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch],
     return schema, batches, StreamIndex(schema_end, tuple(batch_ranges), tuple(dictionaries), tuple(dictionaries_before))
 
 
+def _dictionary_key(metadata: pa.Buffer) -> tuple[int, bool]:
+    """The id and isDelta of a DictionaryBatch message (its flatbuffer: the Message table's
+    field 2 is the header, the DictionaryBatch table's fields 0 and 2 are id and isDelta)."""
+    data = metadata.to_pybytes()
+    header = _field(data, struct.unpack_from("<I", data, 0)[0], 2)
+    if header is None:
+        raise ValueError("a dictionary message without its header")
+    table = header + struct.unpack_from("<I", data, header)[0]
+    id_at, delta_at = _field(data, table, 0), _field(data, table, 2)
+    return (struct.unpack_from("<q", data, id_at)[0] if id_at is not None else 0), (bool(data[delta_at]) if delta_at is not None else False)
+
+
+def _field(data: bytes, table: int, field: int) -> int | None:
+    """Where field ``field`` of the flatbuffer table at ``table`` is (None: absent, its default)."""
+    vtable = table - struct.unpack_from("<i", data, table)[0]
+    at = 4 + 2 * field
+    if at >= struct.unpack_from("<H", data, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", data, vtable + at)[0]
+    return table + offset if offset else None
+
+
+def needed_dictionaries(dictionaries: tuple[DictionaryMessage, ...], before: int) -> list[DictionaryMessage]:
+    """Of the first ``before`` dictionary messages, those a batch after them needs, in order: for
+    each dictionary its last replacement and the deltas after it."""
+    needed, complete = [], set()
+    for message in reversed(dictionaries[:before]):
+        if message.id not in complete:
+            needed.append(message)
+            if not message.delta:
+                complete.add(message.id)
+    return needed[::-1]
+
+
 class StreamReader:
     """Reads a stream's record batches by the index its planning scan made."""
 
-    def __init__(self, source: Any, schema: pa.Schema, index: StreamIndex):
+    def __init__(self, source: Any, index: StreamIndex):
         self._source = source
-        self._schema = schema
         self._index = index
 
     def get_batch(self, number: int) -> pa.RecordBatch:
         """The ``number``-th record batch of the stream (as the file format's reader names it)."""
         index = self._index
-        if not index.dictionaries:
-            self._source.seek(index.batches[number][0])
-            return pa.ipc.read_record_batch(pa.ipc.read_message(self._source), self._schema)
-        ranges = [(0, index.schema_end), *index.dictionaries[: index.dictionaries_before[number]], index.batches[number]]
-        return pa.ipc.open_stream(pa.py_buffer(b"".join(self._read(start, end) for start, end in ranges))).read_next_batch()
+        dictionaries = needed_dictionaries(index.dictionaries, index.dictionaries_before[number])
+        ranges = [(0, index.schema_end), *((m.start, m.end) for m in dictionaries), index.batches[number]]
+        data = bytearray(sum(end - start for start, end in ranges))
+        view, at = memoryview(data), 0
+        for start, end in ranges:
+            self._read_into(view[at : at + end - start], start)
+            at += end - start
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
 
-    def _read(self, start: int, end: int) -> bytes:
+    def _read_into(self, view: memoryview, start: int) -> None:
         self._source.seek(start)
-        return bytes(self._source.read(end - start))
+        if hasattr(self._source, "readinto"):  # (a local file: no bytes object between)
+            got = self._source.readinto(view)
+        else:
+            part = self._source.read(len(view))
+            got = len(part)
+            view[:got] = part
+        if got != len(view):
+            raise OSError(f"the file ends before byte {start + len(view)}, where planning found a message")

@@ -33,6 +33,8 @@ def _open(fs: Any, path: str, source: Any) -> pa.ipc.RecordBatchFileReader | Non
             raise
         if kind == _STREAM:
             return None
+        if kind in ("a Parquet file", "an ORC file"):
+            raise UnsupportedFileError(f"it is {kind}, not Arrow IPC: read it with format='{kind.split()[1].lower()}'") from error
         raise UnsupportedFileError(
             f"it is {kind}, which is not read (only the Arrow IPC file and stream formats, Feather v2, are): convert it with "
             "pyarrow.feather.write_feather(table, path)"
@@ -43,14 +45,16 @@ _STREAM = "an Arrow IPC stream"
 
 
 def _other_arrow_kind(fs: Any, path: str) -> str | None:
-    """What an Arrow file that is not in the IPC file format is, from its first bytes (None: unknown)."""
+    """What an Arrow file that pyarrow does not open as an IPC file is, from its first bytes:
+    None for a damaged IPC file (it starts with the file format's magic)."""
     with fs.open(path, "rb") as file:
         head = file.read(8)
-    if head.startswith(b"FEA1"):
-        return "a Feather v1 file"
-    if head.startswith(b"\xff\xff\xff\xff") and len(head) == 8:  # a stream's first message: continuation marker, length
-        return _STREAM
-    return None
+    if head.startswith(b"ARROW1"):
+        return None
+    for magic, kind in ((b"FEA1", "a Feather v1 file"), (b"PAR1", "a Parquet file"), (b"ORC", "an ORC file")):
+        if head.startswith(magic):
+            return kind
+    return _STREAM  # (a stream's first message: a continuation marker and its length; before Arrow 0.15 the length alone)
 
 
 class _ArrowReader:
@@ -61,8 +65,28 @@ class _ArrowReader:
         batch = self._reader.get_batch(unit)
         if columns is not None:
             batch = batch.select(columns)
-        batch.validate(full=True)  # damaged offsets would be followed out of the buffers: a crash, not an error
+        _check_buffers(batch)
         return pa.Table.from_batches([batch])
+
+
+#: what full validation says of values that only break a rule of their type, which pyarrow reads
+#: as they are (Arrow's own integration files hold such decimals, date64 values and times)
+_VALUE_RULES = ("does not fit in precision", "does not represent a whole number of days", "is not within the acceptable range")
+
+
+def _check_buffers(batch: pa.RecordBatch) -> None:
+    """Validate ``batch`` whole: damaged offsets or dictionary indices would be followed out of its
+    buffers, a crash instead of an error. A column whose only fault is a value against its type's
+    rule (a decimal wider than its precision, a date64 that is no whole day) passes."""
+    try:
+        batch.validate(full=True)
+    except pa.ArrowInvalid:
+        for index in range(batch.num_columns):
+            try:
+                batch.column(index).validate(full=True)
+            except pa.ArrowInvalid as error:
+                if not any(rule in str(error) for rule in _VALUE_RULES):
+                    raise pa.ArrowInvalid(f"column {batch.schema.field(index).name!r}: {error}") from None
 
 
 class ArrowFooter(NamedTuple):
@@ -116,7 +140,7 @@ class ArrowIpcFormat:
         rows of a mapped file rewritten in place would change under the loop, and a file cut
         short would end the process with SIGBUS instead of an error naming it."""
         if footer.stream is not None:
-            return _ArrowReader(StreamReader(open_input(fs, path), footer.schema, footer.stream))
+            return _ArrowReader(StreamReader(open_input(fs, path), footer.stream))
         reader = _open(fs, path, open_input(fs, path))
         if reader is None:
             raise UnsupportedFileError("it was an Arrow IPC file at planning and is a stream now: the file changed")
