@@ -126,8 +126,8 @@ class StreamReader:
         self._source = source
         self._index = index
 
-    def get_batch(self, number: int) -> pa.RecordBatch:
-        """The ``number``-th record batch of the stream (as the file format's reader names it)."""
+    def get_batch(self, number: int, fields: tuple[int, ...] | None) -> pa.RecordBatch:
+        """The ``number``-th record batch of the stream, of the top-level ``fields`` (None: all)."""
         index = self._index
         dictionaries = needed_dictionaries(index.dictionaries, index.dictionaries_before[number])
         ranges = [(0, index.schema_end), *((m.start, m.end) for m in dictionaries), index.batches[number]]
@@ -136,7 +136,8 @@ class StreamReader:
         for start, end in ranges:
             self._read_into(view[at : at + end - start], start)
             at += end - start
-        return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+        options = pa.ipc.IpcReadOptions(included_fields=list(fields)) if fields is not None else None
+        return pa.ipc.open_stream(pa.py_buffer(data), options=options).read_next_batch()
 
     def _read_into(self, view: memoryview, start: int) -> None:
         self._source.seek(start)

@@ -57,12 +57,30 @@ def _other_arrow_kind(fs: Any, path: str) -> str | None:
     return _STREAM  # (a stream's first message: a continuation marker and its length; before Arrow 0.15 the length alone)
 
 
+class _FileReader:
+    """An IPC file's batches, read with pyarrow's file reader of the columns asked for (a reader
+    of all columns would read every column's bytes to select some)."""
+
+    def __init__(self, source: Any):
+        self._source = source
+        self._readers: dict[tuple[int, ...] | None, pa.ipc.RecordBatchFileReader] = {}
+
+    def get_batch(self, number: int, fields: tuple[int, ...] | None) -> pa.RecordBatch:
+        reader = self._readers.get(fields)
+        if reader is None:
+            options = pa.ipc.IpcReadOptions(included_fields=list(fields)) if fields is not None else None
+            reader = self._readers[fields] = pa.ipc.open_file(self._source, options=options)
+        return reader.get_batch(number)
+
+
 class _ArrowReader:
-    def __init__(self, reader: pa.ipc.RecordBatchFileReader | StreamReader):
+    def __init__(self, reader: _FileReader | StreamReader, schema: pa.Schema):
         self._reader = reader
+        self._schema = schema
 
     def read_unit(self, unit: int, columns: list[str] | None) -> pa.Table:
-        batch = self._reader.get_batch(unit)
+        fields = None if columns is None else tuple(sorted(self._schema.get_field_index(name) for name in columns))
+        batch = self._reader.get_batch(unit, fields)
         if columns is not None:
             batch = batch.select(columns)
         _check_buffers(batch)
@@ -139,12 +157,12 @@ class ArrowIpcFormat:
         """A reader of the file's record batches. Batches are read into memory, not memory-mapped:
         rows of a mapped file rewritten in place would change under the loop, and a file cut
         short would end the process with SIGBUS instead of an error naming it."""
+        source = open_input(fs, path)
         if footer.stream is not None:
-            return _ArrowReader(StreamReader(open_input(fs, path), footer.stream))
-        reader = _open(fs, path, open_input(fs, path))
-        if reader is None:
+            return _ArrowReader(StreamReader(source, footer.stream), footer.schema)
+        if _open(fs, path, source) is None:
             raise UnsupportedFileError("it was an Arrow IPC file at planning and is a stream now: the file changed")
-        return _ArrowReader(reader)
+        return _ArrowReader(_FileReader(source), footer.schema)
 
 
 ARROW = ArrowIpcFormat()
