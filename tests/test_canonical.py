@@ -170,6 +170,26 @@ def test_orc_files(tmp_path):
     assert runs[0] == runs[1]
 
 
+def test_text_files_and_arrow_streams(tmp_path):
+    """Every format plans the same splits and pieces, so the lanes are the same on any topology."""
+    import zlib
+
+    import pyarrow as pa
+
+    (tmp_path / "text").mkdir()
+    rows = [f"{i},row-{i},{i * 0.5}\n" for i in range(300)]  # (the columns resume_helpers.batch_key checks)
+    (tmp_path / "text" / "a.csv").write_text("id,text,x\n" + "".join(rows[:180]))
+    (tmp_path / "text" / "b.csv.deflate").write_bytes(zlib.compress(("id,text,x\n" + "".join(rows[180:])).encode()))
+    table = pa.table({"id": list(range(200)), "text": [f"row-{i}" for i in range(200)], "x": [i * 0.5 for i in range(200)]})
+    with pa.ipc.new_stream(str(tmp_path / "c.arrow"), table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=25):
+            writer.write_batch(batch)
+    for fmt, path, count in (("csv", tmp_path / "text", 300), ("arrow", tmp_path / "c.arrow", 200)):
+        runs = [global_steps(str(path), world, workers, format=fmt)[0] for world, workers in [(1, 0), (2, 2), (3, 1)]]
+        assert runs[0] == runs[1] == runs[2], fmt
+        assert {i for step in runs[0][0] for i in step} == set(range(count)), fmt
+
+
 def test_remote_files_on_s3(data, s3):
     s3.upload(data, "canonical")
     url = s3.url("canonical")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from ..errors import UnsupportedFileError
+from ..errors import FileChangedError, RemoteReadError, UnsupportedFileError
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ class StreamIndex(NamedTuple):
     dictionaries_before: tuple[int, ...]
 
 
-def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch], StreamIndex]:
+def scan_stream(source: Any, url: str, reopen: Callable[[], Any]) -> tuple[pa.Schema, list[pa.RecordBatch], StreamIndex]:
     """A stream's schema, its record batches (a memory-mapped stream's buffers are not read; a
-    remote one is read once) and the index its reader needs."""
+    remote one is read once, in large blocks) and the index its reader needs. ``reopen`` gives
+    the stream from its start again (read twice when it holds dictionaries)."""
     messages = pa.ipc.MessageReader.open_stream(source)
     schema: pa.Schema | None = None
     schema_end = last_end = 0
@@ -55,33 +57,35 @@ def scan_stream(source: Any, url: str) -> tuple[pa.Schema, list[pa.RecordBatch],
         start = source.tell()
         try:
             message = messages.read_next_message()
+            last_end = source.tell()
+            if schema is not None and message.type == "dictionary":
+                dictionaries.append(DictionaryMessage(start, last_end, *_dictionary_key(message.metadata)))
         except StopIteration:
             break
-        except (pa.ArrowInvalid, OSError) as error:
+        except (pa.ArrowInvalid, OSError, ValueError, IndexError, struct.error) as error:  # (the last two: a dictionary message's flatbuffer cut short)
+            if isinstance(error, (RemoteReadError, FileChangedError)) or getattr(error, "errno", None) is not None:
+                raise  # the storage failed, not the file
             if schema is None:
                 raise UnsupportedFileError(f"it is neither an Arrow IPC file nor a stream: {error}") from None
             raise ValueError(f"the Arrow IPC stream is cut short or damaged at byte {start}, after {len(batch_ranges)} record batches: {error}") from None
-        last_end = source.tell()
         if schema is None:
             if message.type != "schema":
                 raise UnsupportedFileError(f"it is neither an Arrow IPC file nor a stream (its first message is a {message.type}, not a schema)")
             schema, schema_end = pa.ipc.read_schema(message), last_end
-        elif message.type == "dictionary":
-            dictionaries.append(DictionaryMessage(start, last_end, *_dictionary_key(message.metadata)))
         elif message.type == "record batch":
             if not dictionaries:  # (with dictionaries, the batches are read below with them)
                 batches.append(pa.ipc.read_record_batch(message, schema))
             batch_ranges.append((start, last_end))
             dictionaries_before.append(len(dictionaries))
-        else:
+        elif message.type != "dictionary":
             raise UnsupportedFileError(f"it is an Arrow IPC stream with a second {message.type} message")
     if schema is None:
         raise UnsupportedFileError("it is neither an Arrow IPC file nor a stream (it has no schema message)")
     if source.tell() == last_end:  # (reading the end mark moves past it: 8 bytes, 4 in the format before Arrow 0.15)
         log.warning("%s: the Arrow IPC stream has no end mark, so its writer may not have finished it: its %d record batches are read", url, len(batch_ranges))
     if dictionaries:
-        source.seek(0)
-        batches = list(pa.ipc.open_stream(source))
+        with reopen() as again:
+            batches = list(pa.ipc.open_stream(again))
     return schema, batches, StreamIndex(schema_end, tuple(batch_ranges), tuple(dictionaries), tuple(dictionaries_before))
 
 
@@ -105,6 +109,18 @@ def _field(data: bytes, table: int, field: int) -> int | None:
         return None
     offset = struct.unpack_from("<H", data, vtable + at)[0]
     return table + offset if offset else None
+
+
+def read_options(fields: tuple[int, ...] | None) -> pa.ipc.IpcReadOptions | None:
+    """pyarrow's options to read only the top-level ``fields`` of a batch (None: all)."""
+    return None if fields is None else pa.ipc.IpcReadOptions(included_fields=list(fields))
+
+
+def release_fetched(source: Any) -> None:
+    """Let a remote file drop the bytes fetched for a batch read (a local file holds none)."""
+    forget = getattr(source, "forget", None)
+    if forget is not None:
+        forget([])
 
 
 def needed_dictionaries(dictionaries: tuple[DictionaryMessage, ...], before: int) -> list[DictionaryMessage]:
@@ -136,8 +152,8 @@ class StreamReader:
         for start, end in ranges:
             self._read_into(view[at : at + end - start], start)
             at += end - start
-        options = pa.ipc.IpcReadOptions(included_fields=list(fields)) if fields is not None else None
-        return pa.ipc.open_stream(pa.py_buffer(data), options=options).read_next_batch()
+        release_fetched(self._source)
+        return pa.ipc.open_stream(pa.py_buffer(data), options=read_options(fields)).read_next_batch()
 
     def _read_into(self, view: memoryview, start: int) -> None:
         self._source.seek(start)

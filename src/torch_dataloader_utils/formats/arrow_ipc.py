@@ -1,7 +1,7 @@
 """Arrow IPC files (.arrow, .ipc, .feather v2) in the file or the stream format: record batches
 are the units, with row counts from the batches' metadata (planning maps a local file into memory
 and reads no column). A stream has no footer: planning walks its messages for each batch's
-offset."""
+offset (``_arrow_stream``)."""
 
 from __future__ import annotations
 
@@ -14,47 +14,33 @@ from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_local
 from . import FORMATS
-from ._arrow_stream import StreamIndex, StreamReader, scan_stream
+from ._arrow_stream import StreamIndex, StreamReader, read_options, release_fetched, scan_stream
 from .io import open_input
+
+#: what a file read as Arrow IPC may be instead, by its first bytes, and what to do about it
+_OTHER_KINDS = (
+    (b"FEA1", "a Feather v1 file", "convert it with pyarrow.feather.write_feather(table, path)"),
+    (b"PAR1", "a Parquet file", "read it with format='parquet'"),
+    (b"ORC", "an ORC file", "read it with format='orc'"),
+)
+_SCAN_READAHEAD = 8 << 20  # a remote stream's planning scan fetches it in blocks of this size
 
 
 def _planning_source(fs: Any, path: str) -> Any:
     """Planning reads a local file memory-mapped: the batches' metadata, not their columns."""
-    return pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path)
+    return pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path, _SCAN_READAHEAD)
 
 
-def _open(fs: Any, path: str, source: Any) -> pa.ipc.RecordBatchFileReader | None:
-    """The file's reader, or None for an Arrow IPC stream (read by ``scan_stream``)."""
-    try:
-        return pa.ipc.open_file(source)
-    except pa.ArrowInvalid as error:
-        kind = _other_arrow_kind(fs, path)
-        if kind is None:
-            raise
-        if kind == _STREAM:
-            return None
-        if kind in ("a Parquet file", "an ORC file"):
-            raise UnsupportedFileError(f"it is {kind}, not Arrow IPC: read it with format='{kind.split()[1].lower()}'") from error
-        raise UnsupportedFileError(
-            f"it is {kind}, which is not read (only the Arrow IPC file and stream formats, Feather v2, are): convert it with "
-            "pyarrow.feather.write_feather(table, path)"
-        ) from error
-
-
-_STREAM = "an Arrow IPC stream"
-
-
-def _other_arrow_kind(fs: Any, path: str) -> str | None:
-    """What an Arrow file that pyarrow does not open as an IPC file is, from its first bytes:
-    None for a damaged IPC file (it starts with the file format's magic)."""
+def _refuse_other_kinds(fs: Any, path: str, error: Exception) -> None:
+    """For a file pyarrow does not open as an IPC file: raise what it is instead, or ``error``
+    for a damaged IPC file (it starts with the file format's magic); return for a stream."""
     with fs.open(path, "rb") as file:
         head = file.read(8)
     if head.startswith(b"ARROW1"):
-        return None
-    for magic, kind in ((b"FEA1", "a Feather v1 file"), (b"PAR1", "a Parquet file"), (b"ORC", "an ORC file")):
+        raise error
+    for magic, kind, fix in _OTHER_KINDS:
         if head.startswith(magic):
-            return kind
-    return _STREAM  # (a stream's first message: a continuation marker and its length; before Arrow 0.15 the length alone)
+            raise UnsupportedFileError(f"it is {kind}, not Arrow IPC (the file or stream format, or Feather v2): {fix}") from error
 
 
 class _FileReader:
@@ -68,9 +54,10 @@ class _FileReader:
     def get_batch(self, number: int, fields: tuple[int, ...] | None) -> pa.RecordBatch:
         reader = self._readers.get(fields)
         if reader is None:
-            options = pa.ipc.IpcReadOptions(included_fields=list(fields)) if fields is not None else None
-            reader = self._readers[fields] = pa.ipc.open_file(self._source, options=options)
-        return reader.get_batch(number)
+            reader = self._readers[fields] = pa.ipc.open_file(self._source, options=read_options(fields))
+        batch = reader.get_batch(number)
+        release_fetched(self._source)
+        return batch
 
 
 class _ArrowReader:
@@ -83,7 +70,8 @@ class _ArrowReader:
         batch = self._reader.get_batch(unit, fields)
         if columns is not None:
             batch = batch.select(columns)
-        _check_buffers(batch)
+        for index in range(batch.num_columns):
+            _check_buffers(batch.column(index), batch.schema.field(index).name)
         return pa.Table.from_batches([batch])
 
 
@@ -92,19 +80,33 @@ class _ArrowReader:
 _VALUE_RULES = ("does not fit in precision", "does not represent a whole number of days", "is not within the acceptable range")
 
 
-def _check_buffers(batch: pa.RecordBatch) -> None:
-    """Validate ``batch`` whole: damaged offsets or dictionary indices would be followed out of its
-    buffers, a crash instead of an error. A column whose only fault is a value against its type's
-    rule (a decimal wider than its precision, a date64 that is no whole day) passes."""
+def _check_buffers(array: pa.Array, name: str) -> None:
+    """Validate ``array`` whole: damaged offsets or dictionary indices would be followed out of its
+    buffers, a crash instead of an error. A value against its type's rule (a decimal wider than
+    its precision, a date64 that is no whole day) passes; full validation stops at the first
+    fault, so a nested column with one is checked child by child."""
     try:
-        batch.validate(full=True)
-    except pa.ArrowInvalid:
-        for index in range(batch.num_columns):
-            try:
-                batch.column(index).validate(full=True)
-            except pa.ArrowInvalid as error:
-                if not any(rule in str(error) for rule in _VALUE_RULES):
-                    raise pa.ArrowInvalid(f"column {batch.schema.field(index).name!r}: {error}") from None
+        array.validate(full=True)
+        return
+    except pa.ArrowInvalid as error:
+        fault = error
+    kind = array.type
+    if pa.types.is_decimal(kind) or pa.types.is_date64(kind) or pa.types.is_time(kind):
+        if any(rule in str(fault) for rule in _VALUE_RULES):
+            return
+    elif pa.types.is_struct(kind):
+        array.validate()  # (the struct's own buffers; its children below)
+        for index in range(kind.num_fields):
+            _check_buffers(array.field(index), f"{name}.{kind.field(index).name}")
+        return
+    elif _is_list(kind) and "child array" in str(fault):
+        _check_buffers(array.values, f"{name} (values)")  # (offsets passed: the fault is in the values)
+        return
+    raise pa.ArrowInvalid(f"column {name!r}: {fault}") from None
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_map(kind)
 
 
 class ArrowFooter(NamedTuple):
@@ -114,7 +116,7 @@ class ArrowFooter(NamedTuple):
 
     schema: pa.Schema
     null_counts: dict[str, int]
-    stream: StreamIndex | None = None
+    stream_index: StreamIndex | None = None
 
 
 class ArrowIpcFormat:
@@ -127,20 +129,26 @@ class ArrowIpcFormat:
     def read_footer(self, fs: Any, path: str, size: int, url: str) -> tuple[FileLayout, ArrowFooter]:
         """Rows and bytes of every record batch (a remote file's batches are read for them), the
         schema and the nulls per column."""
-        reader = _open(fs, path, _planning_source(fs, path))
-        stream = None
-        if reader is None:
-            schema, batches, stream = scan_stream(_planning_source(fs, path), url)
-        else:
-            schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
-        layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
-        nulls = {}
-        for i, name in enumerate(schema.names):
+        stream_index = None
+        with _planning_source(fs, path) as source:
             try:
-                nulls[name] = sum(b.column(i).null_count for b in batches)
-            except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # a type pyarrow has no Python array for (intervals)
-                continue  # its nulls are not known here; the column is refused when it is selected
-        return layout, ArrowFooter(schema, nulls, stream)
+                reader = pa.ipc.open_file(source)
+            except pa.ArrowInvalid as error:
+                _refuse_other_kinds(fs, path, error)
+                reader = None
+            if reader is None:
+                source.seek(0)  # (where pyarrow's attempt to read a file footer left it)
+                schema, batches, stream_index = scan_stream(source, url, lambda: _planning_source(fs, path))
+            else:
+                schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            layout = FileLayout(url, size, tuple(b.num_rows for b in batches), tuple(b.get_total_buffer_size() for b in batches))
+            nulls = {}
+            for i, name in enumerate(schema.names):
+                try:
+                    nulls[name] = sum(b.column(i).null_count for b in batches)
+                except (KeyError, NotImplementedError, pa.ArrowNotImplementedError):  # a type pyarrow has no Python array for (intervals)
+                    continue  # its nulls are not known here; the column is refused when it is selected
+        return layout, ArrowFooter(schema, nulls, stream_index)
 
     def schema(self, fs: Any, path: str, footer: ArrowFooter) -> pa.Schema:
         return footer.schema
@@ -158,11 +166,8 @@ class ArrowIpcFormat:
         rows of a mapped file rewritten in place would change under the loop, and a file cut
         short would end the process with SIGBUS instead of an error naming it."""
         source = open_input(fs, path)
-        if footer.stream is not None:
-            return _ArrowReader(StreamReader(source, footer.stream), footer.schema)
-        if _open(fs, path, source) is None:
-            raise UnsupportedFileError("it was an Arrow IPC file at planning and is a stream now: the file changed")
-        return _ArrowReader(_FileReader(source), footer.schema)
+        reader = _FileReader(source) if footer.stream_index is None else StreamReader(source, footer.stream_index)
+        return _ArrowReader(reader, footer.schema)
 
 
 ARROW = ArrowIpcFormat()

@@ -22,13 +22,14 @@ COALESCE_GAP = 64 * 1024
 COALESCE_MAX = 64 * 1024 * 1024
 
 
-def open_input(fs: Any, path: str) -> Any:
+def open_input(fs: Any, path: str, readahead: int = 0) -> Any:
     """A seekable binary file for pyarrow: native for local paths, a RangeFile for object
-    stores (holding the tail prefetched at planning, if any), else fsspec's file."""
+    stores (holding the tail prefetched at planning, if any; ``readahead``: see RangeFile),
+    else fsspec's file."""
     if is_local(fs):
         return pa.OSFile(path, "rb")
     if is_remote(fs):
-        handle = RangeFile(fs, path)
+        handle = RangeFile(fs, path, readahead)
         tail = fs.take_tail(path)
         if tail is not None:
             handle.add(*tail)
@@ -62,10 +63,12 @@ class RangeFile:
 
     pyarrow reads it like any Python file; reads inside added ranges are served
     from memory, others are fetched (exactly the bytes asked for) and counted
-    in ``on_demand``.
+    in ``on_demand``. With ``readahead``, a read outside them fetches at least that
+    many bytes and drops what was fetched on demand before: for a scan through a
+    file in small reads (one request per block, one block held).
     """
 
-    def __init__(self, store: Any, path: str):
+    def __init__(self, store: Any, path: str, readahead: int = 0):
         self._store = store
         self._path = path
         self._ident = store.ident(path)
@@ -76,6 +79,7 @@ class RangeFile:
         self.closed = False
         self.on_demand = 0  # reads served by a request of their own
         self._fetched_on_demand: list[tuple[int, bytes]] = []
+        self._readahead = readahead
 
     # ---------------------------------------------------------- ranges
     def add(self, start: int, data: bytes) -> None:
@@ -115,10 +119,13 @@ class RangeFile:
             if end <= first + len(data):
                 return memoryview(data)[start - first : end - first]
         self.on_demand += 1
-        (data,) = self._store.read_ranges(self._path, [(start, end)], self._ident)
+        if self._readahead:
+            self.forget([])
+        fetch_end = min(self._size, max(end, start + self._readahead))
+        (data,) = self._store.read_ranges(self._path, [(start, fetch_end)], self._ident)
         self.add(start, data)
         self._fetched_on_demand.append((start, data))
-        return memoryview(data)
+        return memoryview(data)[: end - start]
 
     def read_range(self, start: int, end: int) -> Any:
         """Bytes [start, end) as a memoryview (fetched if not held)."""
