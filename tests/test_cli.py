@@ -73,6 +73,7 @@ def test_usage_errors_exit_2(capsys):
         (["plan", "x", "--split-bytes", "99999999999999999999999"], "argument --split-bytes: size must be <= 4,611,686,018,427,387,904 bytes"),
         (["plan", "--rows-per-epoch", "5", "9", "a/", "b/"], "not an integer: 'a/'; if it is a PATH, write the PATHs before --rows-per-epoch, or end its values with --"),
         (["plan", "--weight", "0.5", "b/"], "not a number: 'b/'; if it is a PATH, write the PATHs before --weight"),
+        (["plan", "a/", "--rows-per-epoch", "0"], "argument --rows-per-epoch: must be >= 1: '0'\n"),  # (a number: no PATH hint)
     ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

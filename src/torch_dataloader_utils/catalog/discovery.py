@@ -186,7 +186,7 @@ def _expand(fs: Any, user_path: str, format: str | None) -> Iterable[tuple[str, 
                 continue
             if info.get("type") == "directory":
                 yield from _walk(fs, path, format)
-            elif info.get("type") == "other":
+            elif info.get("type") == "other" and is_local(fs):
                 yield path, _local_file_info(path, os.stat(path))
             else:
                 yield path, info

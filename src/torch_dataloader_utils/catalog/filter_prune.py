@@ -163,7 +163,7 @@ def _check_binds(expression: pc.Expression, schema: pa.Schema, names: list[str])
 def _types_named(expression: pc.Expression, schema: pa.Schema) -> str:
     """The types of the columns whose names the expression's text mentions (all, if none is)."""
     text = str(expression)
-    named = [field for field in schema if field.name in text] or list(schema)
+    named = [field for field in schema if re.search(rf"(?<![\w.]){re.escape(field.name)}(?![\w])", text)] or list(schema)
     return ", ".join(f"{field.name}: {field.type}" for field in named)
 
 

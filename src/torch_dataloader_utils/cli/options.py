@@ -46,6 +46,14 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def one_per_path(parse: Callable[[str], Any], option: str) -> Callable[[str], Any]:
     """An argparse type for an option that takes a value per PATH: a value that does not parse is
     most often a PATH written after the values, so the error says where PATHs go."""
@@ -55,6 +63,8 @@ def one_per_path(parse: Callable[[str], Any], option: str) -> Callable[[str], An
             return parse(text)
         except (argparse.ArgumentTypeError, ValueError) as error:
             reason = str(error) if isinstance(error, argparse.ArgumentTypeError) else f"not a number: {text!r}"
+            if _is_number(text):  # a number out of range: no PATH in the wrong place
+                raise argparse.ArgumentTypeError(reason) from None
             raise argparse.ArgumentTypeError(
                 f"{reason}; if it is a PATH, write the PATHs before {option}, or end its values with --"
             ) from None

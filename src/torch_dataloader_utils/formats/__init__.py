@@ -69,7 +69,10 @@ class FormatEntry(NamedTuple):
     suffixes: tuple[str, ...]
 
 
-_TEXT_PACKINGS = ("", ".gz", ".bz2", ".zst", ".deflate")  # a text file's compressions (formats/_text.py's COMPRESSIONS)
+#: a text file's compressions by name suffix, as pyarrow's codec names them (.deflate: zlib streams,
+#: Hadoop's DefaultCodec, which pyarrow's gzip decompressor reads too: it tells zlib's header from gzip's)
+TEXT_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".deflate": "gzip"}
+TEXT_PACKINGS = ("", *TEXT_COMPRESSIONS)
 
 #: The formats, by name, in the order error messages list them. A format module is imported
 #: when its format is first asked for (pyarrow.orc alone is slow to import).
@@ -77,8 +80,8 @@ FORMATS: dict[str, FormatEntry] = {
     "parquet": FormatEntry(".parquet", "PARQUET", (".parquet", ".pq", ".parq")),
     "orc": FormatEntry(".orc", "ORC", (".orc",)),
     "arrow": FormatEntry(".arrow_ipc", "ARROW", (".arrow", ".ipc", ".feather")),
-    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in _TEXT_PACKINGS)),
-    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in _TEXT_PACKINGS)),
+    "csv": FormatEntry(".csv", "CSV", tuple(f"{base}{packed}" for base in (".csv", ".tsv") for packed in TEXT_PACKINGS)),
+    "jsonl": FormatEntry(".jsonl", "JSONL", tuple(f"{base}{packed}" for base in (".jsonl", ".ndjson", ".json") for packed in TEXT_PACKINGS)),
 }
 ALIASES = {"json": "jsonl"}  # other names format= takes
 

@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 from ..plan.splits import FileLayout
 from ..storage.cache import RangeCache
 from ..storage.paths import is_local, is_remote
 from ..storage.versions import FileEntry
-from . import _text_index
+from . import TEXT_COMPRESSIONS, _text_index
 from ._text_index import RecordIndex, RecordScanner, scan_records
 from .io import RangeFile, open_input
 
@@ -40,10 +41,7 @@ LONG_RECORD = (
     "damaged: pass {options}={{'block_size': N}} with N larger than the file's longest record, in bytes"
 )
 SCAN_BLOCK = 8 * 1024 * 1024
-DEFAULT_BLOCK_SIZE = 1 << 20  # pyarrow's ReadOptions.block_size, for CSV and JSON
-# .deflate: zlib streams (Hadoop's DefaultCodec: Spark's compression="deflate", Hive's compressed
-# text), which pyarrow's gzip decompressor reads too: it tells zlib's header from gzip's
-COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".deflate": "gzip"}
+DEFAULT_BLOCK_SIZE = pa_csv.ReadOptions().block_size  # (pyarrow.json's default is the same)
 
 
 class ScanCounter:
@@ -63,7 +61,7 @@ class ScanCounter:
 def compression_of(path: str) -> str | None:
     """The compression a file name's last suffix names (pyarrow's codec name), or None."""
     lower = path.lower()
-    return next((codec for suffix, codec in COMPRESSIONS.items() if lower.endswith(suffix)), None)
+    return next((codec for suffix, codec in TEXT_COMPRESSIONS.items() if lower.endswith(suffix)), None)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 from pyarrow import csv
 
-from . import FORMATS
+from . import FORMATS, TEXT_PACKINGS
 from ._text import LONG_RECORD, TextFooter, TextFormat
 from ._text_index import RecordIndex, RecordScanner
 from ._text_options import check_values, sort_options
@@ -22,7 +22,7 @@ _GROUPS = {
         "quoted_strings_can_be_null", "auto_dict_encode", "auto_dict_max_cardinality", "timestamp_parsers",
     ),
 }  # fmt: skip
-_TSV_SUFFIXES = (".tsv", ".tsv.gz", ".tsv.bz2", ".tsv.zst", ".tsv.deflate")
+_TSV_SUFFIXES = tuple(f".tsv{packed}" for packed in TEXT_PACKINGS)
 
 
 class CsvParse(NamedTuple):
