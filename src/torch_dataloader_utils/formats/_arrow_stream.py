@@ -157,11 +157,5 @@ class StreamReader:
 
     def _read_into(self, view: memoryview, start: int) -> None:
         self._source.seek(start)
-        if hasattr(self._source, "readinto"):  # (a local file: no bytes object between)
-            got = self._source.readinto(view)
-        else:
-            part = self._source.read(len(view))
-            got = len(part)
-            view[:got] = part
-        if got != len(view):
+        if self._source.readinto(view) != len(view):
             raise OSError(f"the file ends before byte {start + len(view)}, where planning found a message")

@@ -31,11 +31,13 @@ def _planning_source(fs: Any, path: str) -> Any:
     return pa.memory_map(path, "r") if is_local(fs) else open_input(fs, path, _SCAN_READAHEAD)
 
 
-def _refuse_other_kinds(fs: Any, path: str, error: Exception) -> None:
+def _refuse_other_kinds(source: Any, error: Exception) -> None:
     """For a file pyarrow does not open as an IPC file: raise what it is instead, or ``error``
-    for a damaged IPC file (it starts with the file format's magic); return for a stream."""
-    with fs.open(path, "rb") as file:
-        head = file.read(8)
+    for a damaged IPC file (it starts with the file format's magic); return for a stream. Leaves
+    ``source`` at its start."""
+    source.seek(0)
+    head = bytes(source.read(8))
+    source.seek(0)
     if head.startswith(b"ARROW1"):
         raise error
     for magic, kind, fix in _OTHER_KINDS:
@@ -146,10 +148,9 @@ class ArrowIpcFormat:
             try:
                 reader = pa.ipc.open_file(source)
             except pa.ArrowInvalid as error:
-                _refuse_other_kinds(fs, path, error)
+                _refuse_other_kinds(source, error)
                 reader = None
             if reader is None:
-                source.seek(0)  # (where pyarrow's attempt to read a file footer left it)
                 schema, batches, stream_index = scan_stream(source, url, lambda: _planning_source(fs, path))
             else:
                 schema, batches = reader.schema, [reader.get_batch(i) for i in range(reader.num_record_batches)]

@@ -145,6 +145,12 @@ class RangeFile:
         self._pos = end
         return data
 
+    def readinto(self, buffer: Any) -> int:
+        """Read into ``buffer`` (a writable bytes-like object); the bytes read, fewer at the end."""
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer)[: len(data)] = data
+        return len(data)
+
     def seek(self, offset: int, whence: int = 0) -> int:
         base = {0: 0, 1: self._pos, 2: self._size}[whence]
         self._pos = max(0, base + offset)
