@@ -132,3 +132,99 @@ def test_orc_stripe_statistics_of_hybrid_dates_do_not_decide_a_filter():
                                                           output_format="dict", filters=[("d", ">=", dt.date(1000, 1, 4))])  # fmt: skip
     (batch,) = list(loader)
     assert len(dataset) == 7 and batch["id"] == [3, 4, 5, 6, 7, 8, 9] and batch["d"][0] == dt.date(1000, 1, 4)
+
+
+NESTED = ["nested_LEGACY_TIMESTAMP_MICROS.parquet", "nested_LEGACY_INT96.parquet", "nested_CORRECTED_TIMESTAMP_MICROS.parquet", "nested.orc"]
+SKIPPED_DAYS = {f"1582-10-{day:02d}" for day in range(5, 15)}  # Spark's JSON prints the ten days the hybrid calendar lacks as 1582-10-15
+
+
+def _as_spark_prints(value):
+    if isinstance(value, dt.datetime):
+        value = value.astimezone(dt.timezone.utc)
+        return f"{value.year:04d}-{value.month:02d}-{value.day:02d}T{value:%H:%M:%S}.000Z"
+    if isinstance(value, dt.date):
+        text = f"{value.year:04d}-{value.month:02d}-{value.day:02d}"
+        return "1582-10-15" if text in SKIPPED_DAYS else text
+    if isinstance(value, dict):
+        return {key: _as_spark_prints(item) for key, item in value.items() if item is not None}  # Spark's JSON leaves nulls out
+    if isinstance(value, list):
+        return [_as_spark_prints(item) for item in value]
+    return value
+
+
+def _spark_leaves(row: dict) -> dict:
+    """A row of Spark's JSON as the loader's dict batches name its leaves (structs by dotted names, maps as keys and values)."""
+    out = {}
+    for name, value in row.items():
+        if name == "st":
+            out.update({"st.d": value.get("d"), "st.ts": value.get("ts"), "st.inner.d2": value["inner"].get("d2")})
+        elif name in ("dm", "km"):
+            out.update({f"{name}.keys": list(value), f"{name}.values": list(value.values())})
+        else:
+            out[name] = value
+    return out
+
+
+@pytest.mark.parametrize("name", NESTED)
+def test_dates_and_timestamps_inside_structs_lists_and_maps_read_as_spark_reads_them(name):
+    """Spark converts a legacy file's nested dates and timestamps too (a struct's fields, a list's
+    elements, a map's keys and values, lists of lists and of structs): every value equals Spark's
+    own read. INT96 and ORC timestamps before 1677 cannot be read in nanoseconds, so they are left out."""
+    import json
+
+    spark_rows = json.loads((SPARK / "nested.read_by_spark.json").read_text())[name]
+    unreadable = ("st", "tl") if "INT96" in name or name.endswith(".orc") else ()
+    columns = [column for column in spark_rows[0] if column not in unreadable]
+    loader, _ = StructuredDataset.create_dataloader(str(SPARK / name), format=None, batch_size=10, num_workers=0, output_format="dict", columns=columns)
+    (batch,) = list(loader)
+    got = [{column: values[row] for column, values in batch.items()} for row in range(len(batch["id"]))]
+    for ours, spark in zip(sorted(got, key=lambda row: row["id"]), spark_rows, strict=True):
+        ours["km.keys"] = [str((key - EPOCH).days) for key in ours["km.keys"]]  # Spark's JSON prints a date key as its day
+        assert _as_spark_prints(ours) == _as_spark_prints(_spark_leaves({c: v for c, v in spark.items() if c not in unreadable}))
+
+
+@pytest.mark.parametrize("name", ["nested_LEGACY_TIMESTAMP_MICROS.parquet", "nested.orc"])
+def test_nested_dates_through_workers_a_projection_random_access_and_a_resume(tmp_path, name):
+    for copy in range(3):
+        (tmp_path / f"{copy}-{name}").write_bytes((SPARK / name).read_bytes())
+
+    def make():
+        return StructuredDataset.create_dataloader(str(tmp_path), format=None, batch_size=4, num_workers=2, shuffle=True, columns=["id", "sl", "km", "dl"], output_format="dict")
+
+    loader, dataset = make()
+    one_file, _ = StructuredDataset.create_dataloader(str(SPARK / name), format=None, batch_size=10, num_workers=0, columns=["id", "sl", "km", "dl"], output_format="dict")
+    (written,) = list(one_file)
+    by_id = {written["id"][row]: {column: values[row] for column, values in written.items()} for row in range(len(written["id"]))}
+    assert by_id[4]["sl"] == [{"d": dt.date(1, 1, 1), "n": 4}] and by_id[4]["km.keys"] == [dt.date(1, 1, 1)] and by_id[1]["dl"][:2] == [dt.date(1000, 1, 1), dt.date(1000, 1, 2)]
+    for index in (3, 10, -1):  # rows sliced out of their chunk: each keeps its own list and map entries
+        row = dataset[index]
+        assert row == {column: by_id[row["id"]][column] for column in row}
+    delivered = sorted(row for batch in loader for row in zip(batch["id"], map(tuple, batch["dl"]), map(tuple, batch["km.keys"])))
+    assert delivered == sorted((i, tuple(r["dl"]), tuple(r["km.keys"])) for i, r in by_id.items() for _ in range(3))
+    assert_resumes_exactly(make, epochs=1, batch_key=lambda batch: (tuple(batch["id"]), tuple(map(tuple, batch["dl"])), tuple(map(tuple, batch["km.keys"]))))
+
+
+def test_a_slice_of_nested_columns_is_converted_row_for_row():
+    from torch_dataloader_utils.formats._legacy_calendar import ELEMENT, KEY, VALUE, rebase
+
+    julian = _julian_days(1000, 1, 1)
+    days = pa.array([julian, julian + 1, None, julian + 2], pa.date32())
+    struct = pa.StructArray.from_arrays([days, pa.array([1, 2, 3, 4])], names=["d", "n"], mask=pa.array([False, False, True, False]))
+    table = pa.table({
+        "s": struct,
+        "l": pa.array([[julian], [julian + 1, julian + 2], None, []], pa.list_(pa.date32())),
+        "m": pa.array([[(julian, julian)], [(julian + 1, julian + 2)], [], None], pa.map_(pa.date32(), pa.date32())),
+        "f": pa.array([[julian, julian], [julian + 1, None], None, [julian + 2, julian + 2]], pa.list_(pa.date32(), 2)),
+    }).slice(1, 3)  # fmt: skip
+    leaves = frozenset({("s", "d"), ("l", ELEMENT), ("m", KEY), ("m", VALUE), ("f", ELEMENT)})
+    day = lambda n: dt.date(1000, 1, 1 + n)  # noqa: E731
+    assert rebase(table, leaves).to_pylist() == [
+        {"s": {"d": day(1), "n": 2}, "l": [day(1), day(2)], "m": [(day(1), day(2))], "f": [day(1), None]},
+        {"s": None, "l": None, "m": [], "f": None},
+        {"s": {"d": day(2), "n": 4}, "l": [], "m": None, "f": [day(2), day(2)]},
+    ]
+
+
+def test_a_nested_int96_timestamp_before_1677_is_refused_naming_nanoseconds():
+    with pytest.raises(WideningError, match="column 'st' holds a timestamp that nanoseconds cannot hold"):
+        _read("nested_LEGACY_INT96.parquet", columns=["id", "st"])

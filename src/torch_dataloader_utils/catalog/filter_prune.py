@@ -230,7 +230,7 @@ def _parquet_guarantee(file: _ParquetFile, unit: int, columns: Sequence[str], un
             continue
         nulls = stats.null_count if stats.has_null_count else None
         try:
-            bounds = (stats.min, stats.max) if stats.has_min_max and name not in file.hybrid else None
+            bounds = (stats.min, stats.max) if stats.has_min_max and (name,) not in file.hybrid else None
         except (OverflowError, ValueError):  # a bound Python cannot hold (a date before year 1): not known
             bounds = None
         term = column_term(name, bounds, arrow.field(name).type, unified.field(name).type, nulls, group.num_rows)

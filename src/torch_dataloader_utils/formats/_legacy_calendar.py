@@ -18,8 +18,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ._parquet_seek import single_leaf_columns
-
 #: 1582-10-15, the first day of the Gregorian calendar, in days since 1970-01-01: both calendars agree from it on
 GREGORIAN_START = -141427
 _JULIAN_DAY_OF_EPOCH = 2440588  # the Julian day number of 1970-01-01
@@ -66,22 +64,76 @@ def _rebased(array: pa.Array) -> pa.Array:
     return pa.array(moved.astype(storage.to_pandas_dtype()), storage, mask=mask).view(kind)
 
 
-def rebase(table: pa.Table, columns: frozenset[str]) -> pa.Table:
-    """``table`` with its top-level ``columns`` (dates, timestamps) in the proleptic calendar."""
-    for name in columns:
+#: a leaf column's place in its top-level column: the names down to it, "[]" for a list's
+#: element, "{key}" / "{value}" for a map's keys and values ("s", "d") for struct s's field d
+Path = tuple[str, ...]
+ELEMENT, KEY, VALUE = "[]", "{key}", "{value}"
+
+
+def leaf_paths(kind: pa.DataType, path: Path) -> Iterator[tuple[Path, pa.DataType]]:
+    """The leaf columns of a column of type ``kind`` at ``path``, in the order Parquet lays them out."""
+    if isinstance(kind, pa.ExtensionType):
+        kind = kind.storage_type
+    if pa.types.is_struct(kind):
+        for field in kind:
+            yield from leaf_paths(field.type, (*path, field.name))
+    elif pa.types.is_map(kind):
+        yield from leaf_paths(kind.key_type, (*path, KEY))
+        yield from leaf_paths(kind.item_type, (*path, VALUE))
+    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        yield from leaf_paths(kind.value_type, (*path, ELEMENT))
+    else:
+        yield path, kind
+
+
+def _is_date_or_time(kind: pa.DataType) -> bool:
+    return pa.types.is_date32(kind) or pa.types.is_timestamp(kind)
+
+
+def _rebased_column(array: pa.Array, path: Path, leaves: frozenset[Path], above: frozenset[Path]) -> pa.Array:
+    """``array`` (the column at ``path``) with its leaves among ``leaves`` converted; ``above``
+    holds every path with a leaf to convert below it, so untouched branches are kept as they are."""
+    kind = array.type
+    if path in leaves and _is_date_or_time(kind):
+        return _rebased(array)
+    if path not in above:
+        return array
+    nulls = array.is_null() if array.null_count else None
+    if pa.types.is_struct(kind):
+        children = [_rebased_column(child, (*path, field.name), leaves, above) for child, field in zip(array.flatten(), kind)]
+        return pa.StructArray.from_arrays(children, fields=list(kind), mask=nulls)
+    if pa.types.is_fixed_size_list(kind):
+        size = kind.list_size  # (flatten() leaves out the values of null lists)
+        values = array.values.slice(array.offset * size, len(array) * size)
+        return pa.FixedSizeListArray.from_arrays(_rebased_column(values, (*path, ELEMENT), leaves, above), type=kind, mask=nulls)
+    if array.offset or array.offsets[0].as_py():  # pyarrow builds lists with nulls only from offsets that start at 0
+        array = pa.concat_arrays([array])
+    if pa.types.is_map(kind):
+        keys = _rebased_column(array.keys, (*path, KEY), leaves, above)
+        items = _rebased_column(array.items, (*path, VALUE), leaves, above)
+        return pa.MapArray.from_arrays(array.offsets, keys, items, type=kind, mask=nulls)
+    values = _rebased_column(array.values, (*path, ELEMENT), leaves, above)
+    return type(array).from_arrays(array.offsets, values, type=kind, mask=nulls)
+
+
+def rebase(table: pa.Table, leaves: frozenset[Path]) -> pa.Table:
+    """``table`` with the dates and timestamps at ``leaves`` (top-level or nested) in the proleptic calendar."""
+    above = frozenset(leaf[:depth] for leaf in leaves for depth in range(1, len(leaf)))
+    for name in {leaf[0] for leaf in leaves}:
         index = table.schema.get_field_index(name)
         if index >= 0:
             column = table.column(index)
-            table = table.set_column(index, table.schema.field(index), pa.chunked_array([_rebased(c) for c in column.chunks], column.type))
+            chunks = [_rebased_column(chunk, (name,), leaves, above) for chunk in column.chunks]
+            table = table.set_column(index, table.schema.field(index), pa.chunked_array(chunks, column.type))
     return table
 
 
-def spark_hybrid_columns(footer: Any) -> frozenset[str]:
-    """The top-level columns of a Parquet file (``footer``: its ``FileMetaData``) that Spark wrote in
-    the hybrid calendar, by Spark's own rule: every date and timestamp of a file from Spark before
-    3.0; from a later Spark, dates and INT64 timestamps when the footer says ``legacyDateTime``,
-    INT96 ones when it says ``legacyINT96``. Timestamps without a time zone (``TIMESTAMP_NTZ``)
-    Spark never converts."""
+def spark_hybrid_columns(footer: Any) -> frozenset[Path]:
+    """The date and timestamp leaves of a Parquet file (``footer``: its ``FileMetaData``) that
+    Spark wrote in the hybrid calendar, top-level and nested, by Spark's own rule: every date and
+    timestamp of a file from Spark before 3.0; from a later Spark, dates and INT64 timestamps when
+    the footer says ``legacyDateTime``, INT96 ones when it says ``legacyINT96``. Timestamps
+    without a time zone (``TIMESTAMP_NTZ``) Spark never converts."""
     metadata = footer.metadata or {}
     version = metadata.get(SPARK_VERSION)
     if version is None:
@@ -89,23 +141,30 @@ def spark_hybrid_columns(footer: Any) -> frozenset[str]:
     old = version.decode(errors="replace").split(".")[0] in ("1", "2")
     dates_and_int64 = old or SPARK_LEGACY_DATETIME in metadata
     int96 = old or SPARK_LEGACY_INT96 in metadata
-    arrow = footer.schema.to_arrow_schema()
-    names = set()
-    for name, leaf in single_leaf_columns(arrow)[0].items():  # (a dotted name is one top-level column)
-        if not (pa.types.is_date32(arrow.field(name).type) or pa.types.is_timestamp(arrow.field(name).type)):
+    leaves = [leaf for field in footer.schema.to_arrow_schema() for leaf in leaf_paths(field.type, (field.name,))]
+    if len(leaves) != footer.num_columns:  # not laid out as pyarrow reads it: nothing to match the leaves by
+        return frozenset()
+    paths = set()
+    for index, (path, kind) in enumerate(leaves):
+        if not _is_date_or_time(kind):
             continue
-        column = footer.schema.column(leaf)
+        column = footer.schema.column(index)
         logical = json.loads(column.logical_type.to_json()) if column.logical_type is not None else {}
         zoned = logical.get("Type") == "Date" or (logical.get("Type") == "Timestamp" and logical.get("isAdjustedToUTC", True))
         if (column.physical_type == "INT96" and int96) or (column.physical_type != "INT96" and zoned and dates_and_int64):
-            names.add(name)
-    return frozenset(names)
+            paths.add(path)
+    return frozenset(paths)
+
+
+def date_leaves(schema: pa.Schema) -> frozenset[Path]:
+    """Every date leaf of ``schema``, top-level and nested (an ORC file's, in the hybrid calendar)."""
+    return frozenset(path for field in schema for path, kind in leaf_paths(field.type, (field.name,)) if pa.types.is_date32(kind))
 
 
 class HybridCalendarReader:
-    """A unit reader whose dates and timestamps ``columns`` are converted (``rebase``) as read."""
+    """A unit reader whose dates and timestamps at ``columns`` (leaf paths) are converted (``rebase``) as read."""
 
-    def __init__(self, reader: Any, columns: frozenset[str]):
+    def __init__(self, reader: Any, columns: frozenset[Path]):
         self._reader = reader
         self._columns = columns
 

@@ -12,7 +12,7 @@ from ..errors import UnsupportedFileError
 from ..plan.splits import FileLayout
 from ..storage.paths import is_remote
 from . import FORMATS
-from ._legacy_calendar import HybridCalendarReader
+from ._legacy_calendar import HybridCalendarReader, date_leaves
 from ._orc_tail import OrcTail, _fields, read_tail, stream_ranges
 from .io import RangeFile, open_input
 
@@ -157,7 +157,7 @@ class OrcFormat:
         else:
             local = reader = _OrcReader(open_input(fs, path))
             schema = local.schema if local.hybrid_calendar() else None
-        dates = frozenset(f.name for f in schema if pa.types.is_date32(f.type)) if schema is not None else frozenset()
+        dates = date_leaves(schema) if schema is not None else frozenset()
         return HybridCalendarReader(reader, dates) if dates else reader
 
 

@@ -66,7 +66,7 @@ def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
     try:
         return column.cast(field.type, safe=True)
     except pa.ArrowInvalid as error:
-        if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+        if _holds_nanoseconds(field.type):
             raise WideningError(
                 f"column {field.name!r} holds a timestamp that nanoseconds cannot hold (they reach from 1677-09-21 to "
                 f"2262-04-11; {error}), and it is read as {field.type}: some file stores it in nanoseconds, in ORC, or "
@@ -79,6 +79,13 @@ def _widened(column: pa.ChunkedArray, field: pa.Field) -> pa.ChunkedArray:
             f"differ), and a value does not fit: {error}. Cast the column to one type in the data, or leave it out "
             "with columns=[...]"
         ) from error
+
+
+def _holds_nanoseconds(kind: pa.DataType) -> bool:
+    """Whether ``kind`` is, or holds inside a struct, list or map, a timestamp in nanoseconds."""
+    if pa.types.is_timestamp(kind):
+        return kind.unit == "ns"
+    return any(_holds_nanoseconds(kind.field(i).type) for i in range(kind.num_fields))
 
 
 class _UnitRead(NamedTuple):
