@@ -10,12 +10,12 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from . import dataset_state
+from . import dataset_state, loaders
 from .catalog.build import Catalog, build_catalog
 from .catalog.memory import return_freed_memory
 from .catalog.mixture import MixCatalog, MixtureSettings, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
 from .catalog.sources import SourceOptions
-from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_loader_options, check_options, integer
+from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical, check_canonical_workers
 from .plan.canonical_plan import CanonicalPlan
 from .plan.epoch import Batching, EpochPlan, Topology
@@ -38,8 +38,6 @@ from .storage.remote import IOOptions
 log = logging.getLogger(__name__)
 
 # DataLoader arguments the loader sets itself (create_dataloader refuses them by name)
-_FIXED_LOADER_OPTIONS = {"collate_fn", "worker_init_fn", "sampler", "batch_sampler", "generator", "in_order"}
-_LOADER_OPTIONS = ("pin_memory", "prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context", "device", "worker_mode")
 
 
 class StructuredDataset(IterableDataset):
@@ -158,21 +156,13 @@ class StructuredDataset(IterableDataset):
         ``worker_mode``: "process" (DataLoader worker processes) or "thread" (threads of
         this process; same plan, order and state).
         """
-        from .runtime.device_feed import check_device
-        from .runtime.loader import StructuredDataLoader
+        return loaders.create_dataloader(cls, path, format, kwargs)
 
-        loader_kwargs = {k: kwargs.pop(k) for k in _LOADER_OPTIONS if k in kwargs}
-        fixed = sorted(set(kwargs) & _FIXED_LOADER_OPTIONS)
-        if fixed:
-            raise TypeError(f"create_dataloader does not take the DataLoader option(s) {fixed}: the loader sets them itself (batches come "
-                            f"from the dataset's batch_size, order from its plan). It takes {list(_LOADER_OPTIONS)}; for a DataLoader of "
-                            "your own, see docs/stateful-dataloader.md")  # fmt: skip
-        check_loader_options(loader_kwargs)
-        device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
-        if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
-            raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
-        dataset = cls(path, format, **kwargs)
-        return StructuredDataLoader(dataset, **loader_kwargs), dataset
+    def stateful_dataloader(self, **kwargs: Any) -> Any:
+        """torchdata's ``StatefulDataLoader`` over this dataset (``batch_size=None``, the dataset's
+        ``num_workers``; other keyword arguments are the loader's): ``loader.state_dict()`` then
+        checkpoints the dataset. Needs torchdata (the ``torchdata`` extra)."""
+        return loaders.stateful_dataloader(self, **kwargs)
 
     @property
     def epoch(self) -> int:
@@ -395,3 +385,6 @@ class StructuredDataset(IterableDataset):
     def _config(self, **topology: int) -> dict:
         """The settings as states record them (CONFIG_KEYS), with another topology where given."""
         return dataset_state.config(self._options, self._catalog, self._source, **topology)
+
+
+StructuredDataset.create_dataloader.__func__.__signature__ = loaders.create_dataloader_signature(StructuredDataset)  # type: ignore[attr-defined]
