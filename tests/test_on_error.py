@@ -98,3 +98,60 @@ def test_skip_also_covers_the_count_of_filtered_rows(tmp_path, workers, caplog):
     got = sorted(i for batch in loader for i in batch_key(batch))
     assert got == [i for i in range(140) if i % 7 != 1 and not 70 <= i < 115]  # label = id % 7; part-00002 holds 70..114
     assert dataset.skipped_splits and {split.path for split, _ in dataset.skipped_splits} == {lost}
+
+
+def _damaged_at_planning(root) -> tuple[str, str]:
+    """LAYOUT in ``root`` with part-00001 cut in half (ids 40..69) and a file of garbage named like Parquet."""
+    write_dataset(root, LAYOUT)
+    cut = os.path.join(str(root), "part-00001.parquet")
+    with open(cut, "rb") as file:
+        data = file.read()
+    with open(cut, "wb") as file:
+        file.write(data[: len(data) // 2])
+    garbage = os.path.join(str(root), "junk.parquet")
+    with open(garbage, "wb") as file:
+        file.write(b"not parquet at all " * 50)
+    return cut, garbage
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_skip_leaves_out_files_that_cannot_be_planned_and_resumes_exactly(tmp_path, workers, caplog):
+    """A truncated file and garbage named .parquet fail at planning, before any split exists:
+    "raise" names the file; "skip" leaves the files out, reports them (logger, skipped_splits,
+    the state) and delivers every other row exactly once, resuming exactly."""
+    cut, garbage = _damaged_at_planning(tmp_path)
+    with pytest.raises(ValueError, match=r"cannot read the parquet footer of .*(junk|part-00001)\.parquet"):
+        StructuredDataset(str(tmp_path), **CONFIG)
+
+    def make():
+        return StructuredDataset.create_dataloader(str(tmp_path), num_workers=workers, on_error="skip", shuffle=True, **CONFIG)
+
+    loader, dataset = make()
+    assert "leaving out 2 file(s) that cannot be read" in caplog.text and cut in caplog.text and garbage in caplog.text
+    ids = sorted(i for batch in loader for i in batch_key(batch))
+    assert ids == [i for i in range(140) if not 40 <= i < 70]
+    reported = {(split.path, split.row_offset): message for split, message in dataset.skipped_splits}
+    assert set(reported) == {(cut, None), (garbage, None)} and all("cannot read the parquet footer" in m for m in reported.values())
+    saved = dataset.state_dict()["skipped_splits"]
+    assert {(entry["path"], entry["row_offset"], entry["row_length"]) for entry in saved} == {(cut, None, None), (garbage, None, None)}
+    assert_resumes_exactly(make, epochs=2, stride=2, batch_key=batch_key)
+
+
+def test_skip_with_every_file_unreadable_raises_the_first_error(tmp_path):
+    _, garbage = _damaged_at_planning(tmp_path)
+    for name in os.listdir(tmp_path):
+        if name != "junk.parquet":
+            os.remove(tmp_path / name)
+    with pytest.raises(ValueError, match=rf"cannot read the parquet footer of {garbage}"):
+        StructuredDataset(str(tmp_path), on_error="skip", **CONFIG)
+
+
+def test_skip_leaves_out_an_unplannable_file_of_a_mixture_source(tmp_path):
+    from torch_dataloader_utils import Source
+
+    _damaged_at_planning(tmp_path / "a")
+    write_dataset(tmp_path / "b", [[10]], first_id=1000)
+    loader, dataset = StructuredDataset.create_dataloader([Source(str(tmp_path / "a")), Source(str(tmp_path / "b"))], num_workers=0, on_error="skip", **CONFIG)
+    ids = sorted(i for batch in loader for i in batch_key(batch))
+    assert ids == [i for i in range(140) if not 40 <= i < 70] + list(range(1000, 1010))
+    assert len(dataset.skipped_splits) == 2

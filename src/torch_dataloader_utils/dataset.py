@@ -221,9 +221,11 @@ class StructuredDataset(IterableDataset):
 
     @property
     def skipped_splits(self) -> list[tuple[Split, str]]:
-        """Splits that lost rows to read errors this epoch (on_error="skip"), with the error."""
+        """With on_error="skip": files left out at planning (whole-file splits) and splits that lost
+        rows to read errors this epoch, each with the error."""
         splits = self._catalog.splits_at(self._delivery.progress.epoch)
-        return [(splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
+        unreadable = [(Split(url), message) for url, message in self._catalog.unreadable]  # left out at planning
+        return unreadable + [(splits[i], message) for i, message in sorted(self._delivery.progress.skipped.items())]
 
     @property
     def delivery(self) -> RankDelivery:
@@ -309,13 +311,14 @@ class StructuredDataset(IterableDataset):
     def _make_catalog(self, path: Any, format: str | None, storage_options: dict | None, split_bytes: int, io: IOOptions) -> Catalog:
         """The files to plan (table datasets list a snapshot's files instead of discovering them; a
         list of Sources is a mixture, catalog/mixture.py)."""
+        skip = self.on_error == "skip"  # a file that cannot be read is left out at planning
         if is_mixture(path):
             nulls_ok = self.output_format != "torch" or self.policy.nulls != "raise"
             order = (self.shuffle, self.shuffle_seed, self.shuffle_buffer_rows)
             settings = MixtureSettings(split_bytes, format, storage_options, self._max_split_rows, self._source, io, self.columns,
-                                       self._epoch_rows, *order, *self._mixture_filters, self.canonical_lanes, nulls_ok)
+                                       self._epoch_rows, *order, *self._mixture_filters, self.canonical_lanes, nulls_ok, skip)
             return build_mixture_catalog(path, settings)
-        return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source)
+        return build_catalog(path, format, storage_options, split_bytes, io, self._max_split_rows, self._source, skip)
 
     def _rows_catalog(self, catalog: Catalog) -> Catalog | Callable[[], Catalog]:
         """What random access numbers for ``catalog`` (a table dataset's: its snapshot without filters)."""

@@ -13,12 +13,13 @@ from .catalog.build import Catalog
 from .catalog.mixture import MixCatalog
 from .catalog.sources import SourceOptions, options_identity
 from .options import DatasetOptions
+from .plan.splits import Split
 from .runtime.delivery import RankDelivery
 from .runtime.worker_stream import WorkerStream
 from .state.canonical import CANONICAL_LANES, check_lanes_key
 from .state.compact import cached_summary, use_compact
 from .state.restore import PlanCheck, check_worker_state
-from .state.schema import FILTERS, MIXTURE, READER_OPTIONS, rank_state, worker_state
+from .state.schema import FILTERS, MIXTURE, READER_OPTIONS, SKIPPED_SPLITS, rank_state, worker_state
 from .state.validate import mismatch
 
 
@@ -56,6 +57,8 @@ def checkpoint(view: CheckpointView, form: str) -> dict:
         compact = False
     files = cached_summary(catalog) if compact else catalog.fingerprint
     state = rank_state(view.config, files, progress, view.delivery.plan(), splits, view.chunk_rows, compact)
+    if catalog.unreadable:  # files left out at planning (on_error="skip"): reported, not restored (planning leaves them out again)
+        state[SKIPPED_SPLITS] = [{**Split(url).to_dict(), "error": message} for url, message in catalog.unreadable] + state[SKIPPED_SPLITS]
     if view.canonical_lanes is not None:
         state[CANONICAL_LANES] = view.canonical_lanes
     return state

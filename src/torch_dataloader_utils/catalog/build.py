@@ -77,6 +77,7 @@ class Catalog:
     conflicts: dict[str, str] = field(default_factory=dict)  # column -> why its files' types do not unify (raised if selected)
     # per file whose footer is not kept: the columns its statistics say hold nulls (None: unknown, or the footer is kept)
     nulls: list[dict[str, int] | None] | None = None
+    unreadable: tuple[tuple[str, str], ...] = ()  # (url, why) of files left out at planning (on_error="skip")
 
     @property
     def fingerprint(self) -> list[list]:
@@ -141,20 +142,26 @@ def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout
         raise ValueError(f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. {advice}") from error
 
 
-def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry]) -> Iterator[tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]]:
+def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry], skip_unreadable: bool = False) -> Iterator[Any]:
     """Every file's footer, in order: local files, and remote ones whose tails were fetched
     beforehand, in this thread until reads are slow (SLOW_LOCAL_FOOTER_S, several in a row: one
     slow read may be the machine's load; a footer larger than its tail is a request), the rest
     by a thread pool, a batch at a time (so that finished reads do not pile up). The footers of
     local files whose reader reads them again (``reopens_footers``) are dropped once read, their
-    statistics' null counts kept instead (None: the footer is kept)."""
+    statistics' null counts kept instead (None: the footer is kept). With ``skip_unreadable`` a
+    file that cannot be read as the format comes as its ``ValueError`` instead."""
     local = is_local(fs)
     drop = local and reopens_footers(fmt)
     # remote files whose tails were fetched at once (prefetch_tails) are parsed from memory
     in_memory = local or (isinstance(fs, RemoteStore) and fs.has_tails())
 
-    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema, dict[str, int] | None]:
-        layout, footer, schema = _read_footer(fmt, fs, entry)
+    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema, dict[str, int] | None] | ValueError:
+        try:
+            layout, footer, schema = _read_footer(fmt, fs, entry)
+        except ValueError as error:  # the file's contents (a storage failure is an OSError: raised)
+            if not skip_unreadable:
+                raise
+            return error
         if not drop:
             return layout, footer, schema, None
         return layout, None, schema, _nulls_in(fmt, footer)
@@ -229,16 +236,18 @@ def build_catalog(
     io_options: IOOptions | None = None,
     split_rows: int | None = None,
     source: SourceOptions | None = None,
+    skip_unreadable: bool = False,
 ) -> Catalog:
     """Discover files, read every footer once (in parallel) and plan the splits (of at most
     ``split_bytes`` bytes and ``split_rows`` rows). ``source``: the format's options and the
-    directory layout (catalog/sources.py)."""
+    directory layout (catalog/sources.py). ``skip_unreadable`` (on_error="skip"): a file that
+    cannot be read as the format is left out (``Catalog.unreadable``) instead of raising."""
     # Planning creates a few objects per file and frees none: the cyclic collector would walk
     # them all again and again (at 100,000 files it doubled planning time), for no garbage.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _build(path, format, storage_options, split_bytes, io_options, split_rows, source or SourceOptions())
+        return _build(path, format, storage_options, split_bytes, io_options, split_rows, source or SourceOptions(), skip_unreadable)
     finally:
         if collecting:
             gc.enable()
@@ -252,6 +261,7 @@ def _build(
     io_options: IOOptions | None,
     split_rows: int | None,
     source: SourceOptions,
+    skip_unreadable: bool,
 ) -> Catalog:
     paths = as_path_list(path)
     fs = open_store(filesystem_for(paths, storage_options), io_options)
@@ -262,7 +272,7 @@ def _build(
     fmt, files = prepare_source(fmt, fs, paths, files, source, split_bytes, split_rows, io_options)
     name = f"{fmt.name}+hive" if isinstance(fmt, PartitionedFormat) else fmt.name
     cache = cache_for(io_options.cache_dir if io_options else None, paths, name, is_local(fs)) if reopens_footers(fmt) else None
-    return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache)
+    return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache, skip_unreadable)
 
 
 _NO_NULLS: dict[str, int] = {}
@@ -289,6 +299,17 @@ def _stored_schemas(hive: PartitionedFormat, schemas: Sequence[pa.Schema]) -> li
     return out
 
 
+def _without_unreadable(files: list[FileEntry], unreadable: list[tuple[FileEntry, ValueError]]) -> list[FileEntry]:
+    """``files`` without the unreadable ones, reported on the logger; if none is left, the first one's error."""
+    left_out = {id(entry) for entry, _ in unreadable}
+    kept = [entry for entry in files if id(entry) not in left_out]
+    if not kept:
+        raise unreadable[0][1]
+    shown = "; ".join(str(error) for _, error in unreadable[:3]) + (f"; and {len(unreadable) - 3:,} more" if len(unreadable) > 3 else "")
+    log.warning("on_error='skip': leaving out %d file(s) that cannot be read: %s", len(unreadable), shown)
+    return kept
+
+
 def reopens_footers(fmt: FileFormat) -> bool:
     """Whether the catalog may keep no footer of a local file of this format (its reader reads
     the footer again cheaply: Parquet and ORC, also with hive partition columns, not text
@@ -298,7 +319,13 @@ def reopens_footers(fmt: FileFormat) -> bool:
 
 
 def catalog_of_files(
-    fs: Any, fmt: FileFormat, files: list[FileEntry], split_bytes: int, split_rows: int | None = None, cache: PlanCache | None = None
+    fs: Any,
+    fmt: FileFormat,
+    files: list[FileEntry],
+    split_bytes: int,
+    split_rows: int | None = None,
+    cache: PlanCache | None = None,
+    skip_unreadable: bool = False,
 ) -> Catalog:
     """The catalog of files already found (a table's snapshot lists its own): footers, schema, splits."""
     cached = cache.lookup(files) if cache else [None] * len(files)
@@ -313,11 +340,16 @@ def catalog_of_files(
     shared = _SharedSchemas()
     hive = fmt if isinstance(fmt, PartitionedFormat) else None  # (the cache keeps schemas as files store them)
     with_partitions: dict[int, tuple[pa.Schema, pa.Schema]] = {}  # id of a cached schema -> it, with the partition columns
+    unreadable: list[tuple[FileEntry, ValueError]] = []
     with _prefetched_tails(fs, unread):
-        read = _young_collected(progress(_footers(fmt, fs, unread), len(unread), "reading footers"))
+        read = _young_collected(progress(_footers(fmt, fs, unread, skip_unreadable), len(unread), "reading footers"))
         for entry, known in zip(files, cached):
             if known is None:
-                layout, footer, file_schema, file_nulls = next(read)
+                found = next(read)
+                if isinstance(found, ValueError):
+                    unreadable.append((entry, found))
+                    continue
+                layout, footer, file_schema, file_nulls = found
                 file_schema = shared(file_schema)
             else:
                 (layout, file_schema), footer, file_nulls = known, None, None
@@ -334,6 +366,8 @@ def catalog_of_files(
             footers.append(footer)
             schemas.append(file_schema)
             nulls.append(file_nulls)
+    if unreadable:
+        files = _without_unreadable(files, unreadable)
     if cache and unread:
         cache.store(files, list(zip(layouts, _stored_schemas(hive, schemas) if hive is not None else schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))
@@ -362,4 +396,5 @@ def catalog_of_files(
     return Catalog(
         fs, fmt, table, kept, shared_footers(footers), splits, splits.rows, kept.offsets, split_bytes,
         schema, missing, repeated, conflicts=conflicts, max_split_rows=split_rows, nulls=nulls,
+        unreadable=tuple((entry.url, str(error)) for entry, error in unreadable),
     )

@@ -163,6 +163,7 @@ class MixtureSettings:
     count_filtered: Callable[[Catalog, Any], Catalog] | None = None
     canonical_lanes: int | None = None
     nulls_ok: bool = False
+    skip_unreadable: bool = False  # on_error="skip": files that cannot be read are left out at planning
 
 
 def build_mixture_catalog(sources: Source | Sequence[Source], settings: MixtureSettings) -> MixCatalog:
@@ -177,7 +178,7 @@ def build_mixture_catalog(sources: Source | Sequence[Source], settings: MixtureS
         build_catalog(
             s.path, settings.format if s.format is None else s.format,
             settings.storage_options if s.storage_options is None else s.storage_options,
-            settings.split_bytes, settings.io, settings.split_rows, settings.source_options,
+            settings.split_bytes, settings.io, settings.split_rows, settings.source_options, settings.skip_unreadable,
         )  # fmt: skip
         for s in sources
     ]
@@ -264,5 +265,5 @@ def _combine(
         [x for c in catalogs for x in c.splits], split_rows, offsets, s.split_bytes, unified, missing, repeated,
         stores=[c.fs for c in catalogs for _ in c.files], formats=[c.format for c in catalogs for _ in c.files],
         sources=described, plan=plan, max_split_rows=catalogs[0].max_split_rows,
-        nulls=[x for c in catalogs for x in (c.nulls or [None] * len(c.files))],
+        nulls=[x for c in catalogs for x in (c.nulls or [None] * len(c.files))], unreadable=tuple(x for c in catalogs for x in c.unreadable),
     )  # fmt: skip
