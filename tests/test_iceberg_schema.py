@@ -157,3 +157,39 @@ def test_a_field_renamed_inside_a_struct_is_followed_by_id(tmp_path, workers):
     assert sorted((r["id"].as_py(), r["st.aa"].as_py(), r["st.inner.cc"].as_py()) for r in rows_read) == [(i, 10 + i, 20 + i) for i in range(6)]
     args = dict(table="db.t", catalog_config=config, filters=pc.field("st", "aa") >= 11)
     assert ids_and(args, "st.aa") == [(i, 10 + i) for i in range(1, 6)]
+
+
+def test_a_checkpoint_taken_before_a_rename_resumes_under_the_new_name(tmp_path):
+    """The script names the column as the table does now: the checkpoint's snapshot (schema 0) is
+    read by field id under the new name, the rest of the epoch equal to the uninterrupted run's;
+    the old name, which the table no longer has, is refused saying so."""
+    import json
+
+    from table_helpers import iceberg_table, rows
+
+    config = iceberg_config(str(tmp_path))
+    ice = iceberg_table(config)
+    for start, stop in ((0, 300), (300, 600)):
+        ice.append(rows(start, stop))
+    settings = dict(batch_size=40, num_workers=2, shuffle=True, split_bytes=1, chunk_rows=80)
+
+    def pairs(loader, column, stop=None):
+        out = []
+        for number, batch in enumerate(loader):
+            out.append(list(zip(batch["id"].tolist(), batch[column].tolist())))
+            if number + 1 == stop:
+                break
+        return out
+
+    full = pairs(IcebergDataset.create_dataloader("db.t", config, columns=["id", "x"], **settings)[0], "x")
+    loader, dataset = IcebergDataset.create_dataloader("db.t", config, columns=["id", "x"], **settings)
+    assert pairs(loader, "x", stop=4) == full[:4]
+    state = json.loads(json.dumps(dataset.state_dict()))
+    with ice.update_schema() as update:
+        update.rename_column("x", "half")
+    ice.append(rows(600, 700).rename_columns(["id", "half"]))
+    with pytest.raises(ValueError, match=r"columns \['x'\] are not in the data.*name it as the table does now"):
+        IcebergDataset("db.t", config, columns=["id", "x"], **settings)
+    loader, dataset = IcebergDataset.create_dataloader("db.t", config, columns=["id", "half"], **settings)
+    dataset.load_state_dict(state)
+    assert pairs(loader, "half") == full[4:]

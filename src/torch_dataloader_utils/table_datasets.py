@@ -141,7 +141,7 @@ class _TableDataset(StructuredDataset):
             )
         before = (self._catalog, self._ref, self._rows_source)
         try:
-            self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
+            self._switch_to_saved(entry)
         except FileNotFoundError as error:  # the snapshot's log is there, but not all of its data files
             raise CheckpointMismatchError(
                 f"Checkpoint state was taken on a snapshot whose data files are gone: {error}.\n\n  Start the epoch again "
@@ -166,6 +166,18 @@ class _TableDataset(StructuredDataset):
                 self._rows_source = before[2]
                 self._use_catalog(before[0])
                 self._ref = before[1]
+
+    def _switch_to_saved(self, entry: Mapping[str, Any]) -> None:
+        """Read the state's snapshot with the state's schema; if this dataset's columns are not in it
+        (renamed since the checkpoint: the dataset names them as the table's schema does now), with
+        this dataset's schema: columns are matched by field id, so the rows are the same."""
+        try:
+            self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
+        except ValueError:
+            own = self._ref.version[1]
+            if own is None or own == entry.get("schema_id"):
+                raise
+            self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=own))
 
     def _check_table(self, entry: Mapping[str, Any]) -> None:
         ref = self._ref
@@ -247,6 +259,17 @@ class IcebergDataset(_TableDataset):
     def _current_version(self) -> tuple[int, int | None]:
         table = self._load()
         return iceberg.snapshot_of(table, self._name, None).snapshot_id, table.schema().schema_id
+
+    def _check_columns(self) -> None:
+        try:
+            super()._check_columns()
+        except ValueError as error:
+            if "are not in the data" not in str(error):
+                raise
+            raise ValueError(
+                f"{error} (the schema of the snapshot read). If a column was renamed, name it as the table does now: a "
+                "checkpoint taken before the rename still resumes, its snapshot read by field id"
+            ) from error
 
 
 class DeltaDataset(_TableDataset):
