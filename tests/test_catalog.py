@@ -15,7 +15,7 @@ import pytest
 from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
-from torch_dataloader_utils.catalog import build as catalog
+from torch_dataloader_utils.catalog import footers
 from torch_dataloader_utils.errors import UnsupportedFileError
 from torch_dataloader_utils.formats import _parquet_tail, parquet
 
@@ -78,22 +78,22 @@ def test_a_slow_local_footer_sends_the_rest_to_threads(tmp_path, monkeypatch):
     write_dataset(tmp_path, layout)
     expected = StructuredDataset(str(tmp_path), num_workers=0)._catalog.layouts
     threads = []
-    read = catalog._read_footer
+    read = footers._read_footer
 
     def recorded(fmt, fs, entry):
         threads.append(threading.current_thread() is threading.main_thread())
         return read(fmt, fs, entry)
 
-    monkeypatch.setattr(catalog, "_read_footer", recorded)
-    monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 0.0)  # every read counts as slow
-    monkeypatch.setattr(catalog, "_SLOW_READS", 2)  # two in a row send the rest to the pool
+    monkeypatch.setattr(footers, "_read_footer", recorded)
+    monkeypatch.setattr(footers, "SLOW_LOCAL_FOOTER_S", 0.0)  # every read counts as slow
+    monkeypatch.setattr(footers, "_SLOW_READS", 2)  # two in a row send the rest to the pool
     layouts = StructuredDataset(str(tmp_path), num_workers=0)._catalog.layouts
     assert threads == [True, True] + [False] * (len(layout) - 2)
     assert [layout_.unit_rows for layout_ in layouts] == [tuple(groups) for groups in layout]
     assert layouts == expected
 
     threads.clear()
-    monkeypatch.setattr(catalog, "SLOW_LOCAL_FOOTER_S", 60.0)
+    monkeypatch.setattr(footers, "SLOW_LOCAL_FOOTER_S", 60.0)
     StructuredDataset(str(tmp_path), num_workers=0)
     assert threads == [True] * len(layout)
 

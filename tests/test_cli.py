@@ -4,6 +4,7 @@ import json
 import runpy
 import subprocess
 import sys
+import time
 
 import pytest
 from cli_helpers import LAYOUT, ROWS, SPLIT_BYTES, data, run  # noqa: F401 - fixtures
@@ -207,17 +208,34 @@ def test_module_and_console_script_show_help(capsys, monkeypatch):
 
 # ------------------------------------------------------------ progress
 def test_planning_progress_bar_when_slow_and_silent_otherwise(capsys, data, monkeypatch):
-    monkeypatch.setenv("TDU_PROGRESS", "1")
     monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.0)  # as if planning took longer than the delay
     build_catalog(data, "parquet", None, SPLIT_BYTES)
-    assert "reading footers" in capsys.readouterr().err
-    monkeypatch.delenv("TDU_PROGRESS")  # default: only on a terminal; pytest's stderr is not one
+    err = capsys.readouterr().err
+    assert "reading footers" in err and "100%" in err  # pytest's stderr is not a terminal: the bar is left as a log line
+    monkeypatch.setenv("TDU_PROGRESS", "0")
     build_catalog(data, "parquet", None, SPLIT_BYTES)
     assert capsys.readouterr().err == ""
+    monkeypatch.delenv("TDU_PROGRESS")
     monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 60.0)  # fast planning never shows the bar
-    monkeypatch.setenv("TDU_PROGRESS", "1")
     build_catalog(data, "parquet", None, SPLIT_BYTES)
     assert capsys.readouterr().err == ""
+
+
+def test_the_bar_delay_counts_from_the_start_of_planning_listing_included(capsys, data, monkeypatch):
+    """Listing thousands of files (or a slow store) is planning too: the bar's delay is not started
+    again when the footer reads begin."""
+    from torch_dataloader_utils.catalog import build
+
+    listed = build.discover_files
+
+    def slow_listing(*args, **kwargs):
+        time.sleep(0.4)
+        return listed(*args, **kwargs)
+
+    monkeypatch.setattr(build, "discover_files", slow_listing)
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.3)  # passed while listing
+    build_catalog(data, "parquet", None, SPLIT_BYTES)
+    assert "reading footers" in capsys.readouterr().err
 
 
 def test_bench_reads_nulls_in_number_columns_with_the_nulls_option(capsys, tmp_path):

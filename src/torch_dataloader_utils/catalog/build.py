@@ -18,45 +18,34 @@ import gc
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from ..errors import RemoteReadError, UnsupportedFileError
+from ..errors import UnsupportedFileError
 from ..formats import FileFormat, get_format
 from ..formats._parquet_tail import metadata
 from ..plan.columns import LayoutTable, plan_split_table
 from ..plan.splits import FileLayout, Split
 from ..plan.streams import SplitRows
 from ..storage.paths import is_local, is_remote
-from ..storage.remote import IOOptions, RemoteStore, open_store
+from ..storage.remote import IOOptions, open_store
 from ..storage.versions import FileEntry
 from .arrow_tails import arrow_tails
-from .discovery import as_path_list, discover_files, filesystem_for, format_for_path, infer_format
+from .discovery import as_path_list, discover_files, filesystem_for, infer_format
 from .file_table import FileTable
+from .footers import read_footers, reopens_footers, without_unreadable
 from .partitions import PartitionedFormat
 from .plan_cache import PlanCache, cache_for
-from .progress_bar import progress
+from .progress_bar import planning_started, progress
 from .schema import missing_columns, repeated_columns, unify
 from .shared_footers import shared_footers
 from .sources import SourceOptions, prepare_source
 
 log = logging.getLogger(__name__)
-_FOOTER_THREADS = 32
-#: A local footer read slower than this sends the remaining files to the thread pool. A footer
-#: read from the page cache is fast, and then one thread is faster than a pool (whose threads
-#: contend for the GIL); a slow read means storage latency (a network file system), which
-#: threads overlap.
-SLOW_LOCAL_FOOTER_S = 0.002
-_SLOW_READS = 8
-_POOL_BATCH = 1024
-
-
 @dataclass
 class Catalog:
     fs: Any
@@ -110,76 +99,6 @@ class Catalog:
     def splits_at(self, epoch: int) -> Sequence[Split]:
         """The splits the pieces of ``epoch`` refer to (a mixture's change with the epoch)."""
         return self.splits
-
-
-def _read_footer(fmt: FileFormat, fs: Any, entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema]:
-    try:
-        layout, footer = fmt.read_footer(fs, entry.fs_path, entry.size, entry.url)
-        schema = fmt.schema(fs, entry.fs_path, footer)
-        schema.names  # noqa: B018 - column names that are not UTF-8 raise here, naming the file, not in later steps
-        return layout, footer, schema
-    except Exception as error:  # re-raised with the file named
-        if isinstance(error, RemoteReadError) or (isinstance(error, OSError) and error.errno is not None):
-            raise  # the storage failed, not the file (a permission, a request): the error names it
-        if isinstance(error, UnicodeEncodeError):  # the name, not the contents
-            raise ValueError(  # noqa: TRY004 - the file name is a bad value
-                f"cannot open {entry.url!r}: its name is not valid UTF-8, and pyarrow opens files by UTF-8 names. "
-                "Rename the file, or pass a path without it."
-            ) from error
-        named = format_for_path(entry.url)
-        if isinstance(error, UnsupportedFileError):  # complete, but not readable here: the error says why
-            raise UnsupportedFileError(f"cannot read {entry.url}: {error}.") from error
-        if named not in (None, fmt.name):
-            advice = f"Its name says {named}: pass format={named!r}."
-        elif getattr(fmt, "schema_advice", ""):  # a text file has no footer: planning scanned its records (a hive wrapper has it empty for Parquet)
-            options = "csv_options" if fmt.name == "csv" else "json_options"
-            advice = f"Fix, replace or remove the file, or pass a path without it ({options} set how it is parsed)."
-            if fmt.name == "jsonl":
-                advice += " JSON Lines holds one object per line: a JSON array or a pretty-printed document is not JSON Lines."
-            raise ValueError(f"cannot read {entry.url} as {fmt.name} (planning scans its records): {str(error).rstrip('.')}. {advice}") from error
-        else:
-            advice = f"Is it a complete {fmt.name} file? Remove or replace it, or pass a path without it."
-        raise ValueError(f"cannot read the {fmt.name} footer of {entry.url}: {str(error).rstrip('.')}. {advice}") from error
-
-
-def _footers(fmt: FileFormat, fs: Any, files: Sequence[FileEntry], skip_unreadable: bool = False) -> Iterator[Any]:
-    """Every file's footer, in order: local files, and remote ones whose tails were fetched
-    beforehand, in this thread until reads are slow (SLOW_LOCAL_FOOTER_S, several in a row: one
-    slow read may be the machine's load; a footer larger than its tail is a request), the rest
-    by a thread pool, a batch at a time (so that finished reads do not pile up). The footers of
-    local files whose reader reads them again (``reopens_footers``) are dropped once read, their
-    statistics' null counts kept instead (None: the footer is kept). With ``skip_unreadable`` a
-    file that cannot be read as the format comes as its ``ValueError`` instead."""
-    local = is_local(fs)
-    drop = local and reopens_footers(fmt)
-    # remote files whose tails were fetched at once (prefetch_tails) are parsed from memory
-    in_memory = local or (isinstance(fs, RemoteStore) and fs.has_tails())
-
-    def read(entry: FileEntry) -> tuple[FileLayout, Any, pa.Schema, dict[str, int] | None] | ValueError:
-        try:
-            layout, footer, schema = _read_footer(fmt, fs, entry)
-        except ValueError as error:  # the file's contents (a storage failure is an OSError: raised)
-            if not skip_unreadable:
-                raise
-            return error
-        if not drop:
-            return layout, footer, schema, None
-        return layout, None, schema, _nulls_in(fmt, footer)
-
-    done = slow = 0
-    if in_memory:
-        for entry in files:
-            started = time.perf_counter()
-            yield read(entry)
-            done += 1
-            slow = slow + 1 if time.perf_counter() - started > SLOW_LOCAL_FOOTER_S else 0
-            if slow >= _SLOW_READS:
-                break
-    rest = files[done:]
-    if rest:
-        with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(rest))) as pool:
-            for first in range(0, len(rest), _POOL_BATCH):
-                yield from pool.map(read, rest[first : first + _POOL_BATCH])
 
 
 def replanned(catalog: Catalog, layouts: Sequence[FileLayout]) -> Catalog:
@@ -247,7 +166,8 @@ def build_catalog(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _build(path, format, storage_options, split_bytes, io_options, split_rows, source or SourceOptions(), skip_unreadable)
+        with planning_started():
+            return _build(path, format, storage_options, split_bytes, io_options, split_rows, source or SourceOptions(), skip_unreadable)
     finally:
         if collecting:
             gc.enable()
@@ -275,17 +195,6 @@ def _build(
     return catalog_of_files(fs, fmt, files, split_bytes, split_rows, cache, skip_unreadable)
 
 
-_NO_NULLS: dict[str, int] = {}
-
-
-def _nulls_in(fmt: FileFormat, footer: Any) -> dict[str, int]:
-    """The columns the footer's statistics say hold nulls, with their counts (files written
-    alike, without nulls, share one empty dict)."""
-    counts_of = getattr(fmt, "nulls_by_column", None)
-    found = {name: count for name, count in counts_of(footer).items() if count} if counts_of is not None else {}
-    return found or _NO_NULLS
-
-
 def _stored_schemas(hive: PartitionedFormat, schemas: Sequence[pa.Schema]) -> list[pa.Schema]:
     """Each file's schema without the partition columns, one object per distinct schema object
     (files written alike share one, and the plan cache keeps one entry per object)."""
@@ -297,25 +206,6 @@ def _stored_schemas(hive: PartitionedFormat, schemas: Sequence[pa.Schema]) -> li
             found = stored[id(schema)] = hive.stored_schema(schema)
         out.append(found)
     return out
-
-
-def _without_unreadable(files: list[FileEntry], unreadable: list[tuple[FileEntry, ValueError]]) -> list[FileEntry]:
-    """``files`` without the unreadable ones, reported on the logger; if none is left, the first one's error."""
-    left_out = {id(entry) for entry, _ in unreadable}
-    kept = [entry for entry in files if id(entry) not in left_out]
-    if not kept:
-        raise unreadable[0][1]
-    shown = "; ".join(str(error) for _, error in unreadable[:3]) + (f"; and {len(unreadable) - 3:,} more" if len(unreadable) > 3 else "")
-    log.warning("on_error='skip': leaving out %d file(s) that cannot be read: %s", len(unreadable), shown)
-    return kept
-
-
-def reopens_footers(fmt: FileFormat) -> bool:
-    """Whether the catalog may keep no footer of a local file of this format (its reader reads
-    the footer again cheaply: Parquet and ORC, also with hive partition columns, not text
-    formats, whose footer is a scanned row index, nor a table's files)."""
-    inner = fmt.inner if isinstance(fmt, PartitionedFormat) else fmt
-    return inner.name in ("parquet", "orc") and inner is get_format(inner.name)
 
 
 def catalog_of_files(
@@ -342,7 +232,7 @@ def catalog_of_files(
     with_partitions: dict[int, tuple[pa.Schema, pa.Schema]] = {}  # id of a cached schema -> it, with the partition columns
     unreadable: list[tuple[FileEntry, ValueError]] = []
     with _prefetched_tails(fs, unread):
-        read = _young_collected(progress(_footers(fmt, fs, unread, skip_unreadable), len(unread), "reading footers"))
+        read = _young_collected(progress(read_footers(fmt, fs, unread, skip_unreadable), len(unread), "reading footers"))
         for entry, known in zip(files, cached):
             if known is None:
                 found = next(read)
@@ -367,7 +257,7 @@ def catalog_of_files(
             schemas.append(file_schema)
             nulls.append(file_nulls)
     if unreadable:
-        files = _without_unreadable(files, unreadable)
+        files = without_unreadable(files, unreadable)
     if cache and unread:
         cache.store(files, list(zip(layouts, _stored_schemas(hive, schemas) if hive is not None else schemas)))
     log.debug("footers: %d read, %d from the plan cache", len(unread), len(files) - len(unread))

@@ -1,15 +1,20 @@
 """A progress bar for slow planning (thousands of files, remote footers); silent otherwise.
 
 The bar (tqdm, imported only when needed) appears on stderr once planning has
-run for ``PROGRESS_DELAY_S`` seconds, and only when stderr is a terminal.
-The environment variable ``TDU_PROGRESS`` overrides that: ``0`` never shows a
-bar, ``1`` shows it on any stream (for example in a job log).
+run for ``PROGRESS_DELAY_S`` seconds (counted from the start of planning, listing
+included: ``planning_started``). On a terminal it is redrawn as tqdm does; on any
+other stream (a job log, a notebook) it is written at most every
+``LOG_INTERVAL_S`` seconds. The environment variable ``TDU_PROGRESS=0`` never
+shows it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from typing import IO, TypeVar
 
@@ -17,22 +22,35 @@ T = TypeVar("T")
 
 #: Seconds of planning after which the bar appears.
 PROGRESS_DELAY_S = 2.0
+#: Seconds between two updates of a bar written to a stream that is not a terminal.
+LOG_INTERVAL_S = 10.0
+
+_planning = threading.local()  # .started: when the planning under way in this thread began
 
 
-def _wanted(stream: IO[str]) -> bool:
-    forced = os.environ.get("TDU_PROGRESS", "").strip().lower()
-    if forced in ("0", "false", "no", "off"):
-        return False
-    if forced in ("1", "true", "yes", "on"):
-        return True
+@contextlib.contextmanager
+def planning_started() -> Iterator[None]:
+    """Planning in this thread starts now: a bar within it counts its delay from here (the
+    outermost start counts, as a mixture plans its sources one after another)."""
+    outer = getattr(_planning, "started", None)
+    if outer is None:
+        _planning.started = time.monotonic()
+    try:
+        yield
+    finally:
+        if outer is None:
+            _planning.started = None
+
+
+def _is_terminal(stream: IO[str]) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
 
 
 def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | None = None) -> Iterator[T]:
-    """Yield ``iterable`` unchanged, with a bar on ``stream`` (stderr) if it lasts long enough."""
+    """Yield ``iterable`` unchanged, with a bar on ``stream`` (stderr) if planning lasts long enough."""
     stream = stream if stream is not None else sys.stderr
-    if not _wanted(stream):
+    if os.environ.get("TDU_PROGRESS", "").strip().lower() in ("0", "false", "no", "off"):
         yield from iterable
         return
     try:
@@ -40,7 +58,11 @@ def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | Non
     except ImportError:  # optional: pip install tqdm (the [progress] extra)
         yield from iterable
         return
-    with tqdm(total=total, desc=desc, unit="file", delay=PROGRESS_DELAY_S, file=stream, leave=False) as bar:
+    started = getattr(_planning, "started", None)
+    delay = PROGRESS_DELAY_S if started is None else max(0.0, PROGRESS_DELAY_S - (time.monotonic() - started))
+    terminal = _is_terminal(stream)
+    interval = {} if terminal else {"mininterval": LOG_INTERVAL_S}
+    with tqdm(total=total, desc=desc, unit="file", delay=delay, file=stream, leave=not terminal, **interval) as bar:
         for item in iterable:
             bar.update(1)
             yield item
