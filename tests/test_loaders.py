@@ -31,6 +31,17 @@ def test_create_dataloader_shows_every_argument_it_takes():
     assert shown["batch_size"].default == 1024 and shown["path"].default is inspect.Parameter.empty
 
 
+def test_table_datasets_show_their_own_arguments_and_the_ones_they_pass_on():
+    from torch_dataloader_utils import DeltaDataset, IcebergDataset
+
+    iceberg = inspect.signature(IcebergDataset.create_dataloader).parameters
+    assert list(iceberg)[:6] == ["table", "catalog_config", "snapshot_id", "scan_filter", "filters", "pin_snapshot"]
+    assert {"batch_size", "shuffle", "persistent_workers", "device"} <= set(iceberg) and "path" not in iceberg and "format" not in iceberg
+    delta = inspect.signature(DeltaDataset.create_dataloader).parameters
+    assert list(delta)[:5] == ["path", "version", "storage_options", "filters", "pin_version"] and "num_workers" in delta
+    assert all(p.kind is not p.VAR_KEYWORD for p in [*iceberg.values(), *delta.values()])
+
+
 def test_stateful_dataloader_resumes_exactly(data):
     def make():
         dataset = StructuredDataset(data, batch_size=13, num_workers=2, shuffle=True, split_bytes=2500, chunk_rows=26)

@@ -37,12 +37,17 @@ def create_dataloader(
     return StructuredDataLoader(dataset, **loader_kwargs), dataset
 
 
-def create_dataloader_signature(dataset_class: type[StructuredDataset]) -> inspect.Signature:
+def create_dataloader_signature(dataset_class: type, base: type | None = None) -> inspect.Signature:
     """What the classmethod ``create_dataloader`` takes, for ``help()`` and ``inspect``: ``cls``,
-    the dataset's arguments, then the loader's."""
-    dataset = [p.replace(name="cls") if name == "self" else p for name, p in inspect.signature(dataset_class.__init__).parameters.items()]
+    the dataset's arguments (a subclass's own, then those of ``base`` it passes on through
+    ``**kwargs``), then the loader's."""
+    own = list(inspect.signature(dataset_class.__init__).parameters.values())
+    params = [p.replace(name="cls") if p.name == "self" else p for p in own if p.kind is not p.VAR_KEYWORD]
+    if base is not None and len(params) < len(own):
+        names = {p.name for p in params}
+        params += [p for p in inspect.signature(base.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in names]
     loader = [p for name, p in inspect.signature(StructuredDataLoader.__init__).parameters.items() if name in LOADER_OPTIONS]
-    return inspect.Signature(dataset + loader, return_annotation="tuple[StructuredDataLoader, StructuredDataset]")
+    return inspect.Signature(params + loader, return_annotation=f"tuple[StructuredDataLoader, {dataset_class.__name__}]")
 
 
 def stateful_dataloader(dataset: StructuredDataset, **kwargs: Any) -> Any:

@@ -15,6 +15,7 @@ import hashlib
 import logging
 from typing import Any, Callable, Mapping, Sequence
 
+from . import loaders
 from .catalog.build import Catalog
 from .catalog.filter_prune import filter_expression, filter_identity
 from .dataset import StructuredDataset
@@ -313,3 +314,7 @@ class DeltaDataset(_TableDataset):
 
     def _current_version(self) -> tuple[int, int | None]:
         return int(delta.open_delta(self._uri, None, self._storage_options).version()), None
+
+
+for _table_class in (IcebergDataset, DeltaDataset):
+    _table_class.create_dataloader.__func__.__signature__ = loaders.create_dataloader_signature(_table_class, StructuredDataset)  # type: ignore[attr-defined]
