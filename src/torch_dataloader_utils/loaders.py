@@ -41,11 +41,11 @@ def create_dataloader_signature(dataset_class: type, base: type | None = None) -
     """What the classmethod ``create_dataloader`` takes, for ``help()`` and ``inspect``: ``cls``,
     the dataset's arguments (a subclass's own, then those of ``base`` it passes on through
     ``**kwargs``), then the loader's."""
-    own = list(inspect.signature(dataset_class.__init__).parameters.values())
-    params = [p.replace(name="cls") if p.name == "self" else p for p in own if p.kind is not p.VAR_KEYWORD]
-    if base is not None and len(params) < len(own):
+    own = list(inspect.signature(dataset_class).parameters.values())
+    params = [inspect.Parameter("cls", inspect.Parameter.POSITIONAL_OR_KEYWORD), *(p for p in own if p.kind is not p.VAR_KEYWORD)]
+    if base is not None and len(params) <= len(own):
         names = {p.name for p in params}
-        params += [p for p in inspect.signature(base.__init__).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in names]
+        params += [p for p in inspect.signature(base).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in names]
     loader = [p for name, p in inspect.signature(StructuredDataLoader.__init__).parameters.items() if name in LOADER_OPTIONS]
     return inspect.Signature(params + loader, return_annotation=f"tuple[StructuredDataLoader, {dataset_class.__name__}]")
 

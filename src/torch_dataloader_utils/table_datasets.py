@@ -317,4 +317,4 @@ class DeltaDataset(_TableDataset):
 
 
 for _table_class in (IcebergDataset, DeltaDataset):
-    _table_class.create_dataloader.__func__.__signature__ = loaders.create_dataloader_signature(_table_class, StructuredDataset)  # type: ignore[attr-defined]
+    _table_class.create_dataloader.__func__.__signature__ = loaders.create_dataloader_signature(_table_class, StructuredDataset)  # type: ignore[union-attr]
