@@ -354,8 +354,11 @@ def test_in_progress_contradicting_the_position_is_refused(one, damage):
     else:
         entry["splits"][0]["rows_done"] = 10**6
     at = 42 if damage == "position" else 41
-    with pytest.raises(CheckpointMismatchError, match=re.compile(f"{SHARD_MISMATCH}.*splits do not match the plan at {at} rows delivered", re.DOTALL)):
+    with pytest.raises(CheckpointMismatchError, match=re.compile(f"{SHARD_MISMATCH}.*splits do not match the plan at {at} rows delivered", re.DOTALL)) as info:
         StructuredDataset(one.path, **ONE).load_state_dict(state)
+    if damage == "rows_done":  # the key is named, with both values
+        worker = state["in_progress"].index(entry)
+        assert f"first at key 'in_progress[{worker}].splits[0].rows_done': checkpoint=1000000, plan=" in str(info.value)
 
 
 def test_state_from_another_shuffle_buffer_is_refused_naming_both_sizes(one):

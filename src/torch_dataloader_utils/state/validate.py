@@ -266,14 +266,33 @@ def _check_full_entry(state: Mapping[str, Any], entry: Mapping[str, Any], worker
         saved_partial = in_progress[worker].get(SPLITS)
     if entry.get(SPLITS) != completed or saved_partial != partial:
         saved = entry.get(SPLITS)
+        where = _first_difference(f"{COMPLETED_SHARDS}[{worker}].{SPLITS}", saved, completed) or _first_difference(
+            f"{IN_PROGRESS}[{worker}].{SPLITS}", saved_partial, partial
+        )
         raise mismatch(
             "Checkpoint shard does not match any current split.",
             saved if isinstance(saved, list) else [],
             [
                 f"worker {worker}'s completed or in-progress splits do not match the plan at {position} rows delivered "
-                "(the data or the state was changed, or the state is damaged)"
+                f"(first at key {where}; the data or the state was changed, or the state is damaged)"
             ],
         )
+
+
+def _first_difference(key: str, saved: Any, expected: list[dict]) -> str | None:
+    """Where ``saved`` (a state's list of split entries) first differs from the plan's, with both values."""
+    if not isinstance(saved, list):
+        return f"{key!r}: checkpoint={saved!r:.80}, plan={expected!r:.80}"
+    for index, (got, wanted) in enumerate(zip(saved, expected)):
+        if got != wanted:
+            fields = sorted(set(got) | set(wanted)) if isinstance(got, Mapping) else []
+            name = next((f for f in fields if got.get(f) != wanted.get(f)), None)
+            if name is not None:
+                return f"'{key}[{index}].{name}': checkpoint={got.get(name)!r:.80}, plan={wanted.get(name)!r:.80}"
+            return f"'{key}[{index}]': checkpoint={got!r:.120}, plan={wanted!r:.120}"
+    if len(saved) != len(expected):
+        return f"{key!r}: {len(saved)} splits in the checkpoint, {len(expected)} in the plan"
+    return None
 
 
 def _check_compact_entry(saved: Mapping[str, Any], worker: int, expected: Mapping[str, Any], position: int) -> None:
