@@ -298,7 +298,7 @@ def test_merge_states_checks_its_input(data):
     states = [_run(data, rank, 2, 0, config, stop=1)[1] for rank in range(2)]
     with pytest.raises(ValueError, match="rank order"):
         merge_states(states[::-1])
-    with pytest.raises(ValueError, match=r"saved by rank 0 of 2; pass the list of all 2 ranks' states"):
+    with pytest.raises(ValueError, match=r"got 1 state: states\[0\] was saved by rank 0 of 2; pass the list of all 2 ranks' states"):
         merge_states(states[:1])
     with pytest.raises(ValueError, match=r"from epoch 1 but states\[0\] from epoch 0; take every rank's state at the same step"):
         merge_states([states[0], dict(states[1], epoch=1)])

@@ -42,8 +42,9 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict:
             raise ValueError(f"states[{rank}] is not a rank state from dataset.state_dict()")
         if state.get("_rank") != rank or state.get("_world_size") != len(states):
             world = state.get("_world_size")
+            given = f"got {len(states)} state{'s' if len(states) != 1 else ''}: " if isinstance(world, int) and world != len(states) else ""
             raise ValueError(
-                f"states[{rank}] was saved by rank {state.get('_rank')} of {world}; pass the list of all "
+                f"{given}states[{rank}] was saved by rank {state.get('_rank')} of {world}; pass the list of all "
                 f"{world if isinstance(world, int) else 'the'} ranks' states in rank order (all_gather_object gives that)"
             )
         if state.get(EPOCH) != states[0].get(EPOCH):
