@@ -124,6 +124,17 @@ def test_bad_csv_options_are_named(data, options, message):
         StructuredDataset(data["csv"][0], format="csv", num_workers=0, csv_options=options)
 
 
+def test_a_value_past_the_inferred_block_names_its_file_and_column(tmp_path):
+    """Types are inferred from a file's first block: a later value that does not fit is refused naming
+    the file and the column (pyarrow gives only its number), with the option that fixes it."""
+    from torch_dataloader_utils import DataReadError
+
+    path = tmp_path / "late.csv"
+    path.write_text("a,id,score\n" + "".join(f"x,{i},{i}\n" for i in range(100_000)) + "x,5,2.5\n")
+    with pytest.raises(DataReadError, match=rf"(?s){path}.*\(column 'score'\).*csv_options=\{{'column_types': \{{'score': 'string'\}}\}}"):
+        list(StructuredDataset(str(path), format="csv", num_workers=0, columns=["id", "score"], csv_options={"block_size": 1 << 16}))
+
+
 def test_options_of_another_format_are_refused(data):
     with pytest.raises(ValueError, match="json_options applies to format='jsonl'"):
         StructuredDataset(data["csv"][0], format="csv", num_workers=0, json_options={})

@@ -3,7 +3,8 @@ pyarrow.csv using the column names and types found at planning."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -33,15 +34,18 @@ class CsvParse(NamedTuple):
     convert: dict[str, Any]
 
 
-def _advice(error: Exception) -> pa.ArrowInvalid:
-    """The error, with the fix for a value that does not fit the type inferred from the first block."""
+def _advice(error: Exception, names: Sequence[str] | None = None) -> pa.ArrowInvalid:
+    """The error, with the fix for a value that does not fit the type inferred from the first
+    block; ``names``: the file's columns, to name the one pyarrow gives by number."""
     if "straddl" in str(error):
         return pa.ArrowInvalid(f"{error}. {LONG_RECORD.format(options='csv_options')}")
     if "conversion error" not in str(error):
         return pa.ArrowInvalid(str(error))
+    number = re.search(r"In CSV column #(\d+)", str(error))
+    name = names[int(number.group(1))] if number and names and int(number.group(1)) < len(names) else None
     return pa.ArrowInvalid(
-        f"{error}. Column types are inferred from the first block of each file (csv_options block_size, default 1 MiB): "
-        "name the column's type, e.g. csv_options={'column_types': {'<column>': 'string'}}"
+        f"{error}{'' if name is None else f' (column {name!r})'}. Column types are inferred from the first block of each file "
+        f"(csv_options block_size, default 1 MiB): name the column's type, e.g. csv_options={{'column_types': {{{name or '<column>'!r}: 'string'}}}}"
     )
 
 
@@ -93,6 +97,7 @@ class CsvFormat(TextFormat):
         return parse
 
     def infer_schema(self, stream: Any, parse: CsvParse, count_rows: bool) -> tuple[pa.Schema, int | None]:
+        reader = None
         try:
             reader = csv.open_csv(
                 stream,
@@ -102,7 +107,7 @@ class CsvFormat(TextFormat):
             )
             return reader.schema, sum(batch.num_rows for batch in reader) if count_rows else None
         except pa.ArrowInvalid as error:
-            raise _advice(error) from error
+            raise _advice(error, None if reader is None else reader.schema.names) from error
 
     def _options(self, footer: TextFooter, columns: list[str] | None, use_threads: bool) -> dict[str, Any]:
         parse: CsvParse = footer.parse
@@ -124,7 +129,7 @@ class CsvFormat(TextFormat):
         try:
             table = csv.read_csv(_source(data), **self._options(footer, columns, use_threads))
         except pa.ArrowInvalid as error:
-            raise _advice(error) from error
+            raise _advice(error, footer.schema.names) from error
         return table if columns is None or columns else table.select([])
 
     def parse_blocks(self, data: Any, footer: TextFooter, columns: list[str] | None) -> Iterator[pa.Table]:
@@ -133,7 +138,7 @@ class CsvFormat(TextFormat):
                 table = pa.Table.from_batches([batch])
                 yield table if columns is None or columns else table.select([])
         except pa.ArrowInvalid as error:
-            raise _advice(error) from error
+            raise _advice(error, footer.schema.names) from error
 
 
 def _source(data: Any) -> Any:
