@@ -260,6 +260,9 @@ def main(argv: list[str] | None = None) -> None:
         record("ideal feeder (pageable .to)", train_rows(device, cycle(ideal), seconds, on_device(device, False)))
         pinned = [{k: v.pin_memory() for k, v in b.items()} for b in ideal]
         record("ideal feeder (pinned, non_blocking)", train_rows(device, cycle(pinned), seconds, on_device(device, True)))
+    else:
+        for name in ("gpu only (fixed batch on the GPU)", "ideal feeder (pageable .to)", "ideal feeder (pinned, non_blocking)"):
+            record(name, None)
     for w in workers:
         if cuda:
             assert device is not None
@@ -272,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             for name in ("pin_memory=False", "pin_memory=True", "device='cuda'", "device='cuda' worker_mode='thread'"):
                 record(f"ours w={w} {name}", None)
+            record(f"hand-written IterableDataset w={w}", None)
     for w in [w for w in workers if w >= 8] or workers[-1:]:
         top = ceiling(paths, args.batch_size, w, args.loader_epochs)
         untouched, touched = (loader_only(paths, args.batch_size, w, args.loader_epochs, touch) for touch in (False, True))

@@ -269,6 +269,20 @@ def test_gpu_feeds_ceiling_deals_every_row_group_once_and_evenly(tmp_path):
     assert [len(share) for share in shares] == [3, 3, 2]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the rows a machine without CUDA skips")
+def test_gpu_feed_without_cuda_reports_every_gpu_row_as_skipped(tmp_path):
+    out = tmp_path / "gpu.json"
+    args = ["--size-gb", "0.005", "--files", "2", "--workers", "2", "--seconds", "0.2", "--loader-epochs", "1", "--json", str(out)]
+    subprocess.run([sys.executable, os.path.join(BENCHMARKS, "gpu_feed.py"), str(tmp_path / "data"), *args], check=True, capture_output=True, timeout=300)
+    import json
+
+    rows = json.loads(out.read_text())["rows"]
+    gpu = [name for name in rows if not name.startswith("loader only")]
+    assert {"gpu only (fixed batch on the GPU)", "ideal feeder (pinned, non_blocking)", "hand-written IterableDataset w=2"} <= set(gpu)
+    assert all(rows[name] is None for name in gpu) and len(gpu) == 8  # skipped, not faked
+    assert all(isinstance(rows[name], (int, float)) and rows[name] > 0 for name in rows if name.startswith("loader only"))
+
+
 def test_main_capacitys_cached_decode_delivers_as_many_rows_with_repeated_values(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 

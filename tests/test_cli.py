@@ -221,6 +221,25 @@ def test_planning_progress_bar_when_slow_and_silent_otherwise(capsys, data, monk
     assert capsys.readouterr().err == ""
 
 
+def test_a_log_gets_the_bar_once_the_delay_has_passed_then_at_most_every_interval(monkeypatch):
+    """On a stream that is not a terminal the first line is written at the delay (not at the
+    log interval), and the last line is kept."""
+    import io
+
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.2)
+    monkeypatch.setattr(progress_module, "LOG_INTERVAL_S", 60.0)
+    log = io.StringIO()
+
+    def slow():
+        for item in range(8):
+            time.sleep(0.1)
+            yield item
+
+    assert list(progress_module.progress(slow(), 8, "reading footers", stream=log)) == list(range(8))
+    lines = [line for line in log.getvalue().replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and "8/8" in lines[-1] and len(lines) <= 3  # the first at the delay, the last at the end
+
+
 def test_the_bar_delay_counts_from_the_start_of_planning_listing_included(capsys, data, monkeypatch):
     """Listing thousands of files (or a slow store) is planning too: the bar's delay is not started
     again when the footer reads begin."""

@@ -225,6 +225,29 @@ def test_a_slice_of_nested_columns_is_converted_row_for_row():
     ]
 
 
+def test_a_struct_of_dates_inside_an_extension_type_is_converted():
+    from torch_dataloader_utils.formats._legacy_calendar import leaf_paths, rebase
+
+    class Wrapped(pa.ExtensionType):
+        def __init__(self, storage):
+            super().__init__(storage, "test.wrapped")
+
+        def __arrow_ext_serialize__(self):
+            return b""
+
+        @classmethod
+        def __arrow_ext_deserialize__(cls, storage_type, serialized):
+            return cls(storage_type)
+
+    julian = _julian_days(1000, 1, 1)
+    storage = pa.StructArray.from_arrays([pa.array([julian, None], pa.date32())], names=["d"])
+    kind = Wrapped(storage.type)
+    table = pa.table({"w": pa.ExtensionArray.from_storage(kind, storage)})
+    leaves = frozenset(path for path, _ in leaf_paths(kind, ("w",)))
+    converted = rebase(table, leaves).column("w").chunk(0)
+    assert converted.type == kind and converted.storage.to_pylist() == [{"d": dt.date(1000, 1, 1)}, {"d": None}]
+
+
 def test_a_nested_int96_timestamp_before_1677_is_refused_naming_nanoseconds():
     with pytest.raises(WideningError, match="column 'st' holds a timestamp that nanoseconds cannot hold"):
         _read("nested_LEGACY_INT96.parquet", columns=["id", "st"])

@@ -74,3 +74,19 @@ def test_without_torchdata_the_error_says_what_to_install(data, monkeypatch):
     with pytest.raises(ImportError, match=r"pip install torchdata .*pip install -e \"\.\[torchdata\]\""):
         dataset.stateful_dataloader()
     assert next(iter(StructuredDataset.create_dataloader(data, batch_size=13, num_workers=0)[0]))["id"].shape == (13,)
+
+
+def test_loader_options_are_checked_before_planning(tmp_path):
+    with pytest.raises(ValueError, match=r"worker_mode must be one of \('process', 'thread'\), got 'threads'"):
+        StructuredDataset.create_dataloader(str(tmp_path / "no such dir"), worker_mode="threads")
+
+
+def test_reader_threads_take_a_transform_that_does_not_pickle(data):
+    import threading
+
+    lock = threading.Lock()  # a closure over a lock pickles neither
+    transform = lambda batch: {**batch, "rows": len(batch["id"]) if lock else 0}  # noqa: E731
+    with pytest.raises(TypeError, match=r"cannot be pickled .*worker_mode='thread'"):
+        StructuredDataset.create_dataloader(data, batch_size=13, num_workers=2, transform=transform)
+    loader, _ = StructuredDataset.create_dataloader(data, batch_size=13, num_workers=2, worker_mode="thread", transform=transform)
+    assert sum(batch["rows"] for batch in loader) == sum(map(sum, LAYOUT))

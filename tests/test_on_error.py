@@ -142,7 +142,7 @@ def test_skip_with_every_file_unreadable_raises_the_first_error(tmp_path):
     for name in os.listdir(tmp_path):
         if name != "junk.parquet":
             os.remove(tmp_path / name)
-    with pytest.raises(ValueError, match=rf"cannot read the parquet footer of {garbage}"):
+    with pytest.raises(ValueError, match=rf"on_error=.skip. leaves no file to read: none of the 1 file\(s\) can be read; the first: cannot read the parquet footer of {garbage}"):
         StructuredDataset(str(tmp_path), on_error="skip", **CONFIG)
 
 

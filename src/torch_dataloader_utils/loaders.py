@@ -7,8 +7,9 @@ import inspect
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .options import check_loader_options
+from .read.output_formats import TRANSFORM_LEAVES_PROCESS
 from .runtime.device_feed import check_device
-from .runtime.loader import StructuredDataLoader
+from .runtime.loader import WORKER_MODES, StructuredDataLoader
 
 if TYPE_CHECKING:
     from .dataset import StructuredDataset
@@ -30,10 +31,17 @@ def create_dataloader(
                         f"from the dataset's batch_size, order from its plan). It takes {list(LOADER_OPTIONS)}; for a DataLoader of "
                         "your own, see docs/stateful-dataloader.md")  # fmt: skip
     check_loader_options(loader_kwargs)
+    mode = loader_kwargs.get("worker_mode", "process")
+    if mode not in WORKER_MODES:
+        raise ValueError(f"worker_mode must be one of {WORKER_MODES}, got {mode!r}")
     device = check_device(loader_kwargs.get("device"))  # before planning: a machine without CUDA fails at once
     if device is not None and (kwargs.get("output_format", "torch") != "torch" or kwargs.get("transform") is not None):
         raise ValueError("device= feeds torch batches: it takes output_format='torch' without a transform; move your batches yourself")
-    dataset = dataset_class(path, format, **kwargs)
+    token = TRANSFORM_LEAVES_PROCESS.set(mode == "process")
+    try:
+        dataset = dataset_class(path, format, **kwargs)
+    finally:
+        TRANSFORM_LEAVES_PROCESS.reset(token)
     return StructuredDataLoader(dataset, **loader_kwargs), dataset
 
 
@@ -43,7 +51,7 @@ def create_dataloader_signature(dataset_class: type, base: type | None = None) -
     ``**kwargs``), then the loader's."""
     own = list(inspect.signature(dataset_class).parameters.values())
     params = [inspect.Parameter("cls", inspect.Parameter.POSITIONAL_OR_KEYWORD), *(p for p in own if p.kind is not p.VAR_KEYWORD)]
-    if base is not None and len(params) <= len(own):
+    if base is not None and any(p.kind is p.VAR_KEYWORD for p in own):  # the rest goes on to base
         names = {p.name for p in params}
         params += [p for p in inspect.signature(base).parameters.values() if p.kind is p.KEYWORD_ONLY and p.name not in names]
     loader = [p for name, p in inspect.signature(StructuredDataLoader.__init__).parameters.items() if name in LOADER_OPTIONS]

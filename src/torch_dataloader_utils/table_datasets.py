@@ -174,9 +174,9 @@ class _TableDataset(StructuredDataset):
         this dataset's schema: columns are matched by field id, so the rows are the same."""
         try:
             self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
-        except ValueError:
+        except ValueError as error:
             own = self._ref.version[1]
-            if own is None or own == entry.get("schema_id"):
+            if "are not in the data" not in str(error) or own is None or own == entry.get("schema_id"):
                 raise
             self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=own))
 
@@ -265,7 +265,7 @@ class IcebergDataset(_TableDataset):
         try:
             super()._check_columns()
         except ValueError as error:
-            if "are not in the data" not in str(error):
+            if "are not in the data" not in str(error) or self._requested is not None:  # time travel: the snapshot's own names
                 raise
             raise ValueError(
                 f"{error} (the schema of the snapshot read). If a column was renamed, name it as the table does now: a "

@@ -123,11 +123,12 @@ def nulls_in(fmt: FileFormat, footer: Any) -> dict[str, int]:
 
 
 def without_unreadable(files: list[FileEntry], unreadable: list[tuple[FileEntry, ValueError]]) -> list[FileEntry]:
-    """``files`` without the unreadable ones, reported on the logger; if none is left, the first one's error."""
+    """``files`` without the unreadable ones, reported on the logger; if none is left, a ValueError with the first one's error."""
     left_out = {id(entry) for entry, _ in unreadable}
     kept = [entry for entry in files if id(entry) not in left_out]
     if not kept:
-        raise unreadable[0][1]
+        first = unreadable[0][1]
+        raise ValueError(f"on_error='skip' leaves no file to read: none of the {len(files):,} file(s) can be read; the first: {first}") from first
     shown = "; ".join(str(error) for _, error in unreadable[:3]) + (f"; and {len(unreadable) - 3:,} more" if len(unreadable) > 3 else "")
     log.warning("on_error='skip': leaving out %d file(s) that cannot be read: %s", len(unreadable), shown)
     return kept

@@ -61,8 +61,12 @@ def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | Non
     started = getattr(_planning, "started", None)
     delay = PROGRESS_DELAY_S if started is None else max(0.0, PROGRESS_DELAY_S - (time.monotonic() - started))
     terminal = _is_terminal(stream)
-    interval = {} if terminal else {"mininterval": LOG_INTERVAL_S}
-    with tqdm(total=total, desc=desc, unit="file", delay=delay, file=stream, leave=not terminal, **interval) as bar:
+    # tqdm draws only when ``mininterval`` has passed since the last draw (the start, at first):
+    # a log's bar waits for the delay alone once, then draws every LOG_INTERVAL_S
+    first = 0.1 if terminal else max(delay, 0.1)
+    with tqdm(total=total, desc=desc, unit="file", delay=delay, file=stream, leave=not terminal, mininterval=first) as bar:
         for item in iterable:
             bar.update(1)
+            if not terminal and bar.last_print_n:
+                bar.mininterval = LOG_INTERVAL_S
             yield item

@@ -94,6 +94,8 @@ def _rebased_column(array: pa.Array, path: Path, leaves: frozenset[Path], above:
     """``array`` (the column at ``path``) with its leaves among ``leaves`` converted; ``above``
     holds every path with a leaf to convert below it, so untouched branches are kept as they are."""
     kind = array.type
+    if isinstance(array, pa.ExtensionArray):  # (leaf_paths looks through it too)
+        return pa.ExtensionArray.from_storage(kind, _rebased_column(array.storage, path, leaves, above))
     if path in leaves and _is_date_or_time(kind):
         return _rebased(array)
     if path not in above:

@@ -21,6 +21,7 @@ column or the transform's result is one).
 
 from __future__ import annotations
 
+import contextvars
 import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -56,6 +57,11 @@ class BatchOutput:
         return self.format != "torch" or self.transform is not None
 
 
+#: False while a dataset is built for reader threads (create_dataloader's worker_mode="thread"):
+#: its transform runs in this process, so it need not pickle
+TRANSFORM_LEAVES_PROCESS: contextvars.ContextVar[bool] = contextvars.ContextVar("transform_leaves_process", default=True)
+
+
 def check_output(output_format: Any, transform: Any, num_workers: int, batch_size: int) -> BatchOutput:
     """The checked ``output_format`` and ``transform``; ValueError / TypeError naming the argument."""
     if output_format not in OUTPUT_FORMATS:
@@ -63,14 +69,15 @@ def check_output(output_format: Any, transform: Any, num_workers: int, batch_siz
     if transform is not None:
         if not callable(transform):
             raise TypeError(f"transform must be a callable taking a batch, got {type(transform).__name__} {transform!r:.60}")
-        if num_workers > 0:
+        if num_workers > 0 and TRANSFORM_LEAVES_PROCESS.get():
             try:
                 pickle.dumps(transform)
             except Exception as error:  # noqa: BLE001 - any pickling failure means the same to the user
                 raise TypeError(
                     f"transform {transform!r:.80} cannot be pickled ({type(error).__name__}: {error}), and it runs in the "
                     f"DataLoader's worker processes (num_workers={num_workers}). Define it as a module-level function "
-                    "or a class instance with picklable fields (not a lambda or a local function), or use num_workers=0"
+                    "or a class instance with picklable fields (not a lambda or a local function), or read in threads of "
+                    "this process (create_dataloader(..., worker_mode='thread')) or with num_workers=0"
                 ) from error
     return BatchOutput(batch_size, output_format, transform)
 
