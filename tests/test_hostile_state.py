@@ -149,7 +149,7 @@ DAMAGE = {  # name: (damage, what the refusal must say)
     "rows_delivered str": (lambda s: s.update(rows_delivered="41"), "'rows_delivered' has the wrong type.*found str"),
     "completed_shards dict": (lambda s: s.update(completed_shards={"worker": 0}), "'completed_shards' has the wrong type.*found dict"),
     "completed_shards empty": (lambda s: s.update(completed_shards=[]), "does not have one entry per worker.*'completed_shards' 0"),
-    "num_workers str": (lambda s: s.update(_num_workers="0"), "num_workers changed: checkpoint='0', current=0"),
+    "num_workers str": (lambda s: s.update(_num_workers="0"), r"num_workers changed: checkpoint='0', current=0 \(state key '_num_workers' holds str, expected int: the state is damaged\)"),
     "extra file": (lambda s: s["files"].append(["/x.parquet", 1, None]), "files removed since the checkpoint .*/x.parquet"),
     "file missing": (lambda s: s["files"].pop(0), "files added since the checkpoint .*part-00000.parquet"),
     "file size negative": (lambda s: s["files"][0].__setitem__(1, -1), "file rewritten since the checkpoint: .*size checkpoint=-1"),

@@ -21,7 +21,9 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any], same_file
         if saved != config[key]:
             same_type = type(saved) is type(config[key])  # else show the types: "0" and 0 print alike
             shown = (saved, config[key]) if same_type else (repr(saved), repr(config[key]))
-            causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}")
+            damaged = saved is not None and config[key] is not None and not same_type and not _both_numbers(saved, config[key])
+            why = f" (state key {key!r} holds {type(saved).__name__}, expected {type(config[key]).__name__}: the state is damaged)" if damaged else ""
+            causes.append(f"{name} changed: checkpoint={shown[0]}, current={shown[1]}{why}")
     if state.get(FILTERS) != config.get(FILTERS):  # (absent: no filter, also in states saved before filters existed)
         causes.append(f"filters changed: checkpoint={state.get(FILTERS) or 'none'}, current={config.get(FILTERS) or 'none'} (digests of the filter)")
     if state.get(READER_OPTIONS) != config.get(READER_OPTIONS):  # (absent: none given, also before they were recorded)
@@ -30,6 +32,10 @@ def config_causes(state: Mapping[str, Any], config: Mapping[str, Any], same_file
             "(digests of the options; skip_rows, quoting, delimiters and the like decide which records a file holds)"
         )
     return causes + mixture_causes(state.get(MIXTURE), config.get(MIXTURE), same_files)
+
+
+def _both_numbers(a: Any, b: Any) -> bool:
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (a, b))
 
 
 def summary_file_causes(summary: Any, current: list[list]) -> list[str]:
