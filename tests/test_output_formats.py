@@ -135,9 +135,9 @@ def test_numpy_batches_follow_nulls_fill_and_mask(tmp_path):
 
 
 def test_a_device_takes_torch_batches_only(data, monkeypatch):
-    from torch_dataloader_utils.runtime import device_feed, loader  # noqa: F401 - the loader binds check_device before the patch
+    from torch_dataloader_utils import loaders
 
-    monkeypatch.setattr(device_feed, "check_device", lambda device: torch.device("cuda", 0))  # as on a machine with a GPU
+    monkeypatch.setattr(loaders, "check_device", lambda device: torch.device("cuda", 0))  # as on a machine with a GPU
     with pytest.raises(ValueError, match="device= feeds torch batches"):
         StructuredDataset.create_dataloader(data, output_format="arrow", num_workers=0, device="cuda")
 
