@@ -240,6 +240,21 @@ def test_a_log_gets_the_bar_once_the_delay_has_passed_then_at_most_every_interva
     assert lines and "8/8" in lines[-1] and len(lines) <= 3  # the first at the delay, the last at the end
 
 
+def test_a_batch_of_requests_that_reports_no_progress_still_shows_its_bar(monkeypatch):
+    """Remote footers are fetched in one concurrent batch: its bar appears once planning has lasted
+    the delay, while the batch is still running, and nothing is written for a fast one."""
+    import io
+
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.2)
+    for seconds, shown in ((0.8, True), (0.02, False)):
+        log, lines_during = io.StringIO(), []
+        with progress_module.waiting(20, "fetching footers", stream=log):
+            time.sleep(seconds)
+            lines_during.append(log.getvalue())
+        assert ("0/20" in lines_during[0]) is shown and ("20/20" in log.getvalue()) is shown
+        assert shown or log.getvalue() == ""
+
+
 def test_the_bar_delay_counts_from_the_start_of_planning_listing_included(capsys, data, monkeypatch):
     """Listing thousands of files (or a slow store) is planning too: the bar's delay is not started
     again when the footer reads begin."""

@@ -40,7 +40,7 @@ from .file_table import FileTable
 from .footers import read_footers, reopens_footers, without_unreadable
 from .partitions import PartitionedFormat
 from .plan_cache import PlanCache, cache_for
-from .progress_bar import planning_started, progress
+from .progress_bar import planning_started, progress, waiting
 from .schema import missing_columns, repeated_columns, unify
 from .shared_footers import shared_footers
 from .sources import SourceOptions, prepare_source
@@ -140,7 +140,8 @@ def _prefetched_tails(fs: Any, entries: Sequence[FileEntry]) -> Iterator[None]:
     if not is_remote(fs):
         yield
         return
-    fs.prefetch_tails(entries, arrow_tails(fs))
+    with waiting(len(entries), "fetching footers"):  # one concurrent batch: its requests report no progress
+        fs.prefetch_tails(entries, arrow_tails(fs))
     try:
         yield
     finally:

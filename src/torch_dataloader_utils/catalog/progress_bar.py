@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 
@@ -47,19 +47,63 @@ def _is_terminal(stream: IO[str]) -> bool:
     return bool(isatty and isatty())
 
 
-def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | None = None) -> Iterator[T]:
-    """Yield ``iterable`` unchanged, with a bar on ``stream`` (stderr) if planning lasts long enough."""
-    stream = stream if stream is not None else sys.stderr
+def _tqdm() -> Any:
+    """tqdm's class, or None when it is not installed or TDU_PROGRESS=0 turns bars off."""
     if os.environ.get("TDU_PROGRESS", "").strip().lower() in ("0", "false", "no", "off"):
-        yield from iterable
-        return
+        return None
     try:
         from tqdm import tqdm
     except ImportError:  # optional: pip install tqdm (the [progress] extra)
+        return None
+    return tqdm
+
+
+def _delay() -> float:
+    """Seconds until the bar may appear: PROGRESS_DELAY_S from the start of planning."""
+    started = getattr(_planning, "started", None)
+    return PROGRESS_DELAY_S if started is None else max(0.0, PROGRESS_DELAY_S - (time.monotonic() - started))
+
+
+@contextlib.contextmanager
+def waiting(total: int, desc: str, stream: IO[str] | None = None) -> Iterator[None]:
+    """A bar for ``total`` files done in one call that reports no progress (a concurrent batch of
+    requests): drawn with its elapsed time once planning has lasted the delay, then every half
+    second (every LOG_INTERVAL_S on a stream that is not a terminal), complete when the call returns."""
+    stream = stream if stream is not None else sys.stderr
+    tqdm = _tqdm()
+    if tqdm is None or total == 0:
+        yield
+        return
+    terminal = _is_terminal(stream)
+    delay = _delay()
+    bar = tqdm(total=total, desc=desc, unit="file", delay=delay, file=stream, leave=not terminal, mininterval=0.0)
+    done = threading.Event()
+
+    def tick() -> None:
+        if not done.wait(delay):
+            bar.refresh()
+            while not done.wait(0.5 if terminal else LOG_INTERVAL_S):
+                bar.refresh()
+
+    ticker = threading.Thread(target=tick, name="tdu-planning-bar", daemon=True)
+    ticker.start()
+    try:
+        yield
+        bar.update(total)
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
+
+
+def progress(iterable: Iterable[T], total: int, desc: str, stream: IO[str] | None = None) -> Iterator[T]:
+    """Yield ``iterable`` unchanged, with a bar on ``stream`` (stderr) if planning lasts long enough."""
+    stream = stream if stream is not None else sys.stderr
+    tqdm = _tqdm()
+    if tqdm is None:
         yield from iterable
         return
-    started = getattr(_planning, "started", None)
-    delay = PROGRESS_DELAY_S if started is None else max(0.0, PROGRESS_DELAY_S - (time.monotonic() - started))
+    delay = _delay()
     terminal = _is_terminal(stream)
     # tqdm draws only when ``mininterval`` has passed since the last draw (the start, at first):
     # a log's bar waits for the delay alone once, then draws every LOG_INTERVAL_S
