@@ -66,6 +66,8 @@ def test_a_multiprocessing_context_that_is_no_context_is_named(tmp_path):
     write_dataset(tmp_path / "d", [[5]])
     with pytest.raises(ValueError, match=r"^multiprocessing_context must be a start method name .*got 5"):
         StructuredDataset.create_dataloader(str(tmp_path / "d"), num_workers=2, multiprocessing_context=5)
+    with pytest.raises(ValueError, match=r"^multiprocessing_context must be a start method name of this platform .*got 'spwan'"):
+        StructuredDataset.create_dataloader(str(tmp_path / "no such dir"), num_workers=2, multiprocessing_context="spwan")  # before planning
 
 
 def test_storage_options_that_are_not_a_dict_are_named(tmp_path):

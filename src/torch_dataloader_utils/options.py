@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import operator
 import os
 from dataclasses import dataclass
@@ -148,8 +149,9 @@ def check_loader_options(options: Mapping[str, Any]) -> None:
     if options.get("prefetch_factor") is not None:
         at_least("prefetch_factor", options["prefetch_factor"], 1)
     context = options.get("multiprocessing_context")
-    if context is not None and not isinstance(context, str) and not hasattr(context, "get_start_method"):
-        raise ValueError(f"multiprocessing_context must be a start method name ('fork', 'spawn', 'forkserver') or a context, got {context!r}")
+    methods = multiprocessing.get_all_start_methods()
+    if context is not None and (context not in methods if isinstance(context, str) else not hasattr(context, "get_start_method")):
+        raise ValueError(f"multiprocessing_context must be a start method name of this platform {methods} or a context, got {context!r}")
     timeout = options.get("timeout", 0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no limit), got {timeout!r}")
