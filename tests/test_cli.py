@@ -221,6 +221,23 @@ def test_planning_progress_bar_when_slow_and_silent_otherwise(capsys, data, monk
     assert capsys.readouterr().err == ""
 
 
+def test_the_filter_count_bar_counts_its_delay_from_the_start_of_planning(capsys, data, monkeypatch):
+    """Counting the rows filters= keep is planning too: its bar shows once planning (listing and
+    footers included) has lasted the delay, however fast the count itself is."""
+    from torch_dataloader_utils.catalog import build
+
+    listed = build.discover_files
+
+    def slow_listing(*args, **kwargs):
+        time.sleep(0.4)
+        return listed(*args, **kwargs)
+
+    monkeypatch.setattr(build, "discover_files", slow_listing)
+    monkeypatch.setattr(progress_module, "PROGRESS_DELAY_S", 0.3)
+    StructuredDataset(data, num_workers=0, filters=[("id", "in", [3, 50, 97])])
+    assert "counting rows that match filters" in capsys.readouterr().err
+
+
 def test_a_log_gets_the_bar_once_the_delay_has_passed_then_at_most_every_interval(monkeypatch):
     """On a stream that is not a terminal the first line is written at the delay (not at the
     log interval), and the last line is kept."""

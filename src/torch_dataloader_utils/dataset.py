@@ -14,6 +14,7 @@ from . import dataset_state, loaders
 from .catalog.build import Catalog, build_catalog
 from .catalog.memory import return_freed_memory
 from .catalog.mixture import MixCatalog, MixtureSettings, build_mixture_catalog, check_mixture_arguments, is_mixture, mixture_book
+from .catalog.progress_bar import planning_started
 from .catalog.sources import SourceOptions
 from .options import DEFAULT_CHUNK_ROWS, DEFAULT_SHUFFLE_BUFFER_ROWS, check_options, integer
 from .plan.canonical import CanonicalBook, check_canonical, check_canonical_workers
@@ -128,12 +129,13 @@ class StructuredDataset(IterableDataset):
         self._selected: list[nested.BatchColumn] = []
         self._epoch_rows = check_mixture_arguments(path, epoch_rows)
         self._mixture_filters = (filters, functools.partial(filter_catalog, io=io, skip_errors=options.on_error == "skip"))  # per source
-        stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
         catalog: Catalog
-        if isinstance(stored, MixCatalog):
-            catalog, stored = stored, stored.unfiltered or stored
-        else:
-            catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
+        with planning_started():  # the delay of a progress bar (footers, filter counts) counts from here
+            stored = self._make_catalog(path, format, storage_options, options.split_bytes, io)
+            if isinstance(stored, MixCatalog):
+                catalog, stored = stored, stored.unfiltered or stored
+            else:
+                catalog = filter_catalog(stored, filters, io, options.on_error == "skip") if filters is not None else stored
         book = self._use_catalog(catalog)
         read_columns, selected = nested.read_selection(self._selected, self.columns)
         reader = ChunkReader(self._catalog, book, read_columns, self.on_error == "skip", self.chunk_rows, self._output, selected, self.policy)
