@@ -389,6 +389,6 @@ def test_arrow_types_that_do_not_account_for_the_leaves_leave_the_file_uncut(tmp
     pq.write_table(table, path, row_group_size=ROWS, **PAGED)
     footer = pq.ParquetFile(path).metadata
     assert leaf_columns(footer, ["id"]) == {"id": 0}
-    monkeypatch.setattr(parquet_seek, "_leaf_count", lambda kind: 1)  # (a type whose leaves it does not know)
+    monkeypatch.setattr(parquet_seek, "leaf_count", lambda kind: 1)  # (a type whose leaves it does not know)
     assert leaf_columns(footer, ["id"]) is None
     assert _rows_from(path, 0, 200, 64) is None

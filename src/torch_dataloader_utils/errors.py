@@ -40,6 +40,11 @@ class UnsupportedFileError(ValueError):
     pyarrow refuses); the message says why. Planning raises it naming the file."""
 
 
+class UnknownColumnsError(ValueError):
+    """``columns=`` names columns the data (the schema planned) does not have; the message lists
+    those it has."""
+
+
 class UsageError(Exception):
     """Bad input from the user: printed without a traceback, exit code 2."""
 

@@ -19,7 +19,7 @@ from . import loaders
 from .catalog.build import Catalog
 from .catalog.filter_prune import filter_expression, filter_identity
 from .dataset import StructuredDataset
-from .errors import CheckpointMismatchError
+from .errors import CheckpointMismatchError, UnknownColumnsError
 from .options import integer
 from .state.schema import FILTERS, TABLE
 from .state.validate import mismatch, table_entry
@@ -174,9 +174,9 @@ class _TableDataset(StructuredDataset):
         this dataset's schema: columns are matched by field id, so the rows are the same."""
         try:
             self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=entry.get("schema_id")))
-        except ValueError as error:
+        except UnknownColumnsError:
             own = self._ref.version[1]
-            if "are not in the data" not in str(error) or own is None or own == entry.get("schema_id"):
+            if own is None or own == entry.get("schema_id"):
                 raise
             self._switch(self._plan_table(entry["snapshot"], from_state=True, schema_id=own))
 
@@ -264,10 +264,10 @@ class IcebergDataset(_TableDataset):
     def _check_columns(self) -> None:
         try:
             super()._check_columns()
-        except ValueError as error:
-            if "are not in the data" not in str(error) or self._requested is not None:  # time travel: the snapshot's own names
+        except UnknownColumnsError as error:
+            if self._requested is not None:  # time travel: the snapshot's own names
                 raise
-            raise ValueError(
+            raise UnknownColumnsError(
                 f"{error} (the schema of the snapshot read). If a column was renamed, name it as the table does now: a "
                 "checkpoint taken before the rename still resumes, its snapshot read by field id"
             ) from error

@@ -24,7 +24,6 @@ from ..plan.streams import SplitRows
 from ..storage.remote import IOOptions
 from .build import Catalog, build_catalog
 from .filter_prune import row_filter
-from .progress_bar import planning_started
 from .schema import check_missing_columns, missing_columns, unify
 from .sources import SourceOptions
 
@@ -169,11 +168,6 @@ class MixtureSettings:
 
 def build_mixture_catalog(sources: Source | Sequence[Source], settings: MixtureSettings) -> MixCatalog:
     """Catalogue every source, unify their schemas and plan the mixture."""
-    with planning_started():  # a progress bar's delay counts from the first source's planning
-        return _build_mixture(sources, settings)
-
-
-def _build_mixture(sources: Source | Sequence[Source], settings: MixtureSettings) -> MixCatalog:
     sources = [sources] if isinstance(sources, Source) else list(sources)
     if not sources:
         raise ValueError("a mixture needs at least one Source")

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ._parquet_leaves import ELEMENT, KEY, VALUE, Path, leaf_paths
+
 #: 1582-10-15, the first day of the Gregorian calendar, in days since 1970-01-01: both calendars agree from it on
 GREGORIAN_START = -141427
 _JULIAN_DAY_OF_EPOCH = 2440588  # the Julian day number of 1970-01-01
@@ -62,28 +64,6 @@ def _rebased(array: pa.Array) -> pa.Array:
     moved = proleptic_days(days) * per_day + (values.astype(np.int64) - days * per_day)
     mask = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
     return pa.array(moved.astype(storage.to_pandas_dtype()), storage, mask=mask).view(kind)
-
-
-#: a leaf column's place in its top-level column: the names down to it, "[]" for a list's
-#: element, "{key}" / "{value}" for a map's keys and values ("s", "d") for struct s's field d
-Path = tuple[str, ...]
-ELEMENT, KEY, VALUE = "[]", "{key}", "{value}"
-
-
-def leaf_paths(kind: pa.DataType, path: Path) -> Iterator[tuple[Path, pa.DataType]]:
-    """The leaf columns of a column of type ``kind`` at ``path``, in the order Parquet lays them out."""
-    if isinstance(kind, pa.ExtensionType):
-        kind = kind.storage_type
-    if pa.types.is_struct(kind):
-        for field in kind:
-            yield from leaf_paths(field.type, (*path, field.name))
-    elif pa.types.is_map(kind):
-        yield from leaf_paths(kind.key_type, (*path, KEY))
-        yield from leaf_paths(kind.item_type, (*path, VALUE))
-    elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        yield from leaf_paths(kind.value_type, (*path, ELEMENT))
-    else:
-        yield path, kind
 
 
 def _is_date_or_time(kind: pa.DataType) -> bool:

@@ -47,6 +47,7 @@ from ._parquet_footer import (
     footer_struct,
     row_group,
 )
+from ._parquet_leaves import leaf_count
 from ._parquet_pages import Cut, CutPlan, check_cut, page_locations
 from ._parquet_splice import cut_file
 from ._thrift_compact import Struct, ThriftError, decode_struct
@@ -140,23 +141,11 @@ def single_leaf_columns(schema: pa.Schema) -> tuple[dict[str, int], int]:
     first_leaf: dict[str, int] = {}
     leaf = 0
     for field in schema:
-        if _leaf_count(field.type) == 1:
+        count = leaf_count(field.type)
+        if count == 1:
             first_leaf[field.name] = leaf
-        leaf += _leaf_count(field.type)
+        leaf += count
     return first_leaf, leaf
-
-
-def _leaf_count(kind: pa.DataType) -> int:
-    """The Parquet leaf columns of an Arrow type (as pyarrow writes it)."""
-    if isinstance(kind, pa.ExtensionType):
-        return _leaf_count(kind.storage_type)
-    if pa.types.is_struct(kind):
-        return sum(_leaf_count(kind.field(i).type) for i in range(kind.num_fields))
-    if pa.types.is_map(kind):
-        return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)
-    if any(test(kind) for test in (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list, pa.types.is_list_view, pa.types.is_large_list_view)):
-        return _leaf_count(kind.value_type)
-    return 1
 
 
 def iter_from_row(

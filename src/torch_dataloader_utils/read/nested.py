@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import pyarrow as pa
 
+from ..errors import UnknownColumnsError
 from .forms import holds_mask
 from .nulls import MASK_SUFFIX
 
@@ -70,7 +71,7 @@ def select(schema: pa.Schema, columns: Sequence[str] | None) -> list[BatchColumn
         chosen.extend(c for c in found if c not in chosen)
     if unknown:
         names = [c.name for c in every]
-        raise ValueError(f"columns {unknown} are not in the data; its columns are {names}")
+        raise UnknownColumnsError(f"columns {unknown} are not in the data; its columns are {names}")
     return chosen
 
 
