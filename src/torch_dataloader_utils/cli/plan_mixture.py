@@ -22,6 +22,7 @@ def check_plain_plan(args: argparse.Namespace) -> None:
 def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
     """The plan of ``tdu plan`` for the sources ``args.path``, with a "sources" table."""
     from ..catalog.mixture import MixtureSettings, Source, build_mixture_catalog
+    from ..catalog.progress_bar import planning_started
     from ..plan.lanes import StreamKey
     from ..plan.mixing import MixtureBook
 
@@ -40,7 +41,8 @@ def mixture_plan(args: argparse.Namespace, compute_plan: Any) -> dict:
         shuffle=args.shuffle, shuffle_seed=args.shuffle_seed, shuffle_buffer_rows=args.shuffle_buffer_rows,
         filters=args.filters, count_filtered=filter_catalog,
     )  # fmt: skip
-    catalog = build_mixture_catalog(sources, settings)
+    with planning_started():  # a progress bar's delay counts from the first source's planning
+        catalog = build_mixture_catalog(sources, settings)
     assert catalog.plan is not None
     plan = compute_plan(catalog, args.world_size, args.num_workers, args.batch_size, args.shuffle, args.shuffle_seed, args.epoch, args.equalize)
     book = MixtureBook(catalog.plan)
