@@ -75,3 +75,33 @@ def test_an_unknown_mode_is_refused(tmp_path):
     write_dataset(tmp_path, [[5]])
     with pytest.raises(ValueError, match="worker_mode must be one of"):
         StructuredDataset.create_dataloader(str(tmp_path), worker_mode="fibers")
+
+
+def test_threads_free_each_chunk_once_its_batches_are_dropped(tmp_path):
+    """The pass keeps no chunk the loop is done with: the readers' buffers are reused, not one
+    per chunk of the epoch (which held the whole epoch in memory until the pass ended)."""
+    write_dataset(tmp_path, [[400, 300], [500]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=10, chunk_rows=40, num_workers=2, worker_mode="thread")
+    for _epoch in range(2):
+        for batch in loader:
+            del batch
+    buffers = loader._threads._buffers
+    assert buffers.packed >= 2 * 1200 // 40
+    assert buffers.made <= 12, (buffers.made, buffers.packed)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_held_batches_are_never_overwritten_by_later_chunks(tmp_path, workers):
+    """Batches kept by the loop keep their values while the pass goes on reusing buffers (threads
+    and num_workers=0 read into recycled buffers of this process)."""
+    write_dataset(tmp_path, [[400, 300], [500]])
+    options = dict(batch_size=10, chunk_rows=40, num_workers=workers, columns=["id", "vec", "text"])
+    expected = [(b["id"].clone(), b["vec"].clone(), list(b["text"])) for b in StructuredDataset.create_dataloader(str(tmp_path), **options)[0]]
+    if workers:
+        options["worker_mode"] = "thread"
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), **options)
+    kept = [(index, batch) for index, batch in enumerate(loader) if index % 9 == 4]
+    assert len(kept) == len(range(4, len(expected), 9))
+    for index, batch in kept:
+        want_id, want_vec, want_text = expected[index]
+        assert batch["id"].equal(want_id) and batch["vec"].equal(want_vec) and batch["text"] == want_text

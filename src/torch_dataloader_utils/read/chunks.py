@@ -26,10 +26,12 @@ from .reader import StreamReader
 from .slicing import BatchSlicer
 from .windows import Rows
 
-#: Where chunks are copied into shared buffers (DataLoader workers), streamed Parquet pieces
-#: decode in batches of this many rows and a chunk joins several: the decoder's buffers then
-#: stay small and are reused instead of being faulted in anew. Elsewhere a chunk of one decoded
-#: batch needs no copy, so the decode batch is the chunk.
+#: Where chunks are copied into recycled buffers (the shared buffers of DataLoader workers, the
+#: local ones of reader threads and num_workers=0) and pyarrow's own threads do not decode,
+#: streamed Parquet pieces decode in batches of this many rows and a chunk joins several: the
+#: decoder's buffers then stay small and are reused instead of being faulted in anew. With
+#: pyarrow's threads (num_workers=0), the decode batch is the chunk: they decode its columns in
+#: parallel.
 WORKER_DECODE_ROWS = 1 << 12
 
 
@@ -126,13 +128,14 @@ class ChunkReader:
 
     def read(self, task: ChunkTask, joined: bool = False) -> Chunk:
         """Read and convert one chunk; with ``joined``, tensors are left as ``convert.Joined`` for
-        the transfer to build in shared memory."""
+        the caller to build in a recycled buffer (a worker's shared one, or this process's)."""
         if task.stop <= task.start:
             return Chunk(task.lane, task.start, task.stop, {})
         in_main = get_worker_info() is None
         if self._reader is None:
-            decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined else self.chunk_rows
             use_threads = in_main if self.use_threads is None else self.use_threads
+            # pyarrow's threads decode a large batch's columns in parallel
+            decode_rows = min(self.chunk_rows, WORKER_DECODE_ROWS) if joined and not use_threads else self.chunk_rows
             self._reader = StreamReader(self.catalog, self.columns, use_threads, self.skip_errors, decode_rows, self.book.reader_windows)
         try:
             rows = self._reader.read_segments(self.book, task.segments)

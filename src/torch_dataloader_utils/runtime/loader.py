@@ -22,6 +22,7 @@ from ..read.chunks import Chunk, ChunkReader
 from . import transfer
 from .device_feed import DeviceFeed, check_device
 from .host_feed import HostFeed
+from .local_buffers import LocalBuffers, read_into
 from .stats import LoaderStats
 from .thread_reader import ThreadedChunks
 from .worker_stream import check_picklable
@@ -44,11 +45,19 @@ class _ChunkSource(Dataset):
         self.board = board
         self.files: transfer.InheritedFiles | None = None  # for the workers forked next
         self._pickle_checked = False  # (per worker process)
+        self._buffers: LocalBuffers | None = None  # chunks read in this process (num_workers=0)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_buffers": None}
 
     def __getitem__(self, index: _Index) -> Chunk:
         task, releases = index
         worker = get_worker_info()
-        if self.board is None or worker is None:
+        if worker is None:  # num_workers=0
+            if self._buffers is None:
+                self._buffers = LocalBuffers()
+            return read_into(self.reader, self._buffers, task)
+        if self.board is None:
             return self.reader.read(task)
         pool = transfer.worker_pool(self.files, worker.id)
         pool.release(releases)

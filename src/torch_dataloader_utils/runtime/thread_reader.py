@@ -19,6 +19,9 @@ from typing import Iterator, Sequence
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
 from .background import track
+from .local_buffers import LocalBuffers, read_into
+
+_TAKEN: Future = Future()
 
 
 class ThreadedChunks:
@@ -26,6 +29,7 @@ class ThreadedChunks:
 
     def __init__(self, reader: ChunkReader, threads: int, ahead: int = 2, pin_memory: bool = False):
         self._readers = [_own_reader(reader) for _ in range(threads)]
+        self._buffers = LocalBuffers()
         self._ahead = ahead
         self._pin = pin_memory and _can_pin()
         self._stop: threading.Event | None = None
@@ -40,19 +44,17 @@ class ThreadedChunks:
         count = len(self._readers)
         permits = [threading.Semaphore(self._ahead) for _ in range(count)]
         self._stop = stop
-        self._threads = [
-            threading.Thread(
-                target=_read_share, args=(self._readers[w], tasks, results, w, count, permits[w], stop, self._pin), name=f"tdu-reader-{w}", daemon=True
-            )
-            for w in range(count)
-        ]
+        shares = [(self._readers[w], self._buffers, tasks, results, w, count, permits[w], stop, self._pin) for w in range(count)]
+        self._threads = [threading.Thread(target=_read_share, args=share, name=f"tdu-reader-{w}", daemon=True) for w, share in enumerate(shares)]
         for thread in self._threads:
             thread.start()
         try:
-            for index, result in enumerate(results):
-                chunk = result.result()
+            for index in range(len(results)):
+                chunk = results[index].result()
+                results[index] = _TAKEN  # the pass's list must not keep every chunk of the epoch alive
                 permits[index % count].release()
                 yield chunk
+                del chunk
         finally:
             stop.set()
 
@@ -86,7 +88,15 @@ def _own_reader(reader: ChunkReader) -> ChunkReader:
 
 
 def _read_share(
-    reader: ChunkReader, tasks: Sequence[ChunkTask], results: list[Future], first: int, step: int, permit: threading.Semaphore, stop: threading.Event, pin: bool
+    reader: ChunkReader,
+    buffers: LocalBuffers,
+    tasks: Sequence[ChunkTask],
+    results: list[Future],
+    first: int,
+    step: int,
+    permit: threading.Semaphore,
+    stop: threading.Event,
+    pin: bool,
 ) -> None:
     """Read tasks first, first + step, ... into their futures, at most the permit's count ahead."""
     for index in range(first, len(tasks), step):
@@ -96,8 +106,9 @@ def _read_share(
         if stop.is_set():
             return
         try:
-            chunk = reader.read(tasks[index])
+            chunk = read_into(reader, buffers, tasks[index])
             results[index].set_result(chunk.pin_memory() if pin else chunk)
         except BaseException as error:  # noqa: BLE001 - raised in the loop when it reaches this chunk
             results[index].set_exception(error)
             return
+

@@ -37,9 +37,10 @@ from typing import Any
 
 import torch
 
-from ..read.convert import Joined, build_columns, leaves, replace_leaves
+from ..read.convert import build_columns
+from .packing import packed_size, write_packed
 from .transfer_files import INHERITED_BUFFERS, Inherited, InheritedFiles, new_file
-from .transfer_receive import Handle, Release, ReleaseBoard, Slot, receive
+from .transfer_receive import Handle, Release, ReleaseBoard, receive
 
 # Importable from here, where the loader and the tests take them: the files, the main side, and
 # receive under the name the tests use.
@@ -59,32 +60,8 @@ _receive = receive
 
 log = logging.getLogger(__name__)
 
-ALIGN = 64
 MAX_POOLED_BUFFERS = 8  # per worker; in use at once: about prefetch_factor + 3
 SUPPORTED = hasattr(os, "memfd_create")
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
-
-
-def _packed_size(columns: dict[str, Any]) -> int:
-    return sum(_aligned(joined.nbytes) for value in columns.values() for joined in leaves(value, Joined))
-
-
-def _write(columns: dict[str, Any], target: torch.Tensor) -> dict[str, Any]:
-    """Write every ``Joined`` of ``columns`` into ``target`` (uint8); each becomes a slot."""
-    offset = 0
-
-    def place(joined: Joined) -> Slot:
-        nonlocal offset
-        if joined.nbytes:
-            joined.write(target[offset : offset + joined.nbytes].view(joined.dtype).view(joined.shape))
-        slot = Slot(offset, joined.dtype, joined.shape)
-        offset += _aligned(joined.nbytes)
-        return slot
-
-    return {name: replace_leaves(value, Joined, place) for name, value in columns.items()}
 
 
 @dataclass
@@ -133,7 +110,7 @@ class WorkerPool:
         """``columns`` (from ``table_to_joined``) as a picklable object that becomes the built
         columns in the main process. A new buffer is made ``scale`` times larger than these
         columns need, for the larger chunks that will reuse it (``scale`` > 1 for a part of a chunk)."""
-        size = _packed_size(columns)
+        size = packed_size(columns)
         if not size:
             return build_columns(columns, copy=False)  # pickled into torch's queue: copied there
         try:
@@ -148,7 +125,7 @@ class WorkerPool:
                 buffer.free = True
                 return self._plain(columns, error)
         target = torch.frombuffer(buffer.memory, dtype=torch.uint8, count=size)
-        layout = _write(columns, target)
+        layout = write_packed(columns, target)
         del target  # no export of the mapping may outlive this call (the buffer may be closed later)
         buffer.mapped_by_main = True
         retired, self._retired = tuple(self._retired), []

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import torch
 
-from ..read.convert import replace_leaves, tensor_nbytes
+from .packing import packed_views
 from .transfer_files import Inherited, InheritedFiles
 
 # madvise(MADV_POPULATE_READ) (Linux 5.14+): the page-table entries of the bytes a chunk came in
@@ -33,24 +33,6 @@ class Release(NamedTuple):
     pool: str
     buffer: int
     use: int
-
-
-class Slot(NamedTuple):
-    """Where a tensor sits in a packed buffer."""
-
-    offset: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-def _views(layout: dict[str, Any], source: torch.Tensor) -> dict[str, Any]:
-    """The columns of ``layout`` as views of ``source`` (uint8)."""
-
-    def view(slot: Slot) -> torch.Tensor:
-        nbytes = tensor_nbytes(slot.dtype, slot.shape)
-        return source[slot.offset : slot.offset + nbytes].view(slot.dtype).view(slot.shape)
-
-    return {name: replace_leaves(value, Slot, view) for name, value in layout.items()}
 
 
 class ReleaseBoard:
@@ -175,6 +157,6 @@ def receive(
     owner.recycled += release.use > 1
     # The tensors below hold `view`; when the last of them is gone, the buffer may be reused.
     weakref.finalize(view, owner.post, release).atexit = False
-    columns = _views(layout, torch.frombuffer(view, dtype=torch.uint8))
+    columns = packed_views(layout, torch.frombuffer(view, dtype=torch.uint8))
     del view
     return columns
