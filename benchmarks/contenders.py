@@ -1,4 +1,4 @@
-"""The four contenders and the ideal feeder behind one interface: ``start(cfg, state) -> (batches, save_state)``.
+"""The contenders and the ideal feeder behind one interface: ``start(cfg, state) -> (batches, save_state)``.
 
 ``batches`` yields dicts of tensors / lists (or, for the ceiling, a row count per decoded
 batch); ``save_state()`` returns a picklable resume state taken after the batches
@@ -198,6 +198,11 @@ def start_ours(cfg: Config, state: Any = None, **options: Any) -> Started:
     return loader, dataset.state_dict
 
 
+def start_ours_threads(cfg: Config, state: Any = None, **options: Any) -> Started:
+    """(d) with its readers as threads of the loop's process instead of worker processes."""
+    return start_ours(cfg, state, worker_mode="thread", **options)
+
+
 # ------------------------------------------------------------- the ideal feeder
 def prepare_ideal(cfg: Config) -> list[dict[str, Any]]:
     """The epoch's batches (``batch_size`` rows, file after file), decoded in this process
@@ -255,6 +260,7 @@ CONTENDERS: dict[str, Callable[..., Started]] = {
     "b_handwritten": start_handwritten,
     "c_hf_datasets": start_hf,
     "d_this_library": start_ours,
+    "e_reader_threads": start_ours_threads,
     "i_ideal_feeder": start_ideal,
 }
 # not in the table: what an epoch with nothing to read costs (run.py's fixed-cost line)
@@ -294,11 +300,22 @@ IMPORTS = {
         "pyarrow.pandas_compat",  # imported by the loader's first numpy conversion in the main process
         "pyarrow.vendored.version",
     ),
+    "e_reader_threads": (
+        "pandas",
+        "torch_dataloader_utils.dataset",
+        "torch_dataloader_utils.runtime.loader",
+        "torch_dataloader_utils.formats.parquet",  # imported by the first plan, like (a)'s and (b)'s pyarrow.parquet here
+        "fsspec.implementations.local",
+        "pyarrow.fs",
+        "pyarrow.pandas_compat",  # imported by the loader's first numpy conversion in the main process
+        "pyarrow.vendored.version",
+    ),
 }
 LABELS = {
     "a_ceiling": "(a) pyarrow ceiling",
     "b_handwritten": "(b) hand-written IterableDataset",
     "c_hf_datasets": "(c) HF datasets + StatefulDataLoader",
     "d_this_library": "(d) torch_dataloader_utils",
+    "e_reader_threads": "(e) torch_dataloader_utils, worker_mode=\"thread\"",
     "i_ideal_feeder": "ideal feeder (pre-decoded, in memory)",
 }

@@ -1,4 +1,5 @@
-"""Throughput and resume benchmark: four contenders and an ideal feeder on the same files, side by side.
+"""Throughput and resume benchmark: the contenders of contenders.py (this library with worker
+processes and with reader threads among them) and an ideal feeder on the same files, side by side.
 
     python benchmarks/run.py [--size-gb 0.25] [--num-workers 2] [--batch-size 1024] [--name run]
 
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--columns", default=",".join(COLUMN_SETS), help="column sets: numeric,text")
-    parser.add_argument("--repeat", type=int, default=3, help="epochs of (a) and (d) (interleaved); the table shows medians")
+    parser.add_argument("--repeat", type=int, default=3, help="epochs of (a), (d) and (e) (interleaved); the table shows medians")
     parser.add_argument(
         "--peer-repeat", type=int, default=1, help="epochs of (b) and (c), 6x to 40x slower than (d) (the default run stays under 5 minutes)"
     )

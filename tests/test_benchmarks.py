@@ -211,6 +211,21 @@ def test_the_ideal_feeder_hands_over_batches_of_its_own_memory(tmp_path):
     assert list(again) == batches
 
 
+def test_this_library_delivers_the_same_batches_with_worker_processes_and_reader_threads(tmp_path):
+    contenders = _import("contenders")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    paths = [_parquet(tmp_path / name, 2500) for name in ("one", "two")]
+    cfg = contenders.Config(paths, ["id", "feat", "text"], batch_size=1000)
+    delivered = {}
+    for name in ("d_this_library", "e_reader_threads"):
+        batches, save_state = contenders.CONTENDERS[name](cfg)
+        delivered[name] = [(b["id"].tolist(), b["feat"].sum().item(), b["text"]) for b in batches]
+        assert sum(save_state()["rows_delivered"]) == 5000
+    assert sorted(i for ids, _, _ in delivered["d_this_library"] for i in ids) == sorted(list(range(2500)) * 2)
+    assert delivered["e_reader_threads"] == delivered["d_this_library"]
+
+
 def test_run_reports_the_read_figures_against_their_targets():
     run = _import_run()
 
