@@ -4,9 +4,11 @@ reused once every view of its chunk is gone, and never while one is held."""
 from __future__ import annotations
 
 import gc
+import os
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import torch
 
 from torch_dataloader_utils.read.convert import table_to_joined
@@ -76,3 +78,23 @@ def test_columns_without_tensor_data_are_built_directly():
     buffers = LocalBuffers()
     assert buffers.pack({}) == {}
     assert buffers.made == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_process_gets_its_own_copy_of_a_batch():
+    """A process forked from the loop's (a user's own DataLoader workers) changes only its own copy
+    of a batch it inherited, and keeps its copy when the parent reuses the buffer."""
+    buffers = LocalBuffers()
+    kept = buffers.pack(_joined(1000))["x"]
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        kept += 1_000_000
+        os.read(read, 1)  # the parent has reused the buffer by now
+        os._exit(0 if kept[:3].tolist() == [1_000_000, 1_000_001, 1_000_002] else 1)
+    del kept
+    gc.collect()
+    reused = buffers.pack(_joined(1000, 5000))["x"]
+    assert buffers.made == 1 and reused[:3].tolist() == [5000, 5001, 5002]
+    os.write(write, b"x")
+    assert os.waitpid(child, 0)[1] == 0

@@ -22,7 +22,7 @@ import torch
 
 from ..read.chunks import Chunk
 from ..read.convert import ListColumn
-from .background import track
+from . import background
 
 _ALIGN = 64
 _END = object()
@@ -78,7 +78,6 @@ class DeviceFeed:
         self._next_staging = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        track(self)
 
     def chunks(self, source: Iterator[Chunk], count: int) -> Iterator[Chunk]:
         """The first ``count`` chunks of ``source`` on the device, in order; then ``source`` is run
@@ -87,7 +86,7 @@ class DeviceFeed:
         self._stop = threading.Event()
         ready: queue.Queue = queue.Queue(maxsize=self.depth)
         self._thread = threading.Thread(target=self._run, args=(source, count, ready, self._stop), name="tdu-device-feed", daemon=True)
-        self._thread.start()
+        background.start(self._thread, self._stop)
         try:
             while True:
                 item = ready.get()

@@ -24,7 +24,7 @@ import threading
 from typing import Callable, Iterable, Iterator
 
 from ..read.chunks import Chunk
-from .background import track
+from . import background
 
 _END = object()
 
@@ -47,7 +47,6 @@ class HostFeed:
         self.depth = depth
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        track(self)
 
     def chunks(self, source: Iterable[Chunk], count: int, size: int, at_end: Callable[[], None] | None = None) -> Iterator[Chunk]:
         """The first ``count`` chunks of ``source``, cut into batches of ``size`` rows, in order; then
@@ -65,7 +64,7 @@ class HostFeed:
         for _ in range(self.depth):
             returned.put(None)
         self._thread = threading.Thread(target=_run, args=(source, count - 1, size, ready, returned, stop, at_end), name="tdu-host-feed", daemon=True)
-        self._thread.start()
+        background.start(self._thread, stop)
         done: collections.deque[Chunk] = collections.deque([first])
         del first
         try:

@@ -58,12 +58,16 @@ class LocalBuffers:
     def _take(self, size: int, new_size: int) -> mmap.mmap:
         with self._lock:
             fitting = [memory for memory in self._free if len(memory) >= size]
-            if fitting:
-                memory = min(fitting, key=len)
-                self._free.remove(memory)
-                return memory
+            chosen = min(fitting, key=len) if fitting else None
+            for index, memory in enumerate(self._free):  # (a finalizer run meanwhile may have dropped it)
+                if memory is chosen:
+                    del self._free[index]
+                    return memory
             self.made += 1
-        return mmap.mmap(-1, -(-new_size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE)  # room for chunks a little larger
+        # Private: a process forked from this one (a DataLoader worker of the user's own) gets its
+        # own copy of a batch it inherited, as with ordinary memory, not this buffer's pages.
+        capacity = -(-new_size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for chunks a little larger
+        return mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE) if hasattr(mmap, "MAP_PRIVATE") else mmap.mmap(-1, capacity)
 
     def _give_back(self, memory: mmap.mmap) -> None:
         with self._lock:

@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
-from .background import track
+from . import background
 from .local_buffers import LocalBuffers, read_into
 
 _TAKEN: Future = Future()
@@ -34,7 +34,6 @@ class ThreadedChunks:
         self._pin = pin_memory and _can_pin()
         self._stop: threading.Event | None = None
         self._threads: list[threading.Thread] = []
-        track(self)
 
     def chunks(self, tasks: Sequence[ChunkTask]) -> Iterator[Chunk]:
         """The chunks of ``tasks``, in order."""
@@ -47,7 +46,7 @@ class ThreadedChunks:
         shares = [(self._readers[w], self._buffers, tasks, results, w, count, permits[w], stop, self._pin) for w in range(count)]
         self._threads = [threading.Thread(target=_read_share, args=share, name=f"tdu-reader-{w}", daemon=True) for w, share in enumerate(shares)]
         for thread in self._threads:
-            thread.start()
+            background.start(thread, stop)
         try:
             for index in range(len(results)):
                 chunk = results[index].result()
