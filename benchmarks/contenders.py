@@ -285,7 +285,7 @@ READS_IN_WORKERS = ("a_ceiling",)
 # have no untouched figure (an ideal feeder that nobody reads measures nothing)
 TOUCHED_ONLY = ("i_ideal_feeder",)
 # imported before the clock starts (pyarrow imports pandas lazily, in whichever process converts first)
-IMPORTS = {
+IMPORTS: dict[str, tuple[str, ...]] = {
     "a_ceiling": ("pandas",),
     "b_handwritten": ("pandas",),
     "c_hf_datasets": ("pandas", "datasets", "torchdata.stateful_dataloader"),
@@ -300,17 +300,8 @@ IMPORTS = {
         "pyarrow.pandas_compat",  # imported by the loader's first numpy conversion in the main process
         "pyarrow.vendored.version",
     ),
-    "e_reader_threads": (
-        "pandas",
-        "torch_dataloader_utils.dataset",
-        "torch_dataloader_utils.runtime.loader",
-        "torch_dataloader_utils.formats.parquet",  # imported by the first plan, like (a)'s and (b)'s pyarrow.parquet here
-        "fsspec.implementations.local",
-        "pyarrow.fs",
-        "pyarrow.pandas_compat",  # imported by the loader's first numpy conversion in the main process
-        "pyarrow.vendored.version",
-    ),
 }
+IMPORTS["e_reader_threads"] = IMPORTS["d_this_library"]
 LABELS = {
     "a_ceiling": "(a) pyarrow ceiling",
     "b_handwritten": "(b) hand-written IterableDataset",

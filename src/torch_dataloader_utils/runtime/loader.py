@@ -23,6 +23,7 @@ from . import transfer
 from .device_feed import DeviceFeed, check_device
 from .host_feed import HostFeed
 from .local_buffers import LocalBuffers, read_into
+from .packing import buffer_scale
 from .stats import LoaderStats
 from .thread_reader import ThreadedChunks
 from .worker_stream import check_picklable
@@ -62,9 +63,7 @@ class _ChunkSource(Dataset):
         pool = transfer.worker_pool(self.files, worker.id)
         pool.release(releases)
         chunk = self.reader.read(task, joined=True)
-        rows = task.stop - task.start
-        # a quick first piece or a lane's last chunk: its buffer is made for whole chunks, which reuse it
-        chunk.columns = pool.pack(chunk.columns, self.board, scale=self.reader.chunk_rows / rows if rows else 1.0)
+        chunk.columns = pool.pack(chunk.columns, self.board, scale=buffer_scale(self.reader.chunk_rows, task.stop - task.start))
         if not self._pickle_checked:  # the first chunk of a worker: an output format's or a transform's values are alike
             self._pickle_checked = True
             check_picklable(chunk, self.reader, task)

@@ -22,7 +22,7 @@ import torch
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
 from ..read.convert import build_columns
-from .packing import packed_size, packed_views, write_packed
+from .packing import buffer_scale, packed_size, packed_views, write_packed
 
 FREE_BUFFERS_KEPT = 8  # buffers kept for reuse; a reader holds prefetch_factor + 2 or so at once
 
@@ -86,7 +86,5 @@ def read_into(reader: ChunkReader, buffers: LocalBuffers, task: ChunkTask) -> Ch
     if reader.output is not None and reader.output.prepared:
         return reader.read(task)
     chunk = reader.read(task, joined=True)
-    rows = task.stop - task.start
-    # a quick first piece or a lane's last chunk: its buffer is made for whole chunks, which reuse it
-    chunk.columns = buffers.pack(chunk.columns, scale=reader.chunk_rows / rows if rows else 1.0)
+    chunk.columns = buffers.pack(chunk.columns, scale=buffer_scale(reader.chunk_rows, task.stop - task.start))
     return chunk

@@ -25,6 +25,12 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
+def buffer_scale(chunk_rows: int, rows: int) -> float:
+    """How much larger than a chunk of ``rows`` rows to make a new buffer: a quick first piece or a
+    lane's last chunk gets a buffer for whole chunks of ``chunk_rows``, which reuse it."""
+    return chunk_rows / rows if rows else 1.0
+
+
 def packed_size(columns: dict[str, Any]) -> int:
     """Bytes ``write_packed`` needs for ``columns`` (from ``table_to_joined``)."""
     return sum(_aligned(joined.nbytes) for value in columns.values() for joined in leaves(value, Joined))
