@@ -283,6 +283,17 @@ def fixed_costs(cfg: dict, timeout: float, extra: dict, repeat: int) -> dict:
 
 
 # ------------------------------------------------------------------ report
+def contender_names(text: str) -> list[str]:
+    """``a,d,e`` or ``a_ceiling,d_this_library``: the contenders' full names, in the order given."""
+    names = []
+    for given in text.split(","):
+        matches = [n for n in CONTENDERS if given.strip() in (n, n.split("_")[0])]
+        if not matches:
+            raise argparse.ArgumentTypeError(f"unknown contender {given!r}; choose from {', '.join(CONTENDERS)} (or their letters)")
+        names.append(matches[0])
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-gb", type=float, default=0.25, help="decoded size of the dataset (GiB); the 4x set is 4 times that")
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-page-index", action="store_true", help="write the Parquet files without a page index")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--contenders", type=contender_names, default=list(CONTENDERS), help="names or their letters: a,d,e")
     parser.add_argument("--columns", default=",".join(COLUMN_SETS), help="column sets: numeric,text")
     parser.add_argument("--repeat", type=int, default=3, help="epochs of (a), (d) and (e) (interleaved); the table shows medians")
     parser.add_argument(
@@ -327,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     options = json.loads(args.options)
     for colset in args.columns.split(","):
         cfg = {"files": files[:FILES], "columns": COLUMN_SETS[colset], "batch_size": args.batch_size, "num_workers": args.num_workers}
-        names = args.contenders.split(",")
+        names = args.contenders
         extras = {n: {"sharing_strategy": args.sharing_strategy, "options": options if n == "d_this_library" else {}} for n in names}
         epochs: dict[str, list[dict]] = {n: [] for n in names}
         untouched: dict[str, list[dict]] = {n: [] for n in names}

@@ -69,6 +69,13 @@ def test_resume_ratio_interval_draws_the_pairs_again():
     assert low <= narrow[0] <= narrow[1] <= high and narrow != [low, high]
 
 
+def test_run_takes_contenders_by_letter_and_refuses_unknown_ones():
+    run = _import_run()
+    assert run.contender_names("a,d_this_library,e") == ["a_ceiling", "d_this_library", "e_reader_threads"]
+    with pytest.raises(Exception, match="unknown contender 'z'"):
+        run.contender_names("a,z")
+
+
 def test_run_reports_each_target_and_where_a_peer_won():
     run = _import_run()
     timed = _resume(0.07, vs_fresh=1.3, vs_fresh_interval=[1.1, 1.45], first_batch_samples=[0.07] * 5)
