@@ -201,3 +201,22 @@ def test_chunks_the_loop_is_done_with_are_freed_in_the_feeds_thread():
     assert wait_until(lambda: len(freed) >= 5)
     assert freed[:5] == ["tdu-host-feed"] * 5
     assert list(it) == []
+
+
+def test_the_pass_ends_for_the_loop_before_at_end_runs_and_the_next_pass_waits_for_it():
+    """``at_end`` (freeing the finished workers' buffers) runs after the loop has the pass's end;
+    the feed's next pass starts only once it has finished."""
+    release, done = threading.Event(), threading.Event()
+
+    def at_end():
+        release.wait(10)
+        done.set()
+
+    feed = HostFeed()
+    chunks = (Chunk(0, i, i + 1, {"x": torch.tensor([i])}) for i in range(3))
+    assert [chunk.start for chunk in feed.chunks(chunks, 3, 1, at_end=at_end)] == [0, 1, 2]
+    assert not done.is_set()  # the loop's pass ended while at_end still runs
+    following = feed.chunks(iter([Chunk(0, 0, 1, {"x": torch.tensor([0])})]), 1, 1)
+    threading.Timer(0.05, release.set).start()
+    assert next(following).start == 0
+    assert done.is_set()  # the next pass waited for it

@@ -50,8 +50,9 @@ class HostFeed:
 
     def chunks(self, source: Iterable[Chunk], count: int, size: int, at_end: Callable[[], None] | None = None) -> Iterator[Chunk]:
         """The first ``count`` chunks of ``source``, cut into batches of ``size`` rows, in order; then
-        ``source`` is run to its end in the thread (as the delivery does without the feed), closed,
-        and ``at_end`` called there (not when the pass is abandoned or fails)."""
+        ``source`` is run to its end in the thread (as the delivery does without the feed) and closed,
+        the loop is told the pass ended, and ``at_end`` is called in the thread (not when the pass is
+        abandoned or fails; a later ``chunks`` or ``close`` waits for it)."""
         self.close()
         source = iter(source)
         if count <= 0:
@@ -116,13 +117,14 @@ def _run(
         for _ in source:
             pass
         _close(source)
-        if at_end is not None:
-            at_end()
-        ready.put(_END)
     except BaseException as error:  # noqa: BLE001 - handed to the loop, which raises it
         ready.put(error)
+        return
     finally:
         _close(source)
+    ready.put(_END)
+    if at_end is not None:  # after the loop has its end: freeing the finished workers' buffers takes ~8 ms of kernel time
+        at_end()
 
 
 def _close(source: Iterator[Chunk]) -> None:
