@@ -43,12 +43,21 @@ def paired_ratios(per: dict, epochs: dict[str, list[dict]], untouched: dict[str,
                 res[f"{key}_range"] = [float(min(ratios)), float(max(ratios))]
 
 
+PEAKS = ("peak_rss_mib", "peak_pss_mib", "high_water_rss_mib")
+
+
 def summarize(epochs: list[dict]) -> dict:
-    """The median of every figure over repeated epochs (peak memory: the maximum)."""
+    """The median of every figure over repeated epochs (peak memory, where sampled: the maximum)."""
     out = {key: float(np.median([e[key] for e in epochs])) for key in epochs[0] if isinstance(epochs[0][key], (int, float))}
-    for key in ("peak_rss_mib", "peak_pss_mib", "high_water_rss_mib"):
-        out[key] = max(e[key] for e in epochs)
+    for key in PEAKS:
+        if all(key in e for e in epochs):
+            out[key] = max(e[key] for e in epochs)
     return out
+
+
+def peaks(epoch: dict) -> dict:
+    """The peak-memory figures of one epoch run with the memory sampler."""
+    return {key: epoch[key] for key in PEAKS}
 
 
 def _fmt_resume(entry: dict | None, key: str) -> str:

@@ -39,7 +39,7 @@ from consume import read_batch  # noqa: E402
 from contenders import CONTENDERS, REFERENCES, TOUCHED_ONLY  # noqa: E402
 from generate import ROW_BYTES, ensure_dataset, rows_for  # noqa: E402
 from proc_stats import TreeMemory  # noqa: E402
-from report import FRACTIONS, PEERS, TIMED_FRACTION, paired_ratios, ratio_interval, summarize, table, target_lines  # noqa: E402, F401 - run's report
+from report import FRACTIONS, PEAKS, PEERS, TIMED_FRACTION, paired_ratios, peaks, ratio_interval, summarize, table, target_lines  # noqa: E402, F401 - run's report
 
 COLUMN_SETS = {"numeric": ["id", "label", "feat"], "text": ["id", "label", "feat", "text"]}
 SAMPLE_SECONDS = 0.05  # memory sampling period
@@ -221,10 +221,12 @@ def resume_check(epoch_ids: np.ndarray, before: int, after: np.ndarray, total: i
     }
 
 
-def fresh_epoch(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, extra: dict) -> dict:
-    """One uninterrupted epoch; ``resumes`` also saves states at FRACTIONS and keeps the delivered ids."""
+def fresh_epoch(contender: str, cfg: dict, total: int, work: str, resumes: bool, timeout: float, extra: dict, sample_memory: bool = False) -> dict:
+    """One uninterrupted epoch; ``resumes`` also saves states at FRACTIONS and keeps the delivered ids.
+    Timed epochs run without the memory sampler, which takes CPU from the contender on a small
+    machine (on 2 cores it slowed epochs by 11-18%, the ceiling's most)."""
     spec = {"contender": contender, "config": cfg, "total_rows": total, "work": work, **extra}
-    return run_child({**spec, "collect_ids": resumes, "save_fractions": FRACTIONS if resumes else []}, timeout)
+    return run_child({**spec, "collect_ids": resumes, "save_fractions": FRACTIONS if resumes else []}, timeout, sample_memory)
 
 
 def resume_runs(contender: str, cfg: dict, total: int, work: str, fresh: dict, timeout: float, extra: dict, pairs: int) -> dict:
@@ -267,8 +269,7 @@ def rss_scaling(cfg: dict, files_4x: list[str], work: str, timeout: float, extra
         for label, files in (("1x", cfg["files"]), ("4x", files_4x)):
             spec = {"contender": "d_this_library", "config": {**cfg, "files": files}, "total_rows": 0, "work": work, "collect_ids": False, **extra}
             runs[label].append(run_child(spec, timeout))
-    keys = ("peak_rss_mib", "peak_pss_mib", "high_water_rss_mib")
-    return {label: {key: float(np.median([r[key] for r in rs])) for key in keys} | {"runs": rs} for label, rs in runs.items()}
+    return {label: {key: float(np.median([r[key] for r in rs])) for key in PEAKS} | {"runs": rs} for label, rs in runs.items()}
 
 
 def fixed_costs(cfg: dict, timeout: float, extra: dict, repeat: int) -> dict:
@@ -278,7 +279,7 @@ def fixed_costs(cfg: dict, timeout: float, extra: dict, repeat: int) -> dict:
     for _ in range(repeat):
         for name in REFERENCES:
             spec = {"contender": name, "config": cfg, "total_rows": 0, "work": "", "collect_ids": False, **extra}
-            runs[name].append(run_child(spec, timeout))
+            runs[name].append(run_child(spec, timeout, sample_memory=False))
     return {name: {key: float(np.median([r[key] for r in rs])) for key in ("epoch_s", "first_batch_s", "cpu_s")} for name, rs in runs.items()}
 
 
@@ -353,8 +354,10 @@ def main(argv: list[str] | None = None) -> None:
                     log(f"{colset}: {name} epoch {repeat + 1}/{repeats[name]}, untouched")
                     untouched[name].append(fresh_epoch(name, cfg, total, "", False, args.timeout, {**extras[name], "touch": False}))
         for name in names:
+            log(f"{colset}: {name} memory epoch")
+            memory = fresh_epoch(name, cfg, total, "", False, args.timeout, extras[name], sample_memory=True)
             first = epochs[name][0]
-            per[name] = {"epoch": summarize(epochs[name]), "epochs": epochs[name], "resumes": {}}
+            per[name] = {"epoch": summarize(epochs[name]) | peaks(memory), "epochs": epochs[name], "memory_epoch": memory, "resumes": {}}
             if untouched[name]:
                 per[name]["untouched"] = summarize(untouched[name])
                 per[name]["untouched_epochs"] = untouched[name]
