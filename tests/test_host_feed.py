@@ -14,6 +14,7 @@ from datagen import write_dataset
 
 from torch_dataloader_utils import StructuredDataset
 from torch_dataloader_utils.read.chunks import Chunk
+from torch_dataloader_utils.read.convert import table_to_columns
 from torch_dataloader_utils.runtime.host_feed import HostFeed, prepare
 from torch_dataloader_utils.testing import assert_resumes_exactly
 
@@ -87,6 +88,28 @@ def test_prepare_cuts_batches_and_leaves_chunks_it_cannot_cut_ahead():
     skipped = Chunk(0, 0, 10, {"x": torch.arange(8)}, present=np.arange(8))
     assert prepare(skipped, 4) is skipped  # a batch's end depends on the rows skipped
     assert prepare(prepared, 4) is prepared
+
+
+def test_a_chunk_with_strings_is_left_for_the_loop_to_cut(tmp_path):
+    """The loop's thread builds each batch's strings right before it reads them."""
+    text = pa.array([f"row {i}" for i in range(10)])
+    columns = table_to_columns(pa.table({"x": pa.array(range(10)), "text": text}), lambda: "test")
+    chunk = Chunk(0, 0, 10, columns)
+    assert prepare(chunk, 4) is chunk
+    assert [batch["text"] for batch, _ in chunk.batches(4)] == [[f"row {i}" for i in range(s, min(s + 4, 10))] for s in (0, 4, 8)]
+    write_dataset(tmp_path, [[30]])
+    loader, _ = StructuredDataset.create_dataloader(str(tmp_path), batch_size=7, num_workers=2, chunk_rows=14)
+    taken = []
+    original = loader._ahead.chunks
+
+    def noting(*args, **kwargs):
+        for fed in original(*args, **kwargs):
+            taken.append(fed)
+            yield fed
+
+    loader._ahead.chunks = noting
+    assert sum(len(batch["text"]) for batch in loader) == 30
+    assert taken and all(fed.prepared is None for fed in taken if fed.num_read)
 
 
 def test_a_string_that_is_not_utf8_fails_at_its_batch_not_ahead(tmp_path):

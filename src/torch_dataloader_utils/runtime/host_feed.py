@@ -2,10 +2,14 @@
 the loop's process, so that the loop's own thread only takes finished batches.
 
 Without it, the loop's thread pays for every chunk's arrival (torch's ``DataLoader.__next__``,
-unpickling, mapping the worker's buffer: about 0.6 ms a chunk), for cutting it into batch views,
-and with string columns for building every batch's Python strings (about 0.1 ms per 1,024
-strings). Here a background thread does all of that for the next chunk while the loop trains on
-the current one; the loop's thread takes the chunk's finished batches (``Chunk.prepared``).
+unpickling, mapping the worker's buffer: about 0.6 ms a chunk) and for cutting it into batch
+views. Here a background thread does that for the next chunk while the loop trains on the
+current one; the loop's thread takes the chunk's finished batches (``Chunk.prepared``).
+
+A chunk with string columns is left uncut: the loop's thread builds each batch's Python strings
+as it takes the batch, right before it reads them. Strings built here a chunk ahead were cold in
+the loop's caches by the time it read them, and reading them cost the loop as much as building
+them; the feed's thread also held the GIL for them while the loop waited.
 
 The first chunk of a pass is taken in the loop's thread, before the feed's thread starts: worker
 processes fork when it is asked for, and forking from a process with one thread avoids the
@@ -24,6 +28,7 @@ import threading
 from typing import Callable, Iterable, Iterator
 
 from ..read.chunks import Chunk
+from ..read.convert import StringColumn
 from . import background
 
 _END = object()
@@ -33,6 +38,8 @@ def prepare(chunk: Chunk, size: int) -> Chunk:
     """The chunk with its batches of ``size`` rows cut (``prepared``), where that can be done ahead."""
     if chunk.prepared is not None or chunk.present is not None or chunk.ready is not None or chunk.num_read == 0:
         return chunk  # finished already; rows skipped (each batch's end depends on them); waits for a device copy; empty
+    if any(isinstance(column, StringColumn) for column in chunk.columns.values()):
+        return chunk  # its strings are built by the loop's thread, which reads them next
     try:
         batches = [batch for batch, _ in chunk.batches(size)]
     except Exception:  # noqa: BLE001 - the loop slices this chunk itself and meets the error at its batch
