@@ -7,9 +7,9 @@ views. Here a background thread does that for the next chunk while the loop trai
 current one; the loop's thread takes the chunk's finished batches (``Chunk.prepared``).
 
 A chunk with string columns is left uncut: the loop's thread builds each batch's Python strings
-as it takes the batch, right before it reads them. Strings built here a chunk ahead were cold in
-the loop's caches by the time it read them, and reading them cost the loop as much as building
-them; the feed's thread also held the GIL for them while the loop waited.
+as it takes the batch, right before it reads them. Built here a chunk ahead, they would be cold
+in the loop's caches by the time it reads them (reading them would cost the loop as much as
+building them), and this thread would hold the GIL for them while the loop waits.
 
 The first chunk of a pass is taken in the loop's thread, before the feed's thread starts: worker
 processes fork when it is asked for, and forking from a process with one thread avoids the
