@@ -283,7 +283,7 @@ def fixed_costs(cfg: dict, timeout: float, extra: dict, repeat: int) -> dict:
     return {name: {key: float(np.median([r[key] for r in rs])) for key in ("epoch_s", "first_batch_s", "cpu_s")} for name, rs in runs.items()}
 
 
-# ------------------------------------------------------------------ report
+# ----------------------------------------------------------- command line
 def contender_names(text: str) -> list[str]:
     """``a,d,e`` or ``a_ceiling,d_this_library``: the contenders' full names, in the order given."""
     names = []

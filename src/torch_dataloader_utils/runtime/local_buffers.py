@@ -22,7 +22,7 @@ import torch
 from ..plan.schedule import ChunkTask
 from ..read.chunks import Chunk, ChunkReader
 from ..read.convert import build_columns
-from .packing import buffer_scale, packed_size, packed_views, write_packed
+from .packing import buffer_capacity, buffer_scale, packed_size, packed_views, write_packed
 
 FREE_BUFFERS_KEPT = 8  # buffers kept for reuse; a reader holds prefetch_factor + 2 or so at once
 
@@ -66,7 +66,7 @@ class LocalBuffers:
             self.made += 1
         # Private: a process forked from this one (a DataLoader worker of the user's own) gets its
         # own copy of a batch it inherited, as with ordinary memory, not this buffer's pages.
-        capacity = -(-new_size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for chunks a little larger
+        capacity = buffer_capacity(new_size)
         return mmap.mmap(-1, capacity, flags=mmap.MAP_PRIVATE) if hasattr(mmap, "MAP_PRIVATE") else mmap.mmap(-1, capacity)
 
     def _give_back(self, memory: mmap.mmap) -> None:

@@ -4,6 +4,7 @@ buffers of worker processes (``transfer.py``) and the recycled buffers of reader
 
 from __future__ import annotations
 
+import mmap
 from typing import Any, NamedTuple
 
 import torch
@@ -29,6 +30,12 @@ def buffer_scale(chunk_rows: int, rows: int) -> float:
     """How much larger than a chunk of ``rows`` rows to make a new buffer: a quick first piece or a
     lane's last chunk gets a buffer for whole chunks of ``chunk_rows``, which reuse it."""
     return chunk_rows / rows if rows else 1.0
+
+
+def buffer_capacity(size: int) -> int:
+    """Bytes of a new buffer for ``size`` bytes of packed columns: whole pages, with room for
+    later chunks a little larger."""
+    return -(-size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def packed_size(columns: dict[str, Any]) -> int:

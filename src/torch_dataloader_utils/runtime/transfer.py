@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..read.convert import build_columns
-from .packing import packed_size, write_packed
+from .packing import buffer_capacity, packed_size, write_packed
 from .transfer_files import INHERITED_BUFFERS, Inherited, InheritedFiles, new_file
 from .transfer_receive import Handle, Release, ReleaseBoard, receive
 
@@ -156,7 +156,7 @@ class WorkerPool:
             del self._buffers[victim.number]
             victim.close()
             self._retired.append(victim.number)
-        capacity = -(-size * 5 // 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # room for chunks a little larger
+        capacity = buffer_capacity(size)
         origin = None
         if self._spare:
             index, fd = self._spare.pop(0)
